@@ -1,0 +1,115 @@
+"""``polar-env`` command line: the only place that reads argv and the environment."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from polar_env.qwen.template import QUIRKS
+
+
+def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.engines.embedded.engine import EmbeddedEngine
+    from polar_env.engines.embedded.model import ModelSpec
+    from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+
+    policy = None
+    if args.script:
+        policy = ScriptedPolicy.from_dict(json.loads(Path(args.script).read_text()))
+    elif args.scripted:
+        policy = ScriptedPolicy(
+            steps=(
+                ScriptStep(command=args.script_command, reasoning="I should run the command."),
+                ScriptStep(text=args.script_answer, reasoning="The tool answered."),
+            )
+        )
+    return EmbeddedEngine(
+        model_dir=Path(args.model_dir) if args.model_dir else None,
+        spec=ModelSpec(seed=args.seed),
+        quirks=QUIRKS[args.template],
+        policy=policy,
+        logprobs_mode=args.logprobs_mode,
+        max_tokens_cap=args.max_tokens_cap,
+        model_name=args.served_model_name,
+    )
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", help="load a HF Qwen3 folder instead of seeded random weights")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--served-model-name", default="polar-tiny-qwen3")
+    p.add_argument("--template", choices=sorted(QUIRKS), default="qwen3.5")
+    p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed")
+    p.add_argument("--max-tokens-cap", type=int, default=1024)
+    p.add_argument("--scripted", action="store_true", help="force decoding to the scripted tool-then-answer turns")
+    p.add_argument("--script", help="JSON file with a scripted policy ({steps: [{command|text, reasoning}]})")
+    p.add_argument("--script-command", default="echo hi")
+    p.add_argument("--script-answer", default="The command printed: {tool_output}")
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from polar_env.engines.embedded.server import build_app
+
+    started = time.perf_counter()
+    engine = _engine_from_args(args)
+    app = build_app(engine)
+
+    async def announce(_app: web.Application) -> None:
+        ready = time.perf_counter() - started
+        print(f"polar-env engine ready in {ready:.1f}s on http://{args.host}:{args.port} "
+              f"({json.dumps(engine.describe())})", flush=True)
+
+    app.on_startup.append(announce)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+def cmd_export_model(args: argparse.Namespace) -> int:
+    from polar_env.engines.embedded.model import ModelSpec, build_model, save_model
+
+    out = Path(args.directory)
+    save_model(build_model(ModelSpec(seed=args.seed)), out)
+    print(f"wrote {out} (config, safetensors, generation_config, tokenizer)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from polar_env.demo import run_demo
+
+    return asyncio.run(run_demo(port=args.port))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polar-env", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("engine", help="serve the embedded CPU engine (vLLM-shaped OpenAI chat API)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    _add_engine_options(p)
+    p.set_defaults(func=cmd_engine)
+
+    p = sub.add_parser("export-model", help="write the seeded tiny model as a HF folder (for vLLM)")
+    p.add_argument("directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_export_model)
+
+    p = sub.add_parser("demo", help="start the engine and run a scripted tool-use chat against it")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

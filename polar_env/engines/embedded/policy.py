@@ -1,0 +1,88 @@
+"""Scripted policy: deterministic assistant turns for multi-turn demos and tests.
+
+The engine still runs the model; only the choice of tokens is forced to the scripted turn, so the
+ids are a real tokenization and the logprobs are the model's. The step is picked from the
+conversation: the number of assistant turns since the last real user query. A command step calls
+the shell-like tool the harness declared (names differ per harness); without one it answers with
+the last text step. ``{tool_output}`` in a text step becomes the last tool result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from polar_env.qwen.template import content_text
+
+SHELL_TOOLS = ("bash", "Bash", "exec_command", "run_shell_command", "shell", "shell_command", "terminal")
+COMMAND_PARAMS = ("command", "cmd")
+_TOOL_OUTPUT_LIMIT = 400  # characters of tool output quoted back; keeps demo turns short
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptStep:
+    command: str | None = None
+    text: str = ""
+    reasoning: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedPolicy:
+    steps: tuple[ScriptStep, ...] = (
+        ScriptStep(command="echo hi", reasoning="I should run the command."),
+        ScriptStep(text="The command printed: {tool_output}", reasoning="The tool answered."),
+    )
+    shell_tools: tuple[str, ...] = SHELL_TOOLS
+    command_params: tuple[str, ...] = COMMAND_PARAMS
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScriptedPolicy:
+        steps = tuple(ScriptStep(**step) for step in data.get("steps", ()))
+        return cls(
+            steps=steps or cls().steps,
+            shell_tools=tuple(data.get("shell_tools", SHELL_TOOLS)),
+            command_params=tuple(data.get("command_params", COMMAND_PARAMS)),
+        )
+
+    def next_turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The scripted assistant message (OpenAI shape, arguments as a mapping) for this point."""
+        step = self.steps[min(_turns_since_query(messages), len(self.steps) - 1)]
+        if step.command is not None:
+            call = self._shell_call(step.command, tools)
+            if call is not None:
+                return {"role": "assistant", "content": step.text, "reasoning_content": step.reasoning, "tool_calls": [call]}
+            step = next((s for s in reversed(self.steps) if s.command is None), ScriptStep(text=""))
+        text = step.text.replace("{tool_output}", _last_tool_output(messages))
+        return {"role": "assistant", "content": text, "reasoning_content": step.reasoning}
+
+    def _shell_call(self, command: str, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        declared = {fn.get("name"): fn for fn in (t.get("function", t) for t in tools)}
+        name = next((n for n in self.shell_tools if n in declared), None)
+        if name is None:
+            return None
+        props = (declared[name].get("parameters") or {}).get("properties", {})
+        param = next((p for p in self.command_params if p in props), self.command_params[0])
+        # Codex's `shell` tool takes an argv array; everything else a command string.
+        value: Any = ["bash", "-lc", command] if props.get(param, {}).get("type") == "array" else command
+        return {"type": "function", "function": {"name": name, "arguments": {param: value}}}
+
+
+def _turns_since_query(messages: Sequence[Mapping[str, Any]]) -> int:
+    turns = 0
+    for msg in reversed(messages):
+        role = msg.get("role")
+        if role == "assistant":
+            turns += 1
+        elif role == "user":
+            text = content_text(msg.get("content")).strip()
+            if not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):
+                break
+    return turns
+
+
+def _last_tool_output(messages: Sequence[Mapping[str, Any]]) -> str:
+    for msg in reversed(messages):
+        if msg.get("role") == "tool":
+            return content_text(msg.get("content")).strip()[:_TOOL_OUTPUT_LIMIT]
+    return ""

@@ -1,0 +1,337 @@
+"""SGLang client: OpenAI chat or native ``/generate``, posted straight to the workers.
+
+Workers are called directly because the SGLang router does not reliably keep the token metadata
+(ids, logprobs) a trainer needs. Give ``worker_urls``, or a ``router_url`` whose ``GET /workers``
+lists them (read once). A request carrying ``extra_body["session_id"]`` always lands on the same
+worker (stable hash), so a multi-turn session reuses its prefix cache; others go round robin.
+
+Launch the workers (Qwen3.5) with ``--tool-call-parser qwen3_coder --reasoning-parser qwen3``
+(those parsers serve ``mode="chat"``; ``mode="generate"`` parses locally with ``polar_env.qwen``).
+
+- ``mode="chat"``: ``/v1/chat/completions`` with ``return_token_ids`` (per-choice
+  ``prompt_token_ids`` / ``response_token_ids``), token-in through top-level ``input_ids``.
+- ``mode="generate"``: the slime path. We render the Qwen3.5 template and tokenize ourselves (or
+  take ``prompt_ids``), post ids to ``/generate`` and decode + parse the sampled ids locally.
+  ``tool_choice`` and ``response_format`` are not enforced there. Set ``max_tokens``: SGLang's
+  ``max_new_tokens`` default is small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+from typing import Any, Literal
+
+import aiohttp
+from pydantic import ValidationError
+
+from polar_env.engines.base import post_json, request_json
+from polar_env.engines.vllm import BadFactory, chat_logprobs, chat_message
+from polar_env.errors import (
+    ConfigError,
+    EngineProtocolError,
+)
+from polar_env.records import AssistantMessage, ChatRequest, Generation
+
+EOS_IDS = frozenset({248046, 248044})  # <|im_end|>, <|endoftext|>: never part of the decoded text
+IM_START_ID = 248045
+THINK_ID = 248068
+END_THINK_ID = 248069
+_DISCOVERY_TIMEOUT_S = 30.0
+
+
+class SGLangClient:
+    """EngineClient for SGLang workers."""
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        worker_urls: list[str] | None = None,
+        model: str = "",
+        *,
+        router_url: str | None = None,
+        mode: Literal["chat", "generate"] = "chat",
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 3600.0,
+    ) -> None:
+        if not worker_urls and not router_url:
+            raise ConfigError("SGLangClient needs worker_urls or a router_url to discover them from")
+        if mode not in ("chat", "generate"):
+            raise ConfigError(f"SGLangClient mode must be 'chat' or 'generate', not {mode!r}")
+        self.model = model
+        self.router_url = router_url.rstrip("/") if router_url else None
+        self.mode: Literal["chat", "generate"] = mode
+        self.timeout_s = timeout_s
+        self._workers: list[str] | None = _dedupe(worker_urls) if worker_urls else None
+        self._rr = itertools.count()
+        self._lock = asyncio.Lock()
+        self._session = session
+        self._owns_session = session is None
+        self._tokenizer: Any = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
+        if self._session is None or (self._owns_session and self._session.closed):
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    # ---- worker selection -------------------------------------------------------------------
+
+    async def workers(self) -> list[str]:
+        """The worker base URLs, discovered from the router on first use."""
+        if self._workers is None:
+            async with self._lock:
+                if self._workers is None:
+                    self._workers = await self._discover()
+        return self._workers
+
+    async def _discover(self) -> list[str]:
+        assert self.router_url is not None
+        url = f"{self.router_url}/workers"
+        timeout_s = min(self.timeout_s, _DISCOVERY_TIMEOUT_S)
+        data = await request_json(self._http(), url, engine=self.name, timeout_s=timeout_s, method="GET")
+        items = data.get("urls", data.get("workers")) if isinstance(data, dict) else data
+        urls: list[str] = []
+        for item in items if isinstance(items, list) else []:
+            u = item.get("url") if isinstance(item, dict) else item
+            if isinstance(u, str) and u:
+                urls.append(u)
+        if not urls:
+            raise ConfigError(f"SGLang router {url} lists no workers (got {str(data)[:200]})")
+        # Sorted so every gateway process maps a session key to the same worker.
+        return sorted(_dedupe(urls))
+
+    def pick(self, workers: list[str], session_key: str | None) -> str:
+        """Same session key → same worker (prefix-cache affinity); otherwise round robin."""
+        if session_key is not None:
+            digest = hashlib.blake2b(session_key.encode(), digest_size=8).digest()
+            return workers[int.from_bytes(digest, "big") % len(workers)]
+        return workers[next(self._rr) % len(workers)]
+
+    # ---- generate ---------------------------------------------------------------------------
+
+    async def generate(self, request: ChatRequest) -> Generation:
+        extra = dict(request.extra_body)
+        key = extra.pop("session_id", None)
+        worker = self.pick(await self.workers(), None if key is None else str(key))
+        if self.mode == "chat":
+            url = f"{worker}/v1/chat/completions"
+            body = self.chat_body(request, extra)
+            data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
+            return self.parse_chat(data, request, url=url)
+        prompt_ids = request.prompt_ids if request.prompt_ids is not None else await self._render(request)
+        url = f"{worker}/generate"
+        body = self.generate_body(request, list(prompt_ids), extra)
+        data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
+        return await self.parse_generate(data, request, list(prompt_ids), url=url)
+
+    def chat_body(self, req: ChatRequest, extra: dict[str, Any]) -> dict[str, Any]:
+        """The ``/v1/chat/completions`` JSON for ``req`` (``extra`` is extra_body minus session_id)."""
+        body: dict[str, Any] = {"model": self.model or req.model or "default", "messages": req.messages}
+        if req.tools:
+            body["tools"] = req.tools
+        if req.tool_choice is not None:
+            body["tool_choice"] = req.tool_choice
+        for key in ("temperature", "top_p", "max_tokens", "seed", "response_format"):
+            value = getattr(req, key)
+            if value is not None:
+                body[key] = value
+        if req.stop:
+            body["stop"] = req.stop
+        if req.chat_template_kwargs:
+            body["chat_template_kwargs"] = req.chat_template_kwargs
+        body.update(extra)
+        body.pop("stream_options", None)
+        # return_token_ids works non-streaming only.
+        body.update(logprobs=True, top_logprobs=0, return_token_ids=True, stream=False)
+        if req.prompt_ids is not None:
+            body["input_ids"] = list(req.prompt_ids)
+        return body
+
+    def generate_body(self, req: ChatRequest, prompt_ids: list[int], extra: dict[str, Any]) -> dict[str, Any]:
+        """The native ``/generate`` JSON; extra ``sampling_params`` merge into ours."""
+        sp: dict[str, Any] = {}
+        if req.max_tokens is not None:
+            sp["max_new_tokens"] = req.max_tokens
+        if req.temperature is not None:
+            sp["temperature"] = req.temperature
+        if req.top_p is not None:
+            sp["top_p"] = req.top_p
+        if req.stop:
+            sp["stop"] = req.stop
+        if req.seed is not None:
+            sp["sampling_seed"] = req.seed
+        extra = dict(extra)
+        sp.update(extra.pop("sampling_params", None) or {})
+        # We decode the ids ourselves; keep specials and stop strings so text and ids agree.
+        sp.update(skip_special_tokens=False, no_stop_trim=True)
+        body: dict[str, Any] = {**extra, "input_ids": prompt_ids, "sampling_params": sp}
+        body.update(return_logprob=True, logprob_start_len=-1, stream=False)
+        return body
+
+    # ---- parsing ----------------------------------------------------------------------------
+
+    def parse_chat(self, data: dict[str, Any], request: ChatRequest, *, url: str = "") -> Generation:
+        """Turn an SGLang chat response into a Generation, or raise EngineProtocolError."""
+        bad = self._bad_at(url)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise bad("SGLang response has no choices")
+        choice = choices[0]
+        prompt_ids = choice.get("prompt_token_ids")
+        response_ids = choice.get("response_token_ids")
+        fields = (
+            ("choices[0].prompt_token_ids", prompt_ids),
+            ("choices[0].response_token_ids", response_ids),
+        )
+        missing = [name for name, value in fields if not isinstance(value, list)]
+        if missing:
+            raise bad(
+                f"SGLang returned no token ids ({' and '.join(missing)} null, missing or not a list): "
+                "`return_token_ids` needs SGLang >= 0.5.23 and non-streaming, and a router in between "
+                "can drop them; point the client at the workers"
+            )
+        if request.prompt_ids is not None and prompt_ids != list(request.prompt_ids):
+            raise bad("SGLang ignored token-in: choices[0].prompt_token_ids differ from the input_ids sent")
+        logprobs = chat_logprobs(choice.get("logprobs"), bad, engine="SGLang")
+        if len(logprobs) != len(response_ids):
+            raise bad(
+                f"SGLang logprobs misaligned: {len(logprobs)} logprobs for {len(response_ids)} token ids"
+            )
+        finish = choice.get("finish_reason")
+        if not isinstance(finish, str):
+            raise bad(f"SGLang choice has no finish_reason (got {finish!r})")
+        meta = data.get("metadata")
+        version = meta.get("weight_version") if isinstance(meta, dict) else None
+        try:
+            return Generation(
+                message=chat_message(choice.get("message"), bad, engine="SGLang"),
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                response_logprobs=logprobs,
+                finish_reason=finish,
+                stop_reason=choice.get("matched_stop"),
+                model=str(data.get("model") or self.model or request.model),
+                engine=self.name,
+                weight_version=None if version is None else str(version),
+            )
+        except ValidationError as exc:
+            raise bad(f"SGLang response has ill-typed fields: {exc}") from exc
+
+    async def parse_generate(
+        self, data: dict[str, Any], request: ChatRequest, prompt_ids: list[int], *, url: str = ""
+    ) -> Generation:
+        """Turn a ``/generate`` response into a Generation; decodes and parses the sampled ids."""
+        bad = self._bad_at(url)
+        meta = data.get("meta_info")
+        if not isinstance(meta, dict):
+            raise bad("SGLang /generate response has no meta_info")
+        fr = meta.get("finish_reason")
+        if not isinstance(fr, dict) or not isinstance(fr.get("type"), str):
+            raise bad(f"SGLang meta_info.finish_reason missing or malformed (got {fr!r})"[:300])
+        if fr["type"] == "abort":
+            raise bad(f"SGLang aborted the request: {fr.get('message') or '(no message)'}")
+        output_ids = data.get("output_ids")
+        if not isinstance(output_ids, list):
+            raise bad("SGLang /generate returned no output_ids (null, missing or not a list)")
+        logprobs = self._triple_logprobs(meta.get("output_token_logprobs"), output_ids, bad)
+        matched = fr.get("matched") if fr["type"] == "stop" else None
+        message = await self._parse_text(output_ids, matched, request, prompt_ids)
+        finish = fr["type"]
+        if finish == "stop" and message.tool_calls:
+            finish = "tool_calls"
+        version = meta.get("weight_version")
+        try:
+            return Generation(
+                message=message,
+                prompt_ids=prompt_ids,
+                response_ids=output_ids,
+                response_logprobs=logprobs,
+                finish_reason=finish,
+                stop_reason=matched,
+                model=self.model or request.model,
+                engine=self.name,
+                weight_version=None if version is None else str(version),
+            )
+        except ValidationError as exc:
+            raise bad(f"SGLang response has ill-typed fields: {exc}") from exc
+
+    @staticmethod
+    def _triple_logprobs(triples: Any, output_ids: list[Any], bad: BadFactory) -> list[float]:
+        if not isinstance(triples, list):
+            raise bad(
+                "SGLang returned no meta_info.output_token_logprobs although `return_logprob: true` was sent"
+            )
+        if len(triples) != len(output_ids):
+            raise bad(
+                f"SGLang logprobs misaligned: {len(triples)} logprobs for {len(output_ids)} output_ids"
+            )
+        out: list[float] = []
+        for i, (triple, tid) in enumerate(zip(triples, output_ids, strict=True)):
+            if not isinstance(triple, list) or len(triple) < 2:
+                raise bad(f"SGLang output_token_logprobs[{i}] is not a [logprob, token_id, text] triple")
+            lp, lp_id = triple[0], triple[1]
+            if not isinstance(lp, (int, float)) or isinstance(lp, bool):
+                raise bad(f"SGLang output_token_logprobs[{i}] has no numeric logprob (got {lp!r})")
+            if lp_id != tid:
+                raise bad(
+                    f"SGLang logprobs misaligned at position {i}: logprob is for token {lp_id!r} "
+                    f"but output_ids has {tid!r}"
+                )
+            out.append(float(lp))
+        return out
+
+    # ---- local Qwen rendering / parsing (generate mode) ----------------------------------------
+
+    async def _tok(self) -> Any:
+        if self._tokenizer is None:
+            from polar_env.qwen.tokenizer import load_tokenizer
+
+            # Loading takes seconds; keep the event loop serving other requests meanwhile.
+            self._tokenizer = await asyncio.to_thread(load_tokenizer)
+        return self._tokenizer
+
+    async def _render(self, req: ChatRequest) -> list[int]:
+        from polar_env.qwen.template import render
+
+        thinking = bool(req.chat_template_kwargs.get("enable_thinking", True))
+        text = render(req.messages, req.tools, add_generation_prompt=True, enable_thinking=thinking)
+        return list((await self._tok()).encode(text))
+
+    async def _parse_text(
+        self, output_ids: list[int], matched: Any, req: ChatRequest, prompt_ids: list[int]
+    ) -> AssistantMessage:
+        from polar_env.qwen.parser import parse_output
+
+        ids = output_ids[:-1] if output_ids and output_ids[-1] in EOS_IDS else output_ids
+        text = (await self._tok()).decode(list(ids))
+        if isinstance(matched, str) and matched and text.endswith(matched):
+            text = text[: -len(matched)]  # like the chat endpoint: a stop string is not content
+        return parse_output(text, tools=req.tools, thinking=opens_think(prompt_ids))
+
+    def _bad_at(self, url: str) -> BadFactory:
+        def bad(message: str) -> EngineProtocolError:
+            return EngineProtocolError(message, engine=self.name, url=url)
+
+        return bad
+
+    async def aclose(self) -> None:
+        if self._owns_session and self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+def opens_think(prompt_ids: list[int]) -> bool:
+    """True when the prompt's last turn opened ``<think>`` without closing it, i.e. the sampled
+    text starts inside the reasoning (Qwen3.5 with thinking on). Read from the ids, so it is also
+    right for token-in prompts built elsewhere."""
+    start = max((i for i, t in enumerate(prompt_ids) if t == IM_START_ID), default=-1)
+    tail = prompt_ids[start + 1 :]
+    if THINK_ID not in tail:
+        return False
+    return END_THINK_ID not in tail[tail.index(THINK_ID) :]
+
+
+def _dedupe(urls: list[str]) -> list[str]:
+    return list(dict.fromkeys(u.rstrip("/") for u in urls))

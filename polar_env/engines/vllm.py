@@ -1,0 +1,207 @@
+"""vLLM OpenAI-server client: one non-streaming chat completion with exact token ids and logprobs.
+
+Launch the server (Qwen3.5) with::
+
+    vllm serve <model-dir> \\
+        --logprobs-mode processed_logprobs \\
+        --enable-auto-tool-choice --tool-call-parser qwen3_coder --reasoning-parser qwen3
+
+- ``--logprobs-mode processed_logprobs``: vLLM's default is ``raw_logprobs``, the log-softmax of
+  the logits *before* temperature, top-p/top-k, ``logit_bias`` and penalties. Those are not the
+  probabilities of the distribution the tokens were sampled from, so an importance ratio built on
+  them is silently wrong whenever temperature != 1 or top-p < 1. Pass ``logprobs_mode="raw"`` to
+  this client if the server really runs raw, so every Generation records what it carries.
+- ``--tool-call-parser qwen3_coder``: Qwen3.5 emits XML tool calls
+  (``<function=NAME><parameter=P>…``); ``hermes`` would leave them in ``content``.
+- ``--reasoning-parser qwen3``: splits ``<think>…</think>`` into ``message.reasoning``.
+
+Non-streaming on purpose: streaming with a tool parser has returned wrong ids for control tokens.
+``return_token_ids`` needs vLLM >= 0.10.2; token-in (``kv_transfer_params.prompt_token_ids``) needs
+vLLM >= 0.32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+from pydantic import ValidationError
+
+from polar_env.engines.base import post_json
+from polar_env.errors import EngineProtocolError
+from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
+
+# Keys this client owns; a caller's extra_body must not switch token capture off or stream.
+_FORCED = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True, "stream": False}
+
+
+class VLLMClient:
+    """EngineClient for a vLLM OpenAI-compatible server (``/v1/chat/completions``)."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 3600.0,
+        logprobs_mode: Literal["processed", "raw"] = "processed",
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.logprobs_mode: Literal["processed", "raw"] = logprobs_mode
+        self.extra_body = dict(extra_body or {})
+        self._session = session
+        self._owns_session = session is None
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/v1/chat/completions"
+
+    def _http(self) -> aiohttp.ClientSession:
+        # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
+        if self._session is None or (self._owns_session and self._session.closed):
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def build_body(self, req: ChatRequest) -> dict[str, Any]:
+        """The exact JSON sent to vLLM for ``req`` (public so the gateway can log it)."""
+        body: dict[str, Any] = {"model": self.model, "messages": req.messages}
+        if req.tools:
+            body["tools"] = req.tools
+        if req.tool_choice is not None:
+            body["tool_choice"] = req.tool_choice
+        for key in ("temperature", "top_p", "max_tokens", "seed", "response_format"):
+            value = getattr(req, key)
+            if value is not None:
+                body[key] = value
+        if req.stop:
+            body["stop"] = req.stop
+        if req.chat_template_kwargs:
+            body["chat_template_kwargs"] = req.chat_template_kwargs
+        body.update(self.extra_body)
+        body.update(req.extra_body)
+        # include_reasoning=false makes vLLM return token_ids and logprobs as null, which would
+        # make the completion untrainable; the reasoning text is separated anyway, so drop the key.
+        body.pop("include_reasoning", None)
+        body.pop("stream_options", None)
+        body.update(_FORCED)
+        body["model"] = self.model
+        if req.prompt_ids is not None:
+            kv = dict(body.get("kv_transfer_params") or {})
+            kv["prompt_token_ids"] = list(req.prompt_ids)
+            body["kv_transfer_params"] = kv
+        return body
+
+    async def generate(self, request: ChatRequest) -> Generation:
+        body = self.build_body(request)
+        data = await post_json(self._http(), self.url, body, engine=self.name, timeout_s=self.timeout_s)
+        return self.parse(data, request)
+
+    def parse(self, data: dict[str, Any], request: ChatRequest) -> Generation:
+        """Turn a vLLM chat response into a Generation, or raise EngineProtocolError."""
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise self._bad("vLLM response has no choices")
+        choice = choices[0]
+        prompt_ids = data.get("prompt_token_ids")
+        response_ids = choice.get("token_ids")
+        fields = (("prompt_token_ids", prompt_ids), ("choices[0].token_ids", response_ids))
+        missing = [name for name, value in fields if not isinstance(value, list)]
+        if missing:
+            raise self._bad(
+                f"vLLM returned no token ids ({' and '.join(missing)} null, missing or not a list): "
+                "`return_token_ids` needs vLLM >= 0.10.2, and `include_reasoning: false` makes vLLM "
+                "null them"
+            )
+        if request.prompt_ids is not None and list(prompt_ids) != list(request.prompt_ids):
+            raise self._bad(
+                "vLLM ignored token-in: prompt_token_ids differ from kv_transfer_params.prompt_token_ids "
+                "(needs vLLM >= 0.32; ignored when `echo` is set or messages contain media)"
+            )
+        logprobs = chat_logprobs(choice.get("logprobs"), self._bad, engine="vLLM")
+        if len(logprobs) != len(response_ids):
+            raise self._bad(
+                f"vLLM logprobs misaligned: {len(logprobs)} logprobs for {len(response_ids)} token_ids"
+            )
+        finish = choice.get("finish_reason")
+        if not isinstance(finish, str):
+            raise self._bad(f"vLLM choice has no finish_reason (got {finish!r})")
+        try:
+            return Generation(
+                message=chat_message(choice.get("message"), self._bad, engine="vLLM"),
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                response_logprobs=logprobs,
+                finish_reason=finish,
+                stop_reason=choice.get("stop_reason"),
+                model=str(data.get("model") or self.model),
+                engine=self.name,
+                weight_version=None,
+                logprobs_mode=self.logprobs_mode,
+            )
+        except ValidationError as exc:
+            raise self._bad(f"vLLM response has ill-typed fields: {exc}") from exc
+
+    def _bad(self, message: str) -> EngineProtocolError:
+        return EngineProtocolError(message, engine=self.name, url=self.url)
+
+    async def aclose(self) -> None:
+        if self._owns_session and self._session is not None and not self._session.closed:
+            await self._session.close()
+
+
+BadFactory = Callable[[str], EngineProtocolError]
+
+
+def chat_logprobs(block: Any, bad: BadFactory, *, engine: str) -> list[float]:
+    """The sampled-token logprobs of an OpenAI-style ``choices[].logprobs`` block."""
+    content = block.get("content") if isinstance(block, dict) else None
+    if not isinstance(content, list):
+        raise bad(
+            f"{engine} returned no logprobs (choices[0].logprobs.content null or missing) although "
+            "`logprobs: true` was sent"
+            + ("; `include_reasoning: false` also nulls them" if engine == "vLLM" else "")
+        )
+    out: list[float] = []
+    for i, entry in enumerate(content):
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(lp, (int, float)) or isinstance(lp, bool):
+            raise bad(f"{engine} logprobs.content[{i}] has no numeric logprob")
+        out.append(float(lp))
+    return out
+
+
+def chat_message(msg: Any, bad: BadFactory, *, engine: str) -> AssistantMessage:
+    """An OpenAI-style response message; reasoning from ``reasoning`` or ``reasoning_content``."""
+    if not isinstance(msg, dict):
+        raise bad(f"{engine} choice has no message")
+    reasoning = msg.get("reasoning")
+    if reasoning is None:
+        reasoning = msg.get("reasoning_content")
+    calls = msg.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise bad(f"{engine} message.tool_calls is not a list")
+    return AssistantMessage(
+        content=msg.get("content"),
+        reasoning=reasoning,
+        tool_calls=[_tool_call(tc, bad, engine) for tc in calls],
+    )
+
+
+def _tool_call(tc: Any, bad: BadFactory, engine: str) -> ToolCall:
+    fn = tc.get("function") if isinstance(tc, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad(f"{engine} tool call without a function name: {tc!r}"[:300])
+    args = fn.get("arguments")
+    if args is None:
+        args = "{}"
+    elif not isinstance(args, str):  # engines send JSON text; keep that form if one sends an object
+        args = orjson.dumps(args).decode()
+    return ToolCall(id=str(tc.get("id") or ""), name=fn["name"], arguments=args)

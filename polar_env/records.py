@@ -1,0 +1,170 @@
+"""Records that cross process and disk boundaries: chat requests, engine generations, captured
+completions, traces and trajectories.
+
+Invariants are checked at construction (logprobs align 1:1 with response ids; loss masks are 0/1 and
+as long as the response), so no builder or engine client can emit a malformed record. Serialization
+is orjson over ``model_dump`` and is lossless: token ids are ints, logprobs are float64 and round-trip
+through orjson's shortest representation.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal, Self
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ProviderAPI(enum.StrEnum):
+    """The wire formats the gateway speaks to harnesses."""
+
+    ANTHROPIC = "anthropic"
+    OPENAI_CHAT = "openai_chat"
+    OPENAI_RESPONSES = "openai_responses"
+    GEMINI = "gemini"
+
+
+class Status(enum.StrEnum):
+    """Outcome of a trace, trajectory or rollout."""
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    ABORTED = "aborted"
+
+
+LogprobsMode = Literal["processed", "raw"]
+"""``processed``: logprobs of the distribution actually sampled (after temperature/top-p).
+``raw``: log-softmax of the raw logits (vLLM's default ``--logprobs-mode raw_logprobs``)."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="python"))
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Self:
+        return cls.model_validate(orjson.loads(data))
+
+
+class ToolCall(_Record):
+    """One tool call as the engine produced it; ``arguments`` is the JSON text, unmodified."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class AssistantMessage(_Record):
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class ChatRequest(_Record):
+    """The normalized OpenAI-Chat request every provider is translated to.
+
+    ``messages`` and ``tools`` stay OpenAI wire dicts: harnesses send fields we do not model and
+    engines' templates may use them. ``prompt_ids`` asks for token-in generation (the engine skips
+    templating). ``extra_body`` passes engine-specific fields through untouched.
+    """
+
+    model: str = ""
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    prompt_ids: list[int] | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+class Generation(_Record):
+    """What an engine returns for one chat request: the parsed message plus exact token data."""
+
+    message: AssistantMessage
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    finish_reason: str
+    stop_reason: int | str | None = None
+    model: str = ""
+    engine: str = ""
+    weight_version: str | None = None
+    logprobs_mode: LogprobsMode = "processed"
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Self:
+        if len(self.response_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"response_logprobs ({len(self.response_logprobs)}) must align 1:1 with "
+                f"response_ids ({len(self.response_ids)})"
+            )
+        return self
+
+
+class Timings(_Record):
+    """Wall-clock facts about one captured call (epoch seconds and milliseconds)."""
+
+    received_at: float
+    engine_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class CompletionRecord(Generation):
+    """One captured model call: the harness's raw request, what the engine saw, what it sampled."""
+
+    session_id: str
+    seq: int
+    provider_api: ProviderAPI
+    provider_request: dict[str, Any]
+    chat_request: ChatRequest
+    timings: Timings
+    notes: list[str] = Field(default_factory=list)
+
+
+class Trace(_Record):
+    """One training sequence: prompt, then response tokens with a loss mask and logprobs.
+
+    ``loss_mask`` is 1 on sampled tokens, 0 on tokens the harness or template inserted;
+    ``response_logprobs`` is the sampled logprob where the mask is 1 and 0.0 elsewhere.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    response_logprobs: list[float]
+    reward: float | None = None
+    status: Status = Status.COMPLETED
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError(
+                f"loss_mask ({len(self.loss_mask)}) and response_logprobs ({len(self.response_logprobs)}) "
+                f"must both match response_ids ({n})"
+            )
+        if not set(self.loss_mask) <= {0, 1}:
+            raise ValueError("loss_mask values must be 0 or 1")
+        return self
+
+
+class Trajectory(_Record):
+    """All traces of one rollout session, with its outcome."""
+
+    session_id: str
+    traces: list[Trace]
+    reward: float | None = None
+    status: Status = Status.COMPLETED
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,331 @@
+"""VLLMClient against a real local HTTP server replaying vLLM 0.33 response shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from polar_env.engines.base import EngineClient
+from polar_env.engines.vllm import VLLMClient
+from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
+from polar_env.records import ChatRequest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
+MODEL = "qwen3.5-4b"
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+class Upstream:
+    """Scripted engine: answers each path with a canned reply and records what it was sent."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.requests: list[tuple[str, str, Any]] = []
+        self.replies: dict[str, tuple[int, bytes]] = {}
+        self.hang_paths: set[str] = set()
+        self.release = asyncio.Event()
+
+    def reply(self, path: str, body: Any, status: int = 200) -> None:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.replies[path] = (status, raw)
+
+    @property
+    def bodies(self) -> list[Any]:
+        return [body for _, _, body in self.requests]
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.requests.append((request.method, request.path, json.loads(raw) if raw else None))
+        if request.path in self.hang_paths:
+            await self.release.wait()
+        status, body = self.replies.get(request.path, (404, b'{"error": {"message": "no such route"}}'))
+        return web.Response(status=status, body=body, content_type="application/json")
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", up.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    up.url = f"http://127.0.0.1:{server.port}"
+    yield up
+    up.release.set()
+    await server.close()
+
+
+@pytest.fixture
+async def client(upstream: Upstream) -> AsyncIterator[VLLMClient]:
+    c = VLLMClient(upstream.url, MODEL)
+    yield c
+    await c.aclose()
+
+
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "What is 2+2?"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_text_and_reasoning(upstream: Upstream, client: VLLMClient) -> None:
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, fx)
+    req = ChatRequest(
+        model="gpt-4o",
+        messages=USER,
+        temperature=0.7,
+        top_p=1.0,
+        max_tokens=64,
+        seed=7,
+        stop=["\n\nUser:"],
+        chat_template_kwargs={"enable_thinking": True},
+        extra_body={"include_reasoning": False, "top_k": 20},
+    )
+    gen = await client.generate(req)
+
+    (method, path, body), = upstream.requests
+    assert (method, path) == ("POST", CHAT)
+    assert body["model"] == MODEL  # forced, whatever the harness asked for
+    assert body["messages"] == USER
+    assert body["logprobs"] is True and body["top_logprobs"] == 0 and body["return_token_ids"] is True
+    assert body["stream"] is False
+    assert "include_reasoning" not in body  # false would null token_ids and logprobs
+    assert "tools" not in body and "tool_choice" not in body and "kv_transfer_params" not in body
+    assert body["temperature"] == 0.7 and body["top_p"] == 1.0 and body["max_tokens"] == 64
+    assert body["seed"] == 7 and body["stop"] == ["\n\nUser:"] and body["top_k"] == 20
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+
+    choice = fx["choices"][0]
+    assert gen.prompt_ids == fx["prompt_token_ids"]
+    assert gen.response_ids == choice["token_ids"]
+    assert gen.response_logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+    assert gen.response_ids[-1] == 248046  # EOS is part of the sampled ids
+    assert gen.message.content == "4."
+    assert gen.message.reasoning == "Simple arithmetic."
+    assert gen.message.tool_calls == []
+    assert (gen.finish_reason, gen.stop_reason) == ("stop", None)
+    assert (gen.engine, gen.model, gen.logprobs_mode) == ("vllm", MODEL, "processed")
+    assert gen.weight_version is None
+
+
+async def test_qwen3_coder_tool_call_and_history_passthrough(upstream: Upstream, client: VLLMClient) -> None:
+    fx = load("vllm_chat_tool_call.json")
+    upstream.reply(CHAT, fx)
+    history = [
+        {"role": "user", "content": "Weather in Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "user", "content": "And Paris?"},
+    ]
+    gen = await client.generate(ChatRequest(messages=history, tools=TOOLS, tool_choice="auto"))
+
+    body = upstream.bodies[0]
+    assert body["tools"] == TOOLS and body["tool_choice"] == "auto"
+    assert body["messages"] == history  # string arguments go as-is; vLLM parses them for the template
+    assert gen.finish_reason == "tool_calls"
+    assert gen.message.content is None
+    assert gen.message.reasoning == "Need weather."
+    (call,) = gen.message.tool_calls
+    assert call.id == "chatcmpl-tool-8c3f1e2a9b7d4c60"
+    assert call.name == "get_weather"
+    assert call.arguments == '{"city": "Paris"}'  # the engine's JSON text, unmodified
+    assert gen.response_ids[6] == 248058 and gen.response_ids[-2:] == [248059, 248046]
+    assert len(gen.response_logprobs) == len(gen.response_ids) == 27
+
+
+async def test_token_in_sends_kv_transfer_params(upstream: Upstream, client: VLLMClient) -> None:
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, fx)
+    prompt = fx["prompt_token_ids"]
+    extra = {"kv_transfer_params": {"do_remote_decode": False}}
+    req = ChatRequest(messages=USER, prompt_ids=prompt, extra_body=extra)
+    gen = await client.generate(req)
+    body = upstream.bodies[0]
+    assert body["kv_transfer_params"] == {"do_remote_decode": False, "prompt_token_ids": prompt}
+    assert body["messages"] == USER  # still required: they drive the tool and reasoning parsers
+    assert gen.prompt_ids == prompt
+
+
+async def test_token_in_ignored_by_engine_is_an_error(upstream: Upstream, client: VLLMClient) -> None:
+    upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
+    with pytest.raises(EngineProtocolError, match="ignored token-in"):
+        await client.generate(ChatRequest(messages=USER, prompt_ids=[248045, 846, 198, 1, 2, 3]))
+
+
+async def test_client_extra_body_and_forced_flags(upstream: Upstream) -> None:
+    upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
+    defaults = {"top_k": -1, "logprobs": False}
+    c = VLLMClient(upstream.url + "/", MODEL, extra_body=defaults, logprobs_mode="raw")
+    try:
+        req = ChatRequest(
+            messages=USER,
+            extra_body={"top_k": 5, "stream": True, "return_token_ids": False, "model": "other"},
+        )
+        gen = await c.generate(req)
+    finally:
+        await c.aclose()
+    body = upstream.bodies[0]
+    assert body["top_k"] == 5  # request extra_body wins over the client default
+    assert body["stream"] is False and body["return_token_ids"] is True and body["logprobs"] is True
+    assert body["model"] == MODEL
+    assert gen.logprobs_mode == "raw"
+
+
+async def test_reasoning_content_fallback_and_int_stop_reason(upstream: Upstream, client: VLLMClient) -> None:
+    fx = load("vllm_chat_reasoning.json")
+    msg = fx["choices"][0]["message"]
+    msg["reasoning_content"] = msg.pop("reasoning")
+    fx["choices"][0]["stop_reason"] = 248044  # secondary EOS <|endoftext|>
+    fx["choices"][0]["token_ids"][-1] = 248044
+    upstream.reply(CHAT, fx)
+    gen = await client.generate(ChatRequest(messages=USER))
+    assert gen.message.reasoning == "Simple arithmetic."
+    assert gen.stop_reason == 248044
+
+
+# ---- typed errors -------------------------------------------------------------------------------
+
+
+async def test_http_500_carries_engine_message_and_status(upstream: Upstream, client: VLLMClient) -> None:
+    upstream.reply(CHAT, load("vllm_error.json"), status=500)
+    with pytest.raises(EngineHTTPError) as info:
+        await client.generate(ChatRequest(messages=USER))
+    err = info.value
+    assert err.status == 500
+    assert err.message.startswith("This model's maximum context length is 2048 tokens")
+    assert err.engine == "vllm" and err.url == upstream.url + CHAT
+
+
+async def test_malformed_json_is_protocol_error(upstream: Upstream, client: VLLMClient) -> None:
+    upstream.reply(CHAT, b'{"choices": [')
+    with pytest.raises(EngineProtocolError, match="malformed JSON"):
+        await client.generate(ChatRequest(messages=USER))
+
+
+async def test_connection_refused_is_unavailable() -> None:
+    c = VLLMClient(f"http://127.0.0.1:{closed_port()}", MODEL)
+    try:
+        with pytest.raises(EngineUnavailable):
+            await c.generate(ChatRequest(messages=USER))
+    finally:
+        await c.aclose()
+
+
+async def test_slow_engine_times_out(upstream: Upstream) -> None:
+    upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
+    upstream.hang_paths.add(CHAT)
+    c = VLLMClient(upstream.url, MODEL, timeout_s=0.2)
+    try:
+        with pytest.raises(EngineTimeout):
+            await c.generate(ChatRequest(messages=USER))
+    finally:
+        await c.aclose()
+
+
+async def test_null_token_ids_explain_the_fix(upstream: Upstream, client: VLLMClient) -> None:
+    upstream.reply(CHAT, load("vllm_chat_token_ids_null.json"))
+    with pytest.raises(EngineProtocolError) as info:
+        await client.generate(ChatRequest(messages=USER))
+    text = str(info.value)
+    assert "return_token_ids" in text and "0.10.2" in text and "include_reasoning" in text
+    assert "prompt_token_ids" in text and "choices[0].token_ids" in text
+
+
+def _mutated(fn: Any) -> dict[str, Any]:
+    fx = copy.deepcopy(load("vllm_chat_reasoning.json"))
+    fn(fx)
+    return fx
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda fx: fx["choices"][0]["logprobs"]["content"].pop(), "misaligned: 8 logprobs for 9"),
+        (lambda fx: fx["choices"][0]["token_ids"].append(198), "misaligned: 9 logprobs for 10"),
+        (lambda fx: fx["choices"][0].update(logprobs=None), "no logprobs"),
+        (
+            lambda fx: fx["choices"][0]["logprobs"]["content"][2].pop("logprob"),
+            r"content\[2\] has no numeric",
+        ),
+        (lambda fx: fx.update(choices=[]), "no choices"),
+        (lambda fx: fx.pop("prompt_token_ids"), "prompt_token_ids null, missing"),
+        (lambda fx: fx["choices"][0].update(finish_reason=None), "no finish_reason"),
+        (lambda fx: fx["choices"][0]["token_ids"].__setitem__(0, "x"), "ill-typed"),
+    ],
+)
+async def test_unusable_bodies_are_protocol_errors(
+    upstream: Upstream, client: VLLMClient, mutate: Any, match: str
+) -> None:
+    upstream.reply(CHAT, _mutated(mutate))
+    with pytest.raises(EngineProtocolError, match=match) as info:
+        await client.generate(ChatRequest(messages=USER))
+    assert info.value.engine == "vllm"
+
+
+# ---- session ownership --------------------------------------------------------------------------
+
+
+def test_constructing_outside_a_loop_is_fine() -> None:
+    c: EngineClient = VLLMClient("http://127.0.0.1:1", MODEL)  # also a static protocol check
+    assert c.name == "vllm"
+    assert isinstance(c, VLLMClient) and c._session is None  # created on first use, inside the loop
+
+
+async def test_borrowed_session_is_not_closed(upstream: Upstream) -> None:
+    upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
+    async with aiohttp.ClientSession() as session:
+        c = VLLMClient(upstream.url, MODEL, session=session)
+        await c.generate(ChatRequest(messages=USER))
+        await c.aclose()
+        assert not session.closed
+
+
+async def test_owned_session_is_closed(upstream: Upstream) -> None:
+    upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
+    c = VLLMClient(upstream.url, MODEL)
+    await c.generate(ChatRequest(messages=USER))
+    session = c._session
+    await c.aclose()
+    assert session is not None and session.closed
