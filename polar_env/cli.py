@@ -57,28 +57,60 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     engine = _engine_from_args(args)
-    app = build_app(engine)
-
-    async def serve() -> None:
-        from aiohttp import web
-
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, args.host, args.port).start()
-        # Printed only once the socket listens: callers wait for this line.
-        print(f"polar-env engine ready in {time.perf_counter() - started:.1f}s on "
-              f"http://{args.host}:{args.port} ({json.dumps(engine.describe())})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(serve())
+    what = f"polar-env engine ({json.dumps(engine.describe())})"
+    asyncio.run(_serve(build_app(engine), args.host, args.port, what, started))
     return 0
+
+
+def _engine_client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    if args.engine == "embedded":
+        return _engine_from_args(args)
+    if not args.engine_url:
+        raise SystemExit("--engine-url is required for --engine vllm|sglang")
+    if args.engine == "vllm":
+        from polar_env.engines.vllm import VLLMClient
+
+        return VLLMClient(args.engine_url, args.served_model_name, logprobs_mode=args.logprobs_mode)
+    from polar_env.engines.sglang import SGLangClient
+
+    return SGLangClient(args.engine_url.split(","), args.served_model_name)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from polar_env.proxy.app import GatewayConfig, build_app
+    from polar_env.proxy.capture import CaptureStore
+
+    started = time.perf_counter()
+    engine = _engine_client(args)
+    config = GatewayConfig(
+        engine_model=args.served_model_name,
+        public_url=args.public_url,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens_cap=args.gateway_max_tokens,
+        admin_token=args.admin_token,
+    )
+    app = build_app(engine, CaptureStore(Path(args.store), fsync=args.fsync), config)
+    asyncio.run(_serve(app, args.host, args.port, f"polar-env gateway (engine: {args.engine})", started))
+    return 0
+
+
+async def _serve(app, host: str, port: int, what: str, started: float) -> None:  # type: ignore[no-untyped-def]
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    # Printed only once the socket listens: callers wait for this line.
+    print(f"{what} ready in {time.perf_counter() - started:.1f}s on http://{host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def cmd_export_model(args: argparse.Namespace) -> int:
@@ -105,6 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     _add_engine_options(p)
     p.set_defaults(func=cmd_engine)
+
+    p = sub.add_parser("gateway", help="serve the provider gateway in front of an engine")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--engine", choices=["embedded", "vllm", "sglang"], default="embedded",
+                   help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url")
+    p.add_argument("--engine-url", help="vLLM base URL, or comma-separated SGLang worker URLs")
+    p.add_argument("--store", default="polar_capture", help="directory of per-session journals")
+    p.add_argument("--fsync", action="store_true", help="fsync every record (survives machine crashes)")
+    p.add_argument("--public-url", help="base URL handed to harnesses (default: the request's Host)")
+    p.add_argument("--temperature", type=float, help="override every request's temperature")
+    p.add_argument("--top-p", type=float, help="override every request's top_p")
+    p.add_argument("--gateway-max-tokens", type=int, help="cap every request's max_tokens")
+    p.add_argument("--admin-token", help="require this bearer token on /admin/*")
+    _add_engine_options(p)
+    p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("export-model", help="write the seeded tiny model as a HF folder (for vLLM)")
     p.add_argument("directory")

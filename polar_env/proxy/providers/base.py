@@ -1,0 +1,125 @@
+"""The Provider seam: what one wire format (Anthropic, OpenAI Chat, OpenAI Responses, Gemini) owns.
+
+A provider is a module exposing ``API``, ``ROUTES`` and four pure functions:
+
+- ``to_chat(body, path_params) -> Inbound``: the provider request as a normalized ChatRequest
+  (OpenAI Chat messages/tools, generation params), whether the client wants a stream, the model
+  name it asked for, and notes on anything dropped. Bad input raises ``RequestError``.
+- ``from_chat(reply) -> dict``: the provider's non-streaming response body.
+- ``stream_events(reply) -> Iterator[bytes]``: the provider's full SSE event sequence (framed).
+- ``error_body(status, message) -> dict``: the provider's error JSON.
+
+The gateway keeps everything else (auth, sessions, capture, engine calls, HTTP). Wire bodies stay
+raw dicts: fields we do not model survive in the captured ``provider_request``. To add a provider:
+one module here plus one entry in ``providers/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from polar_env.errors import RequestError
+from polar_env.records import ChatRequest, Generation, ProviderAPI
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str  # aiohttp pattern, e.g. "/v1beta/models/{model}:{method}"
+
+
+@dataclass(slots=True)
+class Inbound:
+    chat: ChatRequest
+    stream: bool
+    model: str  # the model name the harness asked for; echoed back in responses
+    notes: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)  # provider reply flags (e.g. include_usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    generation: Generation
+    model: str  # echoed to the harness (what it asked for), not the engine's name
+    request_id: str  # 32 hex chars; providers add their own prefix (msg_, resp_, chatcmpl-)
+    created: int  # epoch seconds
+    options: Mapping[str, Any] = field(default_factory=dict)  # Inbound.options, handed back
+
+
+class Provider(Protocol):
+    API: ProviderAPI
+    ROUTES: tuple[Route, ...]
+
+    def to_chat(self, body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound: ...
+
+    def from_chat(self, reply: Reply) -> dict[str, Any]: ...
+
+    def stream_events(self, reply: Reply) -> Iterator[bytes]: ...
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]: ...
+
+
+def id_suffix(engine_id: str, length: int = 24) -> str:
+    """A stable provider-facing id suffix derived from the engine's random tool-call id."""
+    return engine_id.rsplit("-", 1)[-1][:length]
+
+
+def compact_arguments(arguments: str) -> str:
+    """Tool arguments as compact JSON, as JSON.stringify-style harnesses re-serialise them.
+
+    vLLM's parser emits ``{"city": "Paris"}``; harnesses echo ``{"city":"Paris"}``. Answering compact
+    keeps the echoed history byte-identical. Unparseable text is passed through unchanged.
+    """
+    try:
+        return orjson.dumps(orjson.loads(arguments)).decode()
+    except orjson.JSONDecodeError:
+        return arguments
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """Tool arguments as an object (Anthropic ``input``, Gemini ``args``); non-objects are wrapped."""
+    try:
+        value = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return {"raw_arguments": arguments}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def require(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """Fetch a required field or raise a clear RequestError naming it."""
+    if key not in body:
+        raise RequestError(f"missing required field '{key}' ({what})")
+    value = body[key]
+    if not isinstance(value, kind):
+        raise RequestError(f"field '{key}' must be {what}")
+    return value
+
+
+def as_int(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestError(f"'{name}' must be a positive integer")
+    return value
+
+
+def as_float(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"'{name}' must be a number")
+    return float(value)
+
+
+def stop_list(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise RequestError(f"'{name}' must be a string or a list of strings")
