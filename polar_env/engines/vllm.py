@@ -169,13 +169,16 @@ def chat_logprobs(block: Any, bad: BadFactory, *, engine: str) -> list[float]:
             "`logprobs: true` was sent"
             + ("; `include_reasoning: false` also nulls them" if engine == "vLLM" else "")
         )
-    out: list[float] = []
+    try:
+        # Hot path (1k+ entries per call): one comprehension; Generation validates the floats.
+        return [entry["logprob"] for entry in content]
+    except (TypeError, KeyError):
+        pass
     for i, entry in enumerate(content):
         lp = entry.get("logprob") if isinstance(entry, dict) else None
         if not isinstance(lp, (int, float)) or isinstance(lp, bool):
             raise bad(f"{engine} logprobs.content[{i}] has no numeric logprob")
-        out.append(float(lp))
-    return out
+    raise bad(f"{engine} logprobs.content is malformed")
 
 
 def chat_message(msg: Any, bad: BadFactory, *, engine: str) -> AssistantMessage:
