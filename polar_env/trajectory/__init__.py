@@ -1,0 +1,1 @@
+"""Captured completions → training trajectories: builders (pure functions), fidelity check."""

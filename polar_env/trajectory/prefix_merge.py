@@ -1,0 +1,196 @@
+"""Prefix-merging builder: one trace per chain of calls whose prompts extend each other.
+
+Grouping. Records are taken in capture order. A record joins the chain whose tip prompt is a token
+prefix of its own prompt and whose tip's turn is closed inside it (an end-of-turn token follows the
+tip prompt); the longest such tip wins. Otherwise it starts a new chain — an interleaved sub-agent,
+a side request (title, memory), a retry of the same prompt, or a compaction that rewrote history.
+Sampled ids are never compared for grouping, so re-tokenisation cannot split a chain.
+
+Merging a chain C1..Ck. The trace starts with C1's prompt and C1's raw sampled ids (mask 1, real
+logprobs). For each next Ci, the tail ``Ci.prompt[len(prev.prompt):]`` holds the template's
+canonical copy of the previous assistant turn, up to its first end-of-turn token, then the tokens
+the harness and template inserted (newline, tool results, next generation prompt). Those inserted
+tokens are appended with mask 0 and logprob 0.0, then Ci's raw sampled ids. When the previous
+response was cut short (no end-of-turn), the end-of-turn token is inserted too.
+
+Drift. Where the canonical copy differs from the raw sampled ids (reasoning stripped, arguments
+re-rendered, whitespace trimmed), the merged sequence is not exactly what the model saw next; each
+such boundary is counted with its token span. ``strict=True`` cuts the chain there instead, so every
+merged trace is exactly a context the model saw.
+
+Cost: each record's prompt is compared once with its chain's tip (C-level list comparison after an
+O(1) probe per candidate chain), so building is linear in the total prompt tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_env.qwen.tokenizer import EOS_IDS
+from polar_env.records import CompletionRecord, Status, Trace, Trajectory
+from polar_env.trajectory.checks import check_records, error_trajectory
+
+
+def detect_eot_ids(records: Sequence[CompletionRecord]) -> frozenset[int]:
+    """End-of-turn ids: the last sampled token of calls that stopped on their own (not on a stop
+    string); falls back to Qwen3.5's ``<|im_end|>``/``<|endoftext|>`` when no call shows one."""
+    found = {
+        r.response_ids[-1]
+        for r in records
+        if r.response_ids and r.finish_reason in ("stop", "tool_calls") and not isinstance(r.stop_reason, str)
+    }
+    return frozenset(found or EOS_IDS)
+
+
+def _extends(prompt: list[int], tip: list[int]) -> bool:
+    n = len(tip)
+    if n > len(prompt) or prompt[n - 1] != tip[-1] or prompt[0] != tip[0] or prompt[n // 2] != tip[n // 2]:
+        return False
+    return prompt[:n] == tip
+
+
+def _first_eot(ids: list[int], start: int, eot: Collection[int]) -> int:
+    for i in range(start, len(ids)):
+        if ids[i] in eot:
+            return i
+    return -1
+
+
+@dataclass(slots=True)
+class _Chain:
+    records: list[CompletionRecord] = field(default_factory=list)
+
+    @property
+    def tip(self) -> list[int]:
+        return self.records[-1].prompt_ids
+
+
+def group_chains(records: Sequence[CompletionRecord], eot: Collection[int]) -> list[list[CompletionRecord]]:
+    chains: list[_Chain] = []
+    for record in records:
+        prompt = record.prompt_ids
+        best: _Chain | None = None
+        for chain in chains:
+            tip = chain.tip
+            if (best is None or len(tip) > len(best.tip)) and _extends(prompt, tip) and _first_eot(prompt, len(tip), eot) >= 0:
+                best = chain
+        if best is None:
+            chains.append(_Chain([record]))
+        else:
+            best.records.append(record)
+    return [c.records for c in chains]
+
+
+def _span(a: list[int], b: list[int]) -> int:
+    """Tokens in the differing middle of two sequences (after the common prefix and suffix)."""
+    lo = 0
+    while lo < len(a) and lo < len(b) and a[lo] == b[lo]:
+        lo += 1
+    hi = 0
+    while hi < len(a) - lo and hi < len(b) - lo and a[-1 - hi] == b[-1 - hi]:
+        hi += 1
+    return max(len(a), len(b)) - lo - hi
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Accumulates one merged trace."""
+
+    first: CompletionRecord
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    drift: list[dict[str, int]] = field(default_factory=list)
+    last: CompletionRecord | None = None
+
+    def sampled(self, record: CompletionRecord) -> None:
+        self.response_ids += record.response_ids
+        self.loss_mask += [1] * len(record.response_ids)
+        self.logprobs += record.response_logprobs
+        self.seqs.append(record.seq)
+        self.last = record
+
+    def inserted(self, ids: list[int]) -> None:
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def trace(self, cut: str | None) -> Trace:
+        assert self.last is not None
+        status = Status.TRUNCATED if (cut is not None or self.last.finish_reason == "length") else Status.COMPLETED
+        return Trace(
+            prompt_ids=self.first.prompt_ids,
+            response_ids=self.response_ids,
+            loss_mask=self.loss_mask,
+            response_logprobs=self.logprobs,
+            status=status,
+            metadata={
+                "seqs": self.seqs,
+                "finish_reason": self.last.finish_reason,
+                "temperature": self.first.chat_request.temperature,
+                "drift": self.drift,
+                "cut": cut,
+            },
+        )
+
+
+def _merge_chain(chain: list[CompletionRecord], eot: Collection[int], strict: bool) -> list[Trace]:
+    traces: list[Trace] = []
+    builder = _Builder(chain[0])
+    builder.sampled(chain[0])
+    prev = chain[0]
+    for record in chain[1:]:
+        raw = prev.response_ids
+        cut = len(prev.prompt_ids)
+        e = _first_eot(record.prompt_ids, cut, eot)  # >= 0: grouping guaranteed it
+        ended = bool(raw) and raw[-1] in eot
+        canonical = record.prompt_ids[cut : e + 1] if ended else record.prompt_ids[cut:e]
+        inserted = record.prompt_ids[e + 1 :] if ended else record.prompt_ids[e:]
+        if canonical != raw:
+            event = {"seq": record.seq, "at": len(builder.first.prompt_ids) + len(builder.response_ids) - len(raw),
+                     "span": _span(canonical, raw)}
+            if strict:
+                traces.append(builder.trace(cut="drift"))
+                builder = _Builder(record)
+                builder.sampled(record)
+                prev = record
+                continue
+            builder.drift.append(event)
+        builder.inserted(inserted)
+        builder.sampled(record)
+        prev = record
+    traces.append(builder.trace(cut=None))
+    return traces
+
+
+def build_prefix_merged(
+    records: Sequence[CompletionRecord],
+    session_id: str | None = None,
+    *,
+    eot_ids: Collection[int] | None = None,
+    strict: bool = False,
+) -> Trajectory:
+    """Merge a session's completions into one trace per prefix chain (see the module docstring)."""
+    problem = check_records(records, session_id)
+    if problem is not None:
+        return error_trajectory(records, session_id, problem)
+    ordered = sorted(records, key=lambda r: r.seq)
+    eot = frozenset(eot_ids) if eot_ids is not None else detect_eot_ids(ordered)
+    chains = group_chains(ordered, eot)
+    traces = [t for chain in chains for t in _merge_chain(chain, eot, strict)]
+    drift = [d for t in traces for d in t.metadata["drift"]]
+    stats: dict[str, Any] = {
+        "completions": len(ordered),
+        "chains": len(chains),
+        "traces": len(traces),
+        "completions_merged": len(ordered) - len(traces),
+        "chains_cut": sum(1 for t in traces if t.metadata["cut"] is not None),
+        "drift_boundaries": len(drift),
+        "drift_tokens": sum(d["span"] for d in drift),
+        "eot_ids": sorted(eot),
+        "strict": strict,
+    }
+    return Trajectory(session_id=ordered[0].session_id, traces=traces, metadata={"builder": "prefix_merge", "stats": stats})
