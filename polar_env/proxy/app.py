@@ -52,6 +52,7 @@ SESSIONS = web.AppKey("sessions", SessionRegistry)
 GATE = web.AppKey("gate", EngineGate)
 CONFIG = web.AppKey("config", GatewayConfig)
 
+_SAMPLING_EXTRAS = frozenset({"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"})
 _JSON_TYPES = ("application/json", "text/json", "application/x-ndjson", "")
 
 
@@ -114,6 +115,12 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
         updates["temperature"] = config.temperature
     if config.top_p is not None:
         updates["top_p"] = config.top_p
+    if config.temperature is not None or config.top_p is not None:
+        # The trainer owns the sampling distribution: harness extras that reshape it go too.
+        dropped = sorted(k for k in inbound.chat.extra_body if k in _SAMPLING_EXTRAS)
+        if dropped:
+            updates["extra_body"] = {k: v for k, v in inbound.chat.extra_body.items() if k not in _SAMPLING_EXTRAS}
+            notes.append(f"dropped harness sampling params {dropped}")
     if config.max_tokens_cap is not None:
         updates["max_tokens"] = min(inbound.chat.max_tokens or config.max_tokens_cap, config.max_tokens_cap)
     chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
