@@ -89,6 +89,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         max_tokens_cap=args.gateway_max_tokens,
         admin_token=args.admin_token,
+        template=QUIRKS[args.template],
+        continuation=args.continuation,
     )
     app = build_app(engine, CaptureStore(Path(args.store), fsync=args.fsync), config)
     asyncio.run(_serve(app, args.host, args.port, f"polar-env gateway (engine: {args.engine})", started))
@@ -151,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, help="override every request's top_p")
     p.add_argument("--gateway-max-tokens", type=int, help="cap every request's max_tokens")
     p.add_argument("--admin-token", help="require this bearer token on /admin/*")
+    p.add_argument("--continuation", action="store_true",
+                   help="token-in continuation mode for every session (append-only prompts)")
     _add_engine_options(p)
     p.set_defaults(func=cmd_gateway)
 

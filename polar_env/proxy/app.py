@@ -27,11 +27,14 @@ from polar_env.errors import (
     RequestError,
 )
 from polar_env.proxy.capture import CaptureStore
+from polar_env.proxy.continuation import Continuation
 from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
 from polar_env.proxy.sessions import SessionRegistry, request_keys
+from polar_env.qwen.template import QWEN35, TemplateQuirks
+from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import CompletionRecord, ProviderAPI, Timings
 
 
@@ -44,6 +47,8 @@ class GatewayConfig:
     top_p: float | None = None
     max_tokens_cap: int | None = None
     admin_token: str | None = None
+    template: TemplateQuirks = QWEN35  # the engine's chat template; continuation mode renders with it
+    continuation: bool = False  # default for new sessions (POST /sessions may override)
 
 
 ENGINE = web.AppKey("engine", EngineClient)
@@ -124,15 +129,23 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
     if config.max_tokens_cap is not None:
         updates["max_tokens"] = min(inbound.chat.max_tokens or config.max_tokens_cap, config.max_tokens_cap)
     chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
+    engine_chat = chat
+    if session.continuation is not None:
+        prompt_ids, note = session.continuation.plan(chat)
+        notes.append(note)
+        if prompt_ids is not None:
+            engine_chat = chat.model_copy(update={"prompt_ids": prompt_ids})
 
     gate = app[GATE]
     engine_started = time.perf_counter()
     try:
         async with gate.call() as weight_version:
-            generation = await app[ENGINE].generate(chat)
+            generation = await app[ENGINE].generate(engine_chat)
     except EngineError:
         session.errors += 1
         raise
+    if session.continuation is not None:
+        session.continuation.remember(chat, generation)
     engine_ms = (time.perf_counter() - engine_started) * 1000
     # Generation and ChatRequest are validated already; construct without re-validating the
     # (possibly 100k-long) token lists on the hot path.
@@ -268,7 +281,12 @@ async def create_session(request: web.Request) -> web.Response:
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise RequestError("'metadata' must be an object")
-        session = request.app[SESSIONS].create(session_id, metadata)
+        config = request.app[CONFIG]
+        wants = body.get("continuation", config.continuation)
+        if not isinstance(wants, bool):
+            raise RequestError("'continuation' must be a boolean")
+        continuation = Continuation(load_tokenizer(), config.template) if wants else None
+        session = request.app[SESSIONS].create(session_id, metadata, continuation)
     except RequestError as exc:
         return _plain_error(exc.status, exc.message)
     base = base_url(request)
@@ -276,6 +294,7 @@ async def create_session(request: web.Request) -> web.Response:
     return json_response({
         "session_id": session.id,
         "key": session.key,
+        "continuation": session.continuation is not None,
         "model": model,
         "base_url": base,
         "base_urls": {"anthropic": base, "openai": f"{base}/v1", "gemini": base},
@@ -286,6 +305,7 @@ async def create_session(request: web.Request) -> web.Response:
 def _session_info(request: web.Request) -> dict[str, Any]:
     session = request.app[SESSIONS].get(request.match_info["session_id"])
     return {"session_id": session.id, "created_at": session.created_at, "closed": session.closed,
+            "continuation": session.continuation is not None,
             "completions": session.next_seq, "errors": session.errors, "metadata": session.metadata}
 
 

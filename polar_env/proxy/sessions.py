@@ -16,6 +16,7 @@ from typing import Any
 
 from polar_env.errors import RequestError
 from polar_env.proxy.capture import CaptureStore, check_session_id
+from polar_env.proxy.continuation import Continuation
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class Session:
     next_seq: int = 0
     closed: bool = False
     errors: int = 0
+    continuation: Continuation | None = None  # token-in mode (see continuation.py)
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -49,7 +51,12 @@ class SessionRegistry:
         self._by_id: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
 
-    def create(self, session_id: str | None = None, metadata: dict[str, Any] | None = None) -> Session:
+    def create(
+        self,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        continuation: Continuation | None = None,
+    ) -> Session:
         sid = session_id or secrets.token_hex(8)
         try:
             check_session_id(sid)
@@ -63,6 +70,7 @@ class SessionRegistry:
             created_at=time.time(),
             metadata=dict(metadata or {}),
             next_seq=self.store.count(sid),  # a re-registered id continues its journal
+            continuation=continuation,
         )
         self._by_id[sid] = session
         self._by_key[session.key] = session

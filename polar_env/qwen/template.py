@@ -143,15 +143,21 @@ def render(
     add_generation_prompt: bool = True,
     enable_thinking: bool = True,
     quirks: TemplateQuirks = QWEN35,
+    from_index: int = 0,
 ) -> str:
-    """Render OpenAI-style messages (+ tools) to the Qwen3.5 prompt text."""
+    """Render OpenAI-style messages (+ tools) to the Qwen3.5 prompt text.
+
+    ``from_index`` > 0 renders only ``messages[from_index:]`` (plus the generation prompt), in the
+    context of the whole list: the continuation mode appends exactly these tokens to a prompt.
+    """
     if not messages:
         raise RequestError("No messages provided.")
     nl = "\n" if quirks.newline_after_turn else ""
     trim = str.strip if quirks.trim_content else (lambda s: s)
     out: list[str] = []
     first_is_system = messages[0].get("role") == "system"
-    if tools:
+    header = from_index == 0  # the system/tools header belongs to the part already rendered
+    if header and tools:
         out.append("<|im_start|>system\n" + _TOOLS_PREAMBLE)
         out.extend("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
         out.append("\n</tools>" + _TOOLS_FORMAT)
@@ -160,12 +166,14 @@ def render(
             if system:
                 out.append("\n\n" + system)
         out.append("<|im_end|>" + nl)
-    elif first_is_system:
+    elif header and first_is_system:
         out.append("<|im_start|>system\n" + trim(content_text(messages[0].get("content"))) + "<|im_end|>" + nl)
 
     last_query = _last_query_index(messages)
     for index, msg in enumerate(messages):
         role = msg.get("role")
+        if index < from_index:
+            continue
         if role == "system":
             if index != 0:
                 raise RequestError("System message must be at the beginning.")

@@ -15,6 +15,7 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
 VOCAB_SIZE = 248_320  # the model's padded embedding size; ids >= 248,077 are never produced
+IM_START_ID = 248_045
 IM_END_ID = 248_046
 ENDOFTEXT_ID = 248_044
 EOS_IDS = (IM_END_ID, ENDOFTEXT_ID)

@@ -22,6 +22,7 @@ def build_per_request(records: Sequence[CompletionRecord], session_id: str | Non
             response_logprobs=r.response_logprobs,
             status=Status.TRUNCATED if r.finish_reason == "length" else Status.COMPLETED,
             metadata={"seqs": [r.seq], "finish_reason": r.finish_reason, "temperature": r.chat_request.temperature,
+                      "logprobs_mode": r.logprobs_mode,
                       "weight_versions": [r.weight_version]},
         )
         for r in ordered

@@ -2,9 +2,13 @@
 
 Grouping. Records are taken in capture order. A record joins the chain whose tip prompt is a token
 prefix of its own prompt and whose tip's turn is closed inside it (an end-of-turn token follows the
-tip prompt); the longest such tip wins. Otherwise it starts a new chain — an interleaved sub-agent,
-a side request (title, memory), a retry of the same prompt, or a compaction that rewrote history.
-Sampled ids are never compared for grouping, so re-tokenisation cannot split a chain.
+tip prompt); the longest such tip wins. Failing that, it joins a chain whose tip prompt *up to its
+last turn start* (``<|im_start|>``: the generation prompt) is a prefix — the previous assistant
+turn was re-rendered differently from the way it was sampled, e.g. with its reasoning dropped by a
+harness that does not echo it, which also changes how the generation-prompt tokens merge. Otherwise
+it starts a new chain — an interleaved sub-agent, a side request (title, memory), a retry of the
+same prompt, a compaction, or a template that re-rendered older turns (Qwen3.5 strips reasoning
+before a new user query). Sampled ids are never compared for grouping.
 
 Merging a chain C1..Ck. The trace starts with C1's prompt and C1's raw sampled ids (mask 1, real
 logprobs). For each next Ci, the tail ``Ci.prompt[len(prev.prompt):]`` holds the template's
@@ -28,7 +32,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_env.qwen.tokenizer import EOS_IDS
+from polar_env.qwen.tokenizer import EOS_IDS, IM_START_ID
 from polar_env.records import CompletionRecord, Status, Trace, Trajectory
 from polar_env.trajectory.checks import check_records, error_trajectory
 
@@ -44,11 +48,12 @@ def detect_eot_ids(records: Sequence[CompletionRecord]) -> frozenset[int]:
     return frozenset(found or EOS_IDS)
 
 
-def _extends(prompt: list[int], tip: list[int]) -> bool:
-    n = len(tip)
-    if n > len(prompt) or prompt[n - 1] != tip[-1] or prompt[0] != tip[0] or prompt[n // 2] != tip[n // 2]:
+def _extends(prompt: list[int], tip: list[int], n: int | None = None) -> bool:
+    """Is ``tip[:n]`` a prefix of ``prompt``? An O(1) probe rejects most non-matches first."""
+    n = len(tip) if n is None else n
+    if n == 0 or n > len(prompt) or prompt[n - 1] != tip[n - 1] or prompt[0] != tip[0] or prompt[n // 2] != tip[n // 2]:
         return False
-    return prompt[:n] == tip
+    return prompt[:n] == tip[:n]
 
 
 def _first_eot(ids: list[int], start: int, eot: Collection[int]) -> int:
@@ -56,6 +61,27 @@ def _first_eot(ids: list[int], start: int, eot: Collection[int]) -> int:
         if ids[i] in eot:
             return i
     return -1
+
+
+def _anchor(prompt: list[int], turn_start: Collection[int]) -> int:
+    """Index of the last turn-start token (where the generation prompt begins), or -1."""
+    for i in range(len(prompt) - 1, -1, -1):
+        if prompt[i] in turn_start:
+            return i
+    return -1
+
+
+def boundary(prev: list[int], prompt: list[int], eot: Collection[int], turn_start: Collection[int]) -> int | None:
+    """Where ``prompt`` stops repeating ``prev`` (the previous prompt) if it continues its turn:
+    ``len(prev)`` for an exact extension, the generation-prompt anchor for a re-rendered last
+    turn, None if ``prompt`` does not continue ``prev`` (no closed turn after the shared part)."""
+    if _extends(prompt, prev):
+        cut = len(prev)
+    else:
+        cut = _anchor(prev, turn_start)
+        if cut <= 0 or not _extends(prompt, prev, cut):
+            return None
+    return cut if _first_eot(prompt, cut, eot) >= 0 else None
 
 
 @dataclass(slots=True)
@@ -67,15 +93,18 @@ class _Chain:
         return self.records[-1].prompt_ids
 
 
-def group_chains(records: Sequence[CompletionRecord], eot: Collection[int]) -> list[list[CompletionRecord]]:
+def group_chains(
+    records: Sequence[CompletionRecord], eot: Collection[int], turn_start: Collection[int] = (IM_START_ID,)
+) -> list[list[CompletionRecord]]:
     chains: list[_Chain] = []
     for record in records:
         prompt = record.prompt_ids
         best: _Chain | None = None
+        best_key = (-1, -1)  # (exact extension?, shared length): exact beats re-rendered, longer wins
         for chain in chains:
-            tip = chain.tip
-            if (best is None or len(tip) > len(best.tip)) and _extends(prompt, tip) and _first_eot(prompt, len(tip), eot) >= 0:
-                best = chain
+            cut = boundary(chain.tip, prompt, eot, turn_start)
+            if cut is not None and (key := (int(cut == len(chain.tip)), cut)) > best_key:
+                best, best_key = chain, key
         if best is None:
             chains.append(_Chain([record]))
         else:
@@ -131,34 +160,37 @@ class _Builder:
                 "seqs": self.seqs,
                 "finish_reason": self.last.finish_reason,
                 "temperature": self.first.chat_request.temperature,
+                "logprobs_mode": self.first.logprobs_mode,
                 "drift": self.drift,
                 "cut": cut,
             },
         )
 
 
-def _merge_chain(chain: list[CompletionRecord], eot: Collection[int], strict: bool) -> list[Trace]:
+def _merge_chain(chain: list[CompletionRecord], eot: Collection[int], turn_start: Collection[int], strict: bool) -> list[Trace]:
     traces: list[Trace] = []
     builder = _Builder(chain[0])
     builder.sampled(chain[0])
     prev = chain[0]
     for record in chain[1:]:
-        raw = prev.response_ids
-        cut = len(prev.prompt_ids)
-        e = _first_eot(record.prompt_ids, cut, eot)  # >= 0: grouping guaranteed it
-        ended = bool(raw) and raw[-1] in eot
+        cut = boundary(prev.prompt_ids, record.prompt_ids, eot, turn_start)
+        assert cut is not None  # grouping put it here
+        # What the model saw and sampled after the shared part: the tail of the previous prompt
+        # (its generation prompt, when the last turn was re-rendered) and the raw sampled ids.
+        seen = prev.prompt_ids[cut:] + prev.response_ids
+        e = _first_eot(record.prompt_ids, cut, eot)
+        ended = bool(prev.response_ids) and prev.response_ids[-1] in eot
         canonical = record.prompt_ids[cut : e + 1] if ended else record.prompt_ids[cut:e]
         inserted = record.prompt_ids[e + 1 :] if ended else record.prompt_ids[e:]
-        if canonical != raw:
-            event = {"seq": record.seq, "at": len(builder.first.prompt_ids) + len(builder.response_ids) - len(raw),
-                     "span": _span(canonical, raw)}
+        if canonical != seen:
             if strict:
                 traces.append(builder.trace(cut="drift"))
                 builder = _Builder(record)
                 builder.sampled(record)
                 prev = record
                 continue
-            builder.drift.append(event)
+            at = len(builder.first.prompt_ids) + len(builder.response_ids) - len(seen)
+            builder.drift.append({"seq": record.seq, "at": at, "span": _span(canonical, seen)})
         builder.inserted(inserted)
         builder.sampled(record)
         prev = record
@@ -171,6 +203,7 @@ def build_prefix_merged(
     session_id: str | None = None,
     *,
     eot_ids: Collection[int] | None = None,
+    turn_start_ids: Collection[int] = (IM_START_ID,),
     strict: bool = False,
 ) -> Trajectory:
     """Merge a session's completions into one trace per prefix chain (see the module docstring)."""
@@ -179,8 +212,8 @@ def build_prefix_merged(
         return error_trajectory(records, session_id, problem)
     ordered = sorted(records, key=lambda r: r.seq)
     eot = frozenset(eot_ids) if eot_ids is not None else detect_eot_ids(ordered)
-    chains = group_chains(ordered, eot)
-    traces = [t for chain in chains for t in _merge_chain(chain, eot, strict)]
+    chains = group_chains(ordered, eot, turn_start_ids)
+    traces = [t for chain in chains for t in _merge_chain(chain, eot, turn_start_ids, strict)]
     drift = [d for t in traces for d in t.metadata["drift"]]
     stats: dict[str, Any] = {
         "completions": len(ordered),

@@ -116,3 +116,20 @@ def test_per_request_builder() -> None:
     assert [t.prompt_ids for t in traj.traces] == [P1, P2]
     assert all(t.loss_mask == [1] * len(t.response_ids) for t in traj.traces)
     assert traj.traces[0].status == Status.TRUNCATED
+
+
+def test_rerendered_last_turn_joins_at_the_generation_prompt_with_drift() -> None:
+    """A harness that drops the reasoning echo changes the re-render from the generation prompt on
+    (turn start 6, "assistant" 70, "<think>\\n" 71 vs "<think>\\n\\n" 72): same chain, drift reported."""
+    start = 6
+    p1 = SYS + [110, start, 70, 71]
+    r1 = [501, 502, EOT]
+    p2 = SYS + [110, start, 70, 72, 502, EOT, NL, 301, start, 70, 71]
+    records = [rec(0, p1, r1), rec(1, p2, R2)]
+    traj = build_prefix_merged(records, turn_start_ids={start})
+    (trace,) = traj.traces
+    assert p1 + trace.response_ids == p1 + r1 + [NL, 301, start, 70, 71] + R2, dump(trace)
+    assert trace.metadata["drift"] == [{"seq": 1, "at": len(p1) - 3, "span": 2}]
+    assert trace.loss_mask == [1, 1, 1, 0, 0, 0, 0, 0, 1, 1], dump(trace)
+    assert [t.metadata["seqs"] for t in build_prefix_merged(records, turn_start_ids={start}, strict=True).traces] == [[0], [1]]
+    assert len(build_prefix_merged(records).traces) == 2  # without the anchor id: two chains

@@ -1,0 +1,114 @@
+"""Token-in continuation mode: make every chain append-only by construction.
+
+When a request's messages are an earlier request's messages, then that request's assistant reply
+(as the harness echoes it), then new messages, the prompt is built from tokens instead of a fresh
+render: earlier prompt ids + the raw sampled ids + the template's tokens for only the new messages.
+The engine receives it token-in. Re-rendering can no longer strip reasoning, re-serialise tool
+arguments or trim whitespace in what the model already saw, so merged chains have zero drift.
+
+Anything else (history rewritten by compaction, a changed tool list, an echo that does not match
+what was sampled, an assistant message the model did not write) falls back to normal templating,
+with the reason recorded. Prompts are rendered with our Qwen3.5 template, so this mode needs an
+engine serving the Qwen3.5 chat format.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from polar_env.qwen.template import TemplateQuirks, content_text, render
+from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, QwenTokenizer
+from polar_env.records import AssistantMessage, ChatRequest, Generation
+
+_KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    messages: list[dict[str, Any]]
+    tools: bytes
+    thinking: bool
+    prompt_ids: list[int]
+    response_ids: list[int]
+    message: AssistantMessage
+
+
+def _arguments(value: Any) -> Any:
+    try:
+        return orjson.loads(value) if isinstance(value, str) else value
+    except orjson.JSONDecodeError:
+        return value
+
+
+def same_turn(echo: Mapping[str, Any], sampled: AssistantMessage) -> bool:
+    """Does the harness's echoed assistant message say what the model sampled? Ids, reasoning
+    and formatting may differ; text and tool calls (names, argument values) may not."""
+    if echo.get("role") != "assistant":
+        return False
+    if content_text(echo.get("content")).strip() != (sampled.content or "").strip():
+        return False
+    calls = echo.get("tool_calls") or []
+    if len(calls) != len(sampled.tool_calls):
+        return False
+    for call, mine in zip(calls, sampled.tool_calls, strict=True):
+        fn = call.get("function", call)
+        if fn.get("name") != mine.name or _arguments(fn.get("arguments")) != _arguments(mine.arguments):
+            return False
+    return True
+
+
+class Continuation:
+    """One session's recent turns, and the token-in prompt planner."""
+
+    def __init__(self, tokenizer: QwenTokenizer, quirks: TemplateQuirks) -> None:
+        self.tokenizer = tokenizer
+        self.quirks = quirks
+        self.turns: deque[Turn] = deque(maxlen=_KEEP_TURNS)
+
+    def plan(self, chat: ChatRequest) -> tuple[list[int] | None, str]:
+        """(token-in prompt ids, note); ids are None when normal templating must be used."""
+        if not self.turns:
+            return None, "continuation: first turn, templated"
+        messages, tools = chat.messages, orjson.dumps(chat.tools)
+        thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
+        best: Turn | None = None
+        reason = "history rewritten"
+        for turn in self.turns:
+            n = len(turn.messages)
+            if len(messages) <= n + 1 or (best is not None and n <= len(best.messages)):
+                continue
+            if messages[:n] != turn.messages:
+                continue
+            if turn.tools != tools or turn.thinking != thinking:
+                reason = "tool list or thinking mode changed"
+            elif not same_turn(messages[n], turn.message):
+                reason = "echoed assistant turn differs from what was sampled"
+            elif any(m.get("role") in ("assistant", "system") for m in messages[n + 1 :]):
+                reason = "new messages include an assistant or system message"
+            else:
+                best = turn
+        if best is None:
+            return None, f"continuation fallback: {reason}"
+        start = len(best.messages) + 1
+        ended = bool(best.response_ids) and best.response_ids[-1] in EOS_IDS
+        glue = "\n" if self.quirks.newline_after_turn else ""
+        new_text = glue + render(messages, chat.tools, enable_thinking=thinking, quirks=self.quirks, from_index=start)
+        ids = best.prompt_ids + best.response_ids + ([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text)
+        return ids, f"continuation: token-in over {len(best.prompt_ids) + len(best.response_ids)} earlier tokens"
+
+    def remember(self, chat: ChatRequest, generation: Generation) -> None:
+        self.turns.append(
+            Turn(
+                messages=chat.messages,
+                tools=orjson.dumps(chat.tools),
+                thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
+                prompt_ids=generation.prompt_ids,
+                response_ids=generation.response_ids,
+                message=generation.message,
+            )
+        )
