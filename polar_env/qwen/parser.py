@@ -27,13 +27,17 @@ def new_tool_call_id() -> str:
 
 
 def split_reasoning(text: str, *, thinking: bool) -> tuple[str | None, str]:
-    """(reasoning, rest). With thinking on and no ``</think>``, everything is reasoning."""
+    """(reasoning, rest). With thinking on, reasoning ends at ``</think>`` or, as vLLM's qwen3
+    parser has it, at a ``<tool_call>``; without either, everything is reasoning."""
     if "</think>" in text:
         reasoning, _, rest = text.partition("</think>")
         reasoning = reasoning.split("<think>")[-1].lstrip("\n").rstrip("\n")
-        return reasoning, rest.lstrip("\n")
+        return (reasoning or None), rest.lstrip("\n")
     if thinking:
-        return text, ""
+        if "<tool_call>" in text:
+            reasoning, _, rest = text.partition("<tool_call>")
+            return (reasoning.strip("\n") or None), "<tool_call>" + rest
+        return (text or None), ""
     return None, text
 
 

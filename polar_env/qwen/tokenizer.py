@@ -7,6 +7,7 @@ We use tiktoken on the shipped ranks directly: it loads in ~0.3 s and encodes ex
 
 from __future__ import annotations
 
+import codecs
 import functools
 import unicodedata
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
-VOCAB_SIZE = 248_320  # the model's padded embedding size; ids >= 248,077 are never produced
+VOCAB_SIZE = 248_320  # the model's padded embedding size; ids 248,077+ are padding rows with no text
 IM_START_ID = 248_045
 IM_END_ID = 248_046
 ENDOFTEXT_ID = 248_044
@@ -42,15 +43,23 @@ class QwenTokenizer:
         return self._enc.encode(unicodedata.normalize("NFC", text), allowed_special="all")
 
     def decode(self, ids: list[int]) -> str:
-        return self._enc.decode(ids, errors="replace")
+        """Text of ``ids``. Padding ids decode to nothing; an unfinished UTF-8 character at the end
+        is left out (as vLLM's detokenizer does), invalid bytes elsewhere become U+FFFD."""
+        return "".join(self.token_texts(ids))
 
     def token_bytes(self, token_id: int) -> bytes:
-        """Raw bytes of one token (may be a partial UTF-8 sequence)."""
-        return self._enc.decode_single_token_bytes(token_id)
+        """Raw bytes of one token (may be a partial UTF-8 sequence; empty for padding ids)."""
+        return self._enc.decode_single_token_bytes(token_id) if token_id < self.n_vocab else b""
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Per-token text as vLLM reports it in logprobs: a token that only starts a multi-byte
+        character gets "" and the token that completes it gets the whole character."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return [decoder.decode(self.token_bytes(i)) for i in ids]
 
     def token_text(self, token_id: int) -> str:
-        """One token decoded on its own, as vLLM reports it in ``logprobs.content[].token``."""
-        return self._enc.decode([token_id], errors="replace")
+        """One token decoded on its own ("" when it is not a complete UTF-8 text)."""
+        return self.token_texts([token_id])[0]
 
 
 @functools.cache

@@ -63,3 +63,16 @@ def test_truncated_tool_call_stays_text() -> None:
 def test_without_tools_tool_markup_is_content() -> None:
     msg = parse_output(CALL, tools=[], thinking=False)
     assert msg.tool_calls == [] and msg.content == CALL
+
+
+def test_tool_call_ends_reasoning_without_think_close() -> None:
+    """vLLM's qwen3 parser: with thinking on, <tool_call> ends the reasoning too."""
+    msg = parse_output("Let me run.\n" + CALL, tools=TOOLS, thinking=True)
+    assert msg.reasoning == "Let me run." and len(msg.tool_calls) == 1 and msg.content is None
+    bare = parse_output(CALL, tools=TOOLS, thinking=True)
+    assert bare.reasoning is None and len(bare.tool_calls) == 1
+
+
+def test_empty_reasoning_is_null() -> None:
+    assert parse_output("</think>\n\nHi", tools=[], thinking=True).reasoning is None
+    assert parse_output("", tools=[], thinking=True).reasoning is None

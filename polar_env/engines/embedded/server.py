@@ -23,9 +23,11 @@ from pydantic import ValidationError
 
 from polar_env.engines.embedded.engine import Completion, EmbeddedEngine, SamplingExtras
 from polar_env.errors import RequestError
-from polar_env.records import ChatRequest
+from polar_env.records import ChatRequest, Generation
 
 ENGINE_KEY = web.AppKey("engine", EmbeddedEngine)
+_THINK_END = 248_069  # </think>
+_UNSUPPORTED = ("structured_outputs", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice")
 MAX_BODY_BYTES = 64 * 1024 * 1024  # 100k-token token-in prompts are ~1 MB; leave ample room
 
 
@@ -92,9 +94,16 @@ def _chat_request(body: dict[str, Any], engine: EmbeddedEngine) -> tuple[ChatReq
     return request, extras
 
 
-def _logprob_entry(engine: EmbeddedEngine, token_id: int, logprob: float) -> dict[str, Any]:
-    token = engine.tokenizer.token_text(token_id)
+def _logprob_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _reasoning_tokens(gen: Generation) -> int:
+    """Sampled tokens up to and including ``</think>`` (all of them if thinking never closed)."""
+    if _THINK_END in gen.response_ids:
+        return gen.response_ids.index(_THINK_END) + 1
+    only_reasoning = gen.message.reasoning is not None and not gen.message.content and not gen.message.tool_calls
+    return len(gen.response_ids) if only_reasoning else 0
 
 
 def chat_response(engine: EmbeddedEngine, body: dict[str, Any], done: Completion) -> dict[str, Any]:
@@ -103,9 +112,11 @@ def chat_response(engine: EmbeddedEngine, body: dict[str, Any], done: Completion
     logprobs = None
     if body.get("logprobs"):
         content = []
-        for i, (tid, lp) in enumerate(zip(gen.response_ids, gen.response_logprobs, strict=True)):
-            entry = _logprob_entry(engine, tid, lp)
-            entry["top_logprobs"] = [_logprob_entry(engine, t, v) for t, v in decoded.top[i]] if decoded.top else []
+        texts = engine.tokenizer.token_texts(gen.response_ids)
+        for i, (text, lp) in enumerate(zip(texts, gen.response_logprobs, strict=True)):
+            entry = _logprob_entry(text, lp)
+            top = decoded.top[i] if decoded.top else []
+            entry["top_logprobs"] = [_logprob_entry(engine.tokenizer.token_text(t), v) for t, v in top]
             content.append(entry)
         logprobs = {"content": content}
     message = {
@@ -115,12 +126,14 @@ def chat_response(engine: EmbeddedEngine, body: dict[str, Any], done: Completion
         "annotations": None,
         "audio": None,
         "function_call": None,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in gen.message.tool_calls
-        ],
         "reasoning": gen.message.reasoning,
     }
+    if gen.message.tool_calls:  # vLLM leaves the key out when there are none
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in gen.message.tool_calls
+        ]
+
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -143,6 +156,7 @@ def chat_response(engine: EmbeddedEngine, body: dict[str, Any], done: Completion
             "total_tokens": len(gen.prompt_ids) + len(gen.response_ids),
             "completion_tokens": len(gen.response_ids),
             "prompt_tokens_details": None,
+            "completion_tokens_details": {"reasoning_tokens": _reasoning_tokens(gen)},
         },
         "prompt_logprobs": None,
         "prompt_token_ids": gen.prompt_ids if want_ids else None,
@@ -158,6 +172,11 @@ async def chat_completions(request: web.Request) -> web.Response:
         raise RequestError("the embedded engine answers non-streaming only; the gateway synthesizes streams")
     if body.get("n", 1) != 1:
         raise RequestError("only n=1 is supported")
+    unsupported = [k for k in _UNSUPPORTED if body.get(k) is not None]
+    if unsupported:
+        raise RequestError(f"not supported by the embedded engine: {unsupported}")
+    if body.get("model") not in (None, "", engine.model_name):
+        raise RequestError(f"The model `{body['model']}` does not exist. Valid aliases: {engine.model_name}.", status=404)
     chat, extras = _chat_request(body, engine)
     done = await asyncio.to_thread(engine.complete, chat, extras)
     return _json(chat_response(engine, body, done))
