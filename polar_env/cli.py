@@ -93,16 +93,19 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         continuation=args.continuation,
     )
     app = build_app(engine, CaptureStore(Path(args.store), fsync=args.fsync), config)
-    asyncio.run(_serve(app, args.host, args.port, f"polar-env gateway (engine: {args.engine})", started))
+    what = f"polar-env gateway (engine: {args.engine})"
+    asyncio.run(_serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket))
     return 0
 
 
-async def _serve(app, host: str, port: int, what: str, started: float) -> None:  # type: ignore[no-untyped-def]
+async def _serve(app, host: str, port: int, what: str, started: float, unix_socket: str | None = None) -> None:  # type: ignore[no-untyped-def]
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
+    if unix_socket:  # what sandboxes reach through their relay (runtimes/base.py)
+        await web.UnixSite(runner, unix_socket).start()
     # Printed only once the socket listens: callers wait for this line.
     print(f"{what} ready in {time.perf_counter() - started:.1f}s on http://{host}:{port}", flush=True)
     stop = asyncio.Event()
@@ -148,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-url", help="vLLM base URL, or comma-separated SGLang worker URLs")
     p.add_argument("--store", default="polar_capture", help="directory of per-session journals")
     p.add_argument("--fsync", action="store_true", help="fsync every record (survives machine crashes)")
+    p.add_argument("--unix-socket", help="also listen on this unix socket (bridged into sandboxes)")
     p.add_argument("--public-url", help="base URL handed to harnesses (default: the request's Host)")
     p.add_argument("--temperature", type=float, help="override every request's temperature")
     p.add_argument("--top-p", type=float, help="override every request's top_p")

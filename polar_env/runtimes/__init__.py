@@ -1,0 +1,1 @@
+"""Isolated places where a harness runs a task: the bubblewrap sandbox (default), Docker, Apptainer."""

@@ -1,0 +1,69 @@
+"""The Runtime seam: prepare (INIT work), exec, files, workspace diff, stop.
+
+Every runtime gives the harness a writable workspace (``spec.workdir``, default ``/testbed``)
+and a network that reaches the gateway and nothing else: the gateway's unix socket is bound into
+the runtime and a relay inside listens on ``127.0.0.1:<gateway_port>``, so harness base URLs stay
+plain ``http://127.0.0.1:<port>``. Start-up and teardown times are recorded in ``timings``.
+To add a runtime: one module implementing ``Runtime`` plus one entry in ``RUNTIMES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RuntimeSpec(BaseModel):
+    """How to build one runtime. Crosses process lines (TaskRequest), hence pydantic."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["sandbox", "docker", "apptainer"] = "sandbox"
+    image: str | None = None  # docker image / apptainer .sif or docker:// URI / sandbox rootfs dir
+    workdir: str = "/testbed"
+    source_dir: Path | None = None  # copied into workdir at prepare (a task repo)
+    env: dict[str, str] = Field(default_factory=dict)
+    gateway_socket: Path | None = None  # the gateway's unix socket, bridged to 127.0.0.1:gateway_port
+    gateway_port: int = 8100
+    network: Literal["gateway", "none"] = "gateway"  # "gateway": loopback + the bridged gateway only
+    memory_mb: int | None = None
+    pids_limit: int | None = None
+    binds: list[tuple[Path, str]] = Field(default_factory=list)  # extra read-only binds (e.g. harness installs)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int
+    output: str  # stdout and stderr merged, in order (SWE-bench markers arrive on stderr)
+    timed_out: bool
+    duration_s: float
+
+
+@dataclass(slots=True)
+class Timings:
+    prepare_s: float = 0.0
+    stop_s: float = 0.0
+    exec_s: list[float] = field(default_factory=list)
+
+
+class Runtime(Protocol):
+    name: str
+    spec: RuntimeSpec
+    timings: Timings
+
+    async def prepare(self) -> None: ...
+
+    async def exec(
+        self, command: str | list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, timeout_s: float = 600.0
+    ) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def diff(self) -> str: ...
+
+    async def stop(self) -> None: ...
