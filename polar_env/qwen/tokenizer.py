@@ -7,7 +7,6 @@ We use tiktoken on the shipped ranks directly: it loads in ~0.3 s and encodes ex
 
 from __future__ import annotations
 
-import codecs
 import functools
 import unicodedata
 from pathlib import Path
@@ -52,10 +51,20 @@ class QwenTokenizer:
         return self._enc.decode_single_token_bytes(token_id) if token_id < self.n_vocab else b""
 
     def token_texts(self, ids: list[int]) -> list[str]:
-        """Per-token text as vLLM reports it in logprobs: a token that only starts a multi-byte
-        character gets "" and the token that completes it gets the whole character."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return [decoder.decode(self.token_bytes(i)) for i in ids]
+        """Per-token text as vLLM's detokenizer reports it: bytes that do not yet decode cleanly
+        (text ending in U+FFFD) are held back, so the token that starts a multi-byte character
+        gets "" and the one that completes it gets the whole character."""
+        out: list[str] = []
+        pending = b""
+        for token_id in ids:
+            pending += self.token_bytes(token_id)
+            text = pending.decode("utf-8", errors="replace")
+            if text.endswith("\ufffd"):
+                out.append("")
+            else:
+                out.append(text)
+                pending = b""
+        return out
 
     def token_text(self, token_id: int) -> str:
         """One token decoded on its own ("" when it is not a complete UTF-8 text)."""

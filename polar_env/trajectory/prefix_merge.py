@@ -22,15 +22,19 @@ re-rendered, whitespace trimmed), the merged sequence is not exactly what the mo
 such boundary is counted with its token span. ``strict=True`` cuts the chain there instead, so every
 merged trace is exactly a context the model saw.
 
-Cost: each record's prompt is compared once with its chain's tip (C-level list comparison after an
-O(1) probe per candidate chain), so building is linear in the total prompt tokens.
+Cost: each prompt is serialised once to its compact JSON text (orjson, ~3 ns per id); "is a token
+prefix" is then a byte-prefix test on those texts (memcmp) after an O(1) probe per candidate
+chain. Building is linear in the total prompt tokens with a small constant; comparing Python int
+lists element by element costs several times more on records loaded from JSON.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from polar_env.qwen.tokenizer import EOS_IDS, IM_START_ID
 from polar_env.records import CompletionRecord, Status, Trace, Trajectory
@@ -48,12 +52,26 @@ def detect_eot_ids(records: Sequence[CompletionRecord]) -> frozenset[int]:
     return frozenset(found or EOS_IDS)
 
 
-def _extends(prompt: list[int], tip: list[int], n: int | None = None) -> bool:
-    """Is ``tip[:n]`` a prefix of ``prompt``? An O(1) probe rejects most non-matches first."""
-    n = len(tip) if n is None else n
-    if n == 0 or n > len(prompt) or prompt[n - 1] != tip[n - 1] or prompt[0] != tip[0] or prompt[n // 2] != tip[n // 2]:
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A prompt's ids plus their compact JSON text, for memcmp prefix tests."""
+
+    ids: list[int]
+    packed: bytes  # b"[1,2,3]"
+
+    @classmethod
+    def of(cls, ids: list[int]) -> Prompt:
+        return cls(ids, orjson.dumps(ids))
+
+
+def _extends(prompt: Prompt, tip: Prompt, n: int | None = None) -> bool:
+    """Is ``tip.ids[:n]`` a prefix of ``prompt.ids``? An O(1) probe rejects most non-matches first."""
+    p, t = prompt.ids, tip.ids
+    n = len(t) if n is None else n
+    if n == 0 or n > len(p) or p[n - 1] != t[n - 1] or p[0] != t[0] or p[n // 2] != t[n // 2]:
         return False
-    return prompt[:n] == tip[:n]
+    head = memoryview(tip.packed)[:-1] if n == len(t) else orjson.dumps(t[:n])[:-1]  # without "]"
+    return prompt.packed.startswith(head) and prompt.packed[len(head)] in b",]"
 
 
 def _first_eot(ids: list[int], start: int, eot: Collection[int]) -> int:
@@ -71,45 +89,42 @@ def _anchor(prompt: list[int], turn_start: Collection[int]) -> int:
     return -1
 
 
-def boundary(prev: list[int], prompt: list[int], eot: Collection[int], turn_start: Collection[int]) -> int | None:
+def boundary(prev: Prompt, prompt: Prompt, eot: Collection[int], turn_start: Collection[int]) -> int | None:
     """Where ``prompt`` stops repeating ``prev`` (the previous prompt) if it continues its turn:
     ``len(prev)`` for an exact extension, the generation-prompt anchor for a re-rendered last
     turn, None if ``prompt`` does not continue ``prev`` (no closed turn after the shared part)."""
     if _extends(prompt, prev):
-        cut = len(prev)
+        cut = len(prev.ids)
     else:
-        cut = _anchor(prev, turn_start)
+        cut = _anchor(prev.ids, turn_start)
         if cut <= 0 or not _extends(prompt, prev, cut):
             return None
-    return cut if _first_eot(prompt, cut, eot) >= 0 else None
-
-
-@dataclass(slots=True)
-class _Chain:
-    records: list[CompletionRecord] = field(default_factory=list)
-
-    @property
-    def tip(self) -> list[int]:
-        return self.records[-1].prompt_ids
+    return cut if _first_eot(prompt.ids, cut, eot) >= 0 else None
 
 
 def group_chains(
-    records: Sequence[CompletionRecord], eot: Collection[int], turn_start: Collection[int] = (IM_START_ID,)
+    records: Sequence[CompletionRecord],
+    eot: Collection[int],
+    turn_start: Collection[int] = (IM_START_ID,),
+    prompts: Mapping[int, Prompt] | None = None,
 ) -> list[list[CompletionRecord]]:
-    chains: list[_Chain] = []
+    """Chains of records (see the module docstring); ``prompts`` maps seq → packed prompt."""
+    packed = prompts if prompts is not None else {r.seq: Prompt.of(r.prompt_ids) for r in records}
+    chains: list[list[CompletionRecord]] = []
     for record in records:
-        prompt = record.prompt_ids
-        best: _Chain | None = None
+        prompt = packed[record.seq]
+        best: list[CompletionRecord] | None = None
         best_key = (-1, -1)  # (exact extension?, shared length): exact beats re-rendered, longer wins
         for chain in chains:
-            cut = boundary(chain.tip, prompt, eot, turn_start)
-            if cut is not None and (key := (int(cut == len(chain.tip)), cut)) > best_key:
+            tip = packed[chain[-1].seq]
+            cut = boundary(tip, prompt, eot, turn_start)
+            if cut is not None and (key := (int(cut == len(tip.ids)), cut)) > best_key:
                 best, best_key = chain, key
         if best is None:
-            chains.append(_Chain([record]))
+            chains.append([record])
         else:
-            best.records.append(record)
-    return [c.records for c in chains]
+            best.append(record)
+    return chains
 
 
 def _span(a: list[int], b: list[int]) -> int:
@@ -167,13 +182,15 @@ class _Builder:
         )
 
 
-def _merge_chain(chain: list[CompletionRecord], eot: Collection[int], turn_start: Collection[int], strict: bool) -> list[Trace]:
+def _merge_chain(
+    chain: list[CompletionRecord], eot: Collection[int], turn_start: Collection[int], strict: bool, packed: Mapping[int, Prompt]
+) -> list[Trace]:
     traces: list[Trace] = []
     builder = _Builder(chain[0])
     builder.sampled(chain[0])
     prev = chain[0]
     for record in chain[1:]:
-        cut = boundary(prev.prompt_ids, record.prompt_ids, eot, turn_start)
+        cut = boundary(packed[prev.seq], packed[record.seq], eot, turn_start)
         assert cut is not None  # grouping put it here
         # What the model saw and sampled after the shared part: the tail of the previous prompt
         # (its generation prompt, when the last turn was re-rendered) and the raw sampled ids.
@@ -212,8 +229,9 @@ def build_prefix_merged(
         return error_trajectory(records, session_id, problem)
     ordered = sorted(records, key=lambda r: r.seq)
     eot = frozenset(eot_ids) if eot_ids is not None else detect_eot_ids(ordered)
-    chains = group_chains(ordered, eot, turn_start_ids)
-    traces = [t for chain in chains for t in _merge_chain(chain, eot, turn_start_ids, strict)]
+    packed = {r.seq: Prompt.of(r.prompt_ids) for r in ordered}
+    chains = group_chains(ordered, eot, turn_start_ids, packed)
+    traces = [t for chain in chains for t in _merge_chain(chain, eot, turn_start_ids, strict, packed)]
     drift = [d for t in traces for d in t.metadata["drift"]]
     stats: dict[str, Any] = {
         "completions": len(ordered),

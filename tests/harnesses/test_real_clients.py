@@ -1,0 +1,72 @@
+"""The real pi and Qwen Code CLIs, unmodified, against the real gateway (what CI runs).
+
+Each case runs ``python -m polar_env.harnesses.check --only <spec>`` in a subprocess: the CLI runs
+headless in a loopback-only network namespace against the gateway and the embedded scripted engine,
+and the session's journal must show a complete tool round trip with token-faithful records.
+pi covers all four provider wire formats; qwen adds a second OpenAI-chat client.
+
+The CLIs come from ``scripts/install_harnesses.sh`` (pi and qwen by default). Without them the
+cases skip locally and fail under ``CI``, which must install them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_env.harnesses.check import (
+    CheckResult,
+    binary_path,
+    describe_failure,
+    install_hint,
+    isolation_problem,
+)
+from polar_env.harnesses.clients import get
+from polar_env.records import ProviderAPI
+
+pytestmark = pytest.mark.slow
+
+CASES = [("pi", api) for api in ProviderAPI] + [("qwen", ProviderAPI.OPENAI_CHAT)]
+CLI_TIMEOUT_S = 120
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must provide it)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def isolation() -> None:
+    problem = isolation_problem()
+    if problem:
+        _unavailable(f"no loopback-only network namespace: {problem}")
+
+
+@pytest.mark.parametrize(("name", "api"), CASES, ids=[f"{n}-{a.value}" for n, a in CASES])
+def test_real_client(name: str, api: ProviderAPI, tmp_path: Path, isolation: None) -> None:
+    spec = get(name, api)
+    if not binary_path(spec).exists():
+        _unavailable(f"{spec.binary} CLI not installed at {binary_path(spec)}; run {install_hint(spec)}")
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "polar_env.harnesses.check", "--only", spec.id, "--json", str(out),
+         "--timeout-s", str(CLI_TIMEOUT_S), "--workdir", str(tmp_path / "work")],
+        check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S + 300,
+    )
+    assert out.exists(), f"check wrote no result (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads(out.read_text())[0]
+    data.pop("ok")
+    result = CheckResult(**data)
+    why = describe_failure(result)
+    assert result.exit_code == 0, why
+    assert result.turns >= 2, why
+    assert result.tool_round_trip, why
+    assert result.aligned, why
+    assert result.answer_in_stdout, why
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
