@@ -118,6 +118,50 @@ async def _serve(app, host: str, port: int, what: str, started: float, unix_sock
         await runner.cleanup()
 
 
+def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.proxy.capture import CaptureStore
+    from polar_env.trajectory.builders import BUILDERS
+
+    store = CaptureStore(Path(args.store))
+    sessions = args.session or store.session_ids()
+    build = BUILDERS[args.builder]
+    return [build(store.read(sid)) for sid in sessions]
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build trajectories from a capture store; print per-session stats, optionally write JSONL."""
+    trajectories = _trajectories(args)
+    out = open(args.out, "wb") if args.out else None  # noqa: SIM115
+    try:
+        for traj in trajectories:
+            stats = traj.metadata.get("stats", {})
+            print(f"{traj.session_id}: {traj.status.value} {json.dumps(stats or traj.metadata)}")
+            if out is not None:
+                out.write(traj.to_json() + b"\n")
+    finally:
+        if out is not None:
+            out.close()
+    return 0 if all(t.status.value != "error" for t in trajectories) else 1
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Teacher-forced fidelity check of built trajectories against the embedded engine's model."""
+    from polar_env.engines.embedded.model import ModelSpec, build_model, load_model
+    from polar_env.trajectory.fidelity import verify
+
+    model = load_model(Path(args.model_dir)) if args.model_dir else build_model(ModelSpec(seed=args.seed))
+    trajectories = _trajectories(args)
+    worst = 0.0
+    for traj in trajectories:
+        report = verify([traj], model)
+        worst = max(worst, report.max_abs_delta)
+        drift = traj.metadata.get("stats", {}).get("drift_boundaries", 0)
+        print(f"{traj.session_id}: {report.line()}; drift boundaries {drift}")
+        for w in report.worst[:3]:
+            print(f"    trace {w['trace']} position {w['position']}: |Δ| {w['delta']:.3g}")
+    return 0 if worst <= args.tolerance else 1
+
+
 def cmd_export_model(args: argparse.Namespace) -> int:
     from polar_env.engines.embedded.model import ModelSpec, build_model, save_model
 
@@ -161,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token-in continuation mode for every session (append-only prompts)")
     _add_engine_options(p)
     p.set_defaults(func=cmd_gateway)
+
+    for name, func, text in (
+        ("build", cmd_build, "build trajectories from a capture store"),
+        ("verify", cmd_verify, "teacher-forced fidelity check of captured trajectories"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--store", required=True, help="capture store directory (polar-env gateway --store)")
+        p.add_argument("--session", action="append", help="session id (repeatable; default: all)")
+        p.add_argument("--builder", default="prefix_merge", choices=["per_request", "prefix_merge", "prefix_merge_strict"])
+        if name == "build":
+            p.add_argument("--out", help="write trajectories as JSON lines here")
+        else:
+            p.add_argument("--model-dir", help="HF folder of the model that sampled (default: seeded tiny model)")
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--tolerance", type=float, default=1e-4, help="max |Δlogprob| that passes")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("export-model", help="write the seeded tiny model as a HF folder (for vLLM)")
     p.add_argument("directory")

@@ -154,3 +154,16 @@ async def test_append_only_template_merges_across_user_turns(engines, tmp_path) 
 
 def test_template_quirks_are_hashable_config() -> None:
     assert TemplateQuirks() == QWEN35 and hash(APPEND_ONLY)
+
+
+@pytest.mark.slow
+async def test_build_and_verify_cli(engines, tmp_path, capsys) -> None:
+    from polar_env.cli import main
+
+    await capture(engines["qwen3.5"], tmp_path, continuation=True, echo_reasoning=False)
+    store = str(tmp_path / "capture")
+    assert main(["build", "--store", store, "--out", str(tmp_path / "t.jsonl")]) == 0
+    assert '"chains": 3' in capsys.readouterr().out
+    assert Trajectory.from_json((tmp_path / "t.jsonl").read_bytes().splitlines()[0]).session_id == "ep"
+    assert main(["verify", "--store", store]) == 0
+    assert "max |Δlogprob|" in capsys.readouterr().out
