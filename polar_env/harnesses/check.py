@@ -88,6 +88,9 @@ class CheckResult:
     tool_name: str | None = None
     answer: str | None = None  # the final text the engine gave after seeing the tool output
     answer_in_stdout: bool = False  # the CLI printed that answer (it parsed the gateway's reply)
+    continuation: bool = False  # the session ran in token-in continuation mode
+    merged_traces: int = 0  # prefix-merged traces built from the journal (turns = per-request traces)
+    drift: int = 0  # drift boundaries found while merging
     problems: list[str] = field(default_factory=list)
     http: list[dict[str, Any]] = field(default_factory=list)  # method, path, status, ms per request
     http_errors: list[dict[str, Any]] = field(default_factory=list)  # >= 400: bodies, for diagnosis
@@ -251,23 +254,27 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float) -> CheckResult:
+async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, continuation: bool = False) -> CheckResult:
     from aiohttp import web
 
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.policy import ScriptedPolicy
     from polar_env.proxy.app import SESSIONS, GatewayConfig, build_app
     from polar_env.proxy.capture import CaptureStore
+    from polar_env.proxy.continuation import Continuation
     from polar_env.proxy.providers import PROVIDERS
+    from polar_env.qwen.tokenizer import load_tokenizer
+    from polar_env.trajectory.prefix_merge import build_prefix_merged
 
-    result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir))
+    result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir), continuation=continuation)
     if spec.api not in PROVIDERS:
         result.problems.append(f"the gateway has no provider registered for {spec.api.value}")
     engine = EmbeddedEngine(policy=ScriptedPolicy())
     store = CaptureStore(workdir / "capture")
     app = build_app(engine, store, GatewayConfig(engine_model=engine.model_name))
     app.middlewares.append(http_logger(result))
-    session = app[SESSIONS].create(metadata={"check": spec.id})
+    tracker = Continuation(load_tokenizer(), engine.quirks) if continuation else None
+    session = app[SESSIONS].create(metadata={"check": spec.id}, continuation=tracker)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
@@ -277,19 +284,23 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float) -> Che
                                timeout_s, result)
     finally:
         await runner.cleanup()
-    judge_records(store.read(session.id), result)
+    records = store.read(session.id)
+    judge_records(records, result)
+    if records:
+        stats = build_prefix_merged(records).metadata["stats"]
+        result.merged_traces, result.drift = stats["traces"], stats["drift_boundaries"]
     if result.answer:
         first_line = result.answer.splitlines()[0].strip()
         result.answer_in_stdout = first_line in stdout.decode("utf-8", "replace")
     return result
 
 
-def worker_main(spec_id: str, out: Path, workdir: Path, timeout_s: float) -> int:
+def worker_main(spec_id: str, out: Path, workdir: Path, timeout_s: float, continuation: bool = False) -> int:
     spec = SPECS[spec_id]
     started = time.perf_counter()
     try:
         isolate_loopback()
-        result = asyncio.run(check_inside(spec, workdir, timeout_s))
+        result = asyncio.run(check_inside(spec, workdir, timeout_s, continuation))
     except BaseException as exc:  # noqa: BLE001 - the verdict file must say what went wrong
         result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir))
         result.problems.append(f"worker failed: {exc!r}")
@@ -321,7 +332,7 @@ def isolation_problem() -> str | None:
     return None
 
 
-def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path) -> CheckResult:
+def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path, continuation: bool = False) -> CheckResult:
     """Run one spec in its own network namespace; never raises."""
     if not binary_path(spec).exists():
         result = CheckResult(spec.id, spec.name, spec.api.value)
@@ -331,7 +342,7 @@ def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path) -> CheckResult
     workdir.mkdir(parents=True)
     out = workdir / "result.json"
     worker = [sys.executable, "-m", "polar_env.harnesses.check", "--inside", spec.id, "--out", str(out),
-              "--workdir", str(workdir), "--timeout-s", str(timeout_s)]
+              "--workdir", str(workdir), "--timeout-s", str(timeout_s), *(["--continuation"] if continuation else [])]
     try:
         proc = subprocess.run([*isolation_prefix(), *worker], check=False, capture_output=True,
                               stdin=subprocess.DEVNULL, timeout=timeout_s + WORKER_STARTUP_S)
@@ -353,13 +364,13 @@ def _mark(flag: bool) -> str:
 
 
 def format_table(results: Sequence[CheckResult]) -> str:
-    header = ("harness", "API", "turns", "tool round trip", "ids/logprobs", "answer printed", "exit", "cli s",
-              "total s", "result")
+    header = ("harness", "API", "turns", "tool round trip", "ids/logprobs", "answer printed", "merged", "drift",
+              "exit", "cli s", "total s", "result")
     rows = [header]
     for r in results:
         exit_text = "timeout" if r.timed_out else ("-" if r.exit_code is None else str(r.exit_code))
         rows.append((r.harness, r.api, str(r.turns), _mark(r.tool_round_trip), _mark(r.aligned),
-                     _mark(r.answer_in_stdout), exit_text,
+                     _mark(r.answer_in_stdout), f"{r.turns}→{r.merged_traces}", str(r.drift), exit_text,
                      f"{r.cli_s:.1f}", f"{r.total_s:.1f}", "ok" if r.ok else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -396,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every result (with HTTP log and output tails) here")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per-CLI time limit")
     p.add_argument("--workdir", type=Path, help="keep each spec's HOME, journal and CLI output under this folder")
+    p.add_argument("--continuation", action="store_true", help="run sessions in token-in continuation mode")
     p.add_argument("--inside", metavar="SPEC_ID", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -403,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.inside:
         if args.out is None or args.workdir is None:
             p.error("--inside needs --out and --workdir")
-        return worker_main(args.inside, args.out, args.workdir, args.timeout_s)
+        return worker_main(args.inside, args.out, args.workdir, args.timeout_s, args.continuation)
 
     specs = select(args.only)
     problem = isolation_problem()
@@ -415,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         root = args.workdir or Path(scratch)
         for spec in specs:
             print(f"checking {spec.id} ...", file=sys.stderr, flush=True)
-            result = check_spec(spec, args.timeout_s, root / spec.id)
+            result = check_spec(spec, args.timeout_s, root / spec.id, args.continuation)
             if args.workdir is None:
                 result.workdir = None  # the scratch folder is about to go
             results.append(result)

@@ -44,7 +44,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except RequestError as exc:
-        return error_response(exc.message, exc.status)
+        return error_response(exc.message, exc.status, "NotFoundError" if exc.status == 404 else "BadRequestError")
     except web.HTTPException as exc:
         if exc.status >= 400:
             return error_response(exc.reason, exc.status, "NotFoundError" if exc.status == 404 else "BadRequestError")
