@@ -174,7 +174,7 @@ def cmd_export_model(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from polar_env.demo import run_demo
 
-    return asyncio.run(run_demo(port=args.port))
+    return asyncio.run(run_demo(store_dir=args.store))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_export_model)
 
-    p = sub.add_parser("demo", help="start the engine and run a scripted tool-use chat against it")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p = sub.add_parser("demo", help="one captured tool-use episode through engine + gateway, then its trajectory")
+    p.add_argument("--store", help="capture store directory (default: a temporary one)")
     p.set_defaults(func=cmd_demo)
     return parser
 

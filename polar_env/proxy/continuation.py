@@ -50,7 +50,10 @@ def same_turn(echo: Mapping[str, Any], sampled: AssistantMessage) -> bool:
     and formatting may differ; text and tool calls (names, argument values) may not."""
     if echo.get("role") != "assistant":
         return False
-    if content_text(echo.get("content")).strip() != (sampled.content or "").strip():
+    # Some harnesses replay reasoning as text (pi turns unsigned Anthropic thinking into text).
+    text = content_text(echo.get("content")).strip()
+    content, reasoning = (sampled.content or "").strip(), (sampled.reasoning or "").strip()
+    if text not in {content, f"{reasoning}\n\n{content}".strip(), f"{reasoning}{content}".strip()}:
         return False
     calls = echo.get("tool_calls") or []
     if len(calls) != len(sampled.tool_calls):

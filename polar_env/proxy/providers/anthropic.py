@@ -10,6 +10,8 @@ event sequence Claude Code needs: text only in deltas, never in ``content_block_
 
 from __future__ import annotations
 
+import base64
+
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -311,7 +313,10 @@ def _content(reply: Reply) -> list[dict[str, Any]]:
     msg = reply.generation.message
     blocks: list[dict[str, Any]] = []
     if msg.reasoning:
-        blocks.append({"type": "thinking", "thinking": msg.reasoning, "signature": ""})
+        # A non-empty opaque signature: pi (and SDK clients) replay only signed thinking blocks and
+        # turn unsigned ones into text; replayed reasoning keeps the next prompt an exact append.
+        signature = base64.b64encode(f"polar:{reply.request_id}".encode()).decode()
+        blocks.append({"type": "thinking", "thinking": msg.reasoning, "signature": signature})
     if msg.content:
         blocks.append({"type": "text", "text": msg.content})
     for call in msg.tool_calls:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import base64
+
 import copy
 from pathlib import Path
 from typing import Any
@@ -381,6 +383,9 @@ def test_malformed_input_raises_request_error(body: dict[str, Any], message: str
 # --- from_chat -----------------------------------------------------------------------------------
 
 
+SIGNATURE = base64.b64encode(f"polar:{REQUEST_ID}".encode()).decode()  # opaque, non-empty: clients replay it
+
+
 def test_from_chat_shape_with_thinking_text_and_tool_use() -> None:
     body = anthropic.from_chat(reply("Running it.", "Use Bash.", [BASH_CALL], finish_reason="tool_calls"))
     assert body == {
@@ -389,7 +394,7 @@ def test_from_chat_shape_with_thinking_text_and_tool_use() -> None:
         "role": "assistant",
         "model": "claude-sonnet-4-5",
         "content": [
-            {"type": "thinking", "thinking": "Use Bash.", "signature": ""},
+            {"type": "thinking", "thinking": "Use Bash.", "signature": SIGNATURE},
             {"type": "text", "text": "Running it."},
             {"type": "tool_use", "id": "toolu_9f3c2a7b1e4d4c0f8a6b5d21", "name": "Bash", "input": {"command": "echo hi", "n": [1, 2]}},
         ],
@@ -484,7 +489,7 @@ def test_stream_thinking_then_text() -> None:
     ]
     assert pairs[1][1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
     assert pairs[2][1]["delta"] == {"type": "thinking_delta", "thinking": "2+2"}
-    assert pairs[3][1]["delta"] == {"type": "signature_delta", "signature": ""}
+    assert pairs[3][1]["delta"] == {"type": "signature_delta", "signature": SIGNATURE}
     assert pairs[6][1]["delta"] == {"type": "text_delta", "text": "4"}
 
 
