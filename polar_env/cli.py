@@ -63,17 +63,11 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def _engine_client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.engines import make_engine
+
     if args.engine == "embedded":
         return _engine_from_args(args)
-    if not args.engine_url:
-        raise SystemExit("--engine-url is required for --engine vllm|sglang")
-    if args.engine == "vllm":
-        from polar_env.engines.vllm import VLLMClient
-
-        return VLLMClient(args.engine_url, args.served_model_name, logprobs_mode=args.logprobs_mode)
-    from polar_env.engines.sglang import SGLangClient
-
-    return SGLangClient(args.engine_url.split(","), args.served_model_name)
+    return make_engine(args.engine, args.engine_url, args.served_model_name, logprobs_mode=args.logprobs_mode)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -192,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--engine", choices=["embedded", "vllm", "sglang"], default="embedded",
                    help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url")
-    p.add_argument("--engine-url", help="vLLM base URL, or comma-separated SGLang worker URLs")
+    p.add_argument("--engine-url", help="vLLM base URL; SGLang worker URLs (comma-separated) or router:URL")
     p.add_argument("--store", default="polar_capture", help="directory of per-session journals")
     p.add_argument("--fsync", action="store_true", help="fsync every record (survives machine crashes)")
     p.add_argument("--unix-socket", help="also listen on this unix socket (bridged into sandboxes)")

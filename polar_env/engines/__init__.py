@@ -4,11 +4,32 @@ plus prompt ids, sampled ids, aligned logprobs, finish reason) out.
 Backends: ``vllm`` (OpenAI server with return_token_ids), ``sglang`` (OpenAI chat or native
 /generate, talking to workers directly), ``embedded`` (our CPU engine, in-process). Every backend
 raises the EngineError tree from ``polar_env.errors``; none ever returns an empty completion for a
-failure. To add a backend: one module implementing ``EngineClient`` plus one line in ``ENGINES``.
+failure. To add a backend: one module implementing ``EngineClient`` plus one branch in
+``make_engine``.
 """
 
 from __future__ import annotations
 
 from polar_env.engines.base import EngineClient
+from polar_env.errors import ConfigError
+from polar_env.records import LogprobsMode
 
-__all__ = ["EngineClient"]
+__all__ = ["EngineClient", "make_engine"]
+
+
+def make_engine(kind: str, url: str | None, model: str, *, logprobs_mode: LogprobsMode = "processed") -> EngineClient:
+    """An HTTP engine client: ``vllm`` (base URL) or ``sglang`` (comma-separated worker URLs, or a
+    router URL prefixed ``router:``). The embedded engine is built directly (it needs model options)."""
+    if not url:
+        raise ConfigError(f"engine {kind!r} needs a URL")
+    if kind == "vllm":
+        from polar_env.engines.vllm import VLLMClient
+
+        return VLLMClient(url, model, logprobs_mode=logprobs_mode)
+    if kind == "sglang":
+        from polar_env.engines.sglang import SGLangClient
+
+        if url.startswith("router:"):
+            return SGLangClient(model=model, router_url=url.removeprefix("router:"))
+        return SGLangClient(url.split(","), model)
+    raise ConfigError(f"unknown engine {kind!r}; use vllm, sglang or embedded")

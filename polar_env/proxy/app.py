@@ -129,12 +129,14 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
     if config.max_tokens_cap is not None:
         updates["max_tokens"] = min(inbound.chat.max_tokens or config.max_tokens_cap, config.max_tokens_cap)
     chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
-    engine_chat = chat
+    # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
+    engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
     if session.continuation is not None:
         prompt_ids, note = session.continuation.plan(chat)
         notes.append(note)
         if prompt_ids is not None:
-            engine_chat = chat.model_copy(update={"prompt_ids": prompt_ids})
+            engine_update["prompt_ids"] = prompt_ids
+    engine_chat = chat.model_copy(update=engine_update)
 
     gate = app[GATE]
     engine_started = time.perf_counter()
