@@ -26,6 +26,7 @@ from polar_env.proxy.providers.base import (
     as_float,
     as_int,
     id_suffix,
+    object_list,
     require,
     stop_list,
 )
@@ -209,14 +210,8 @@ def _messages(body: Mapping[str, Any], notes: list[str]) -> list[dict[str, Any]]
 
 
 def _tools(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise RequestError("'tools' must be a list")
     out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, Mapping):
-            raise RequestError(f"tools[{i}] must be an object")
+    for i, tool in enumerate(object_list(tools, "tools")):
         if tool.get("type", "custom") != "custom" and "input_schema" not in tool:
             _note(notes, f"dropped server tool of type {tool['type']!r}")
             continue

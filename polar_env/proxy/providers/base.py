@@ -99,6 +99,18 @@ def require(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wh
     return value
 
 
+def object_list(value: Any, name: str) -> list[Mapping[str, Any]]:
+    """A list of JSON objects (empty when absent), or a RequestError naming the bad entry."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RequestError(f"'{name}' must be a list")
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise RequestError(f"{name}[{i}] must be an object")
+    return value
+
+
 def as_int(value: Any, name: str) -> int | None:
     if value is None:
         return None

@@ -23,6 +23,7 @@ from polar_env.proxy.providers.base import (
     as_int,
     compact_arguments,
     id_suffix,
+    object_list,
     require,
     stop_list,
 )
@@ -74,14 +75,8 @@ def _tool_call(call: Any, index: int) -> dict[str, Any]:
 
 
 def _tools(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise RequestError("'tools' must be a list")
     out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, Mapping):
-            raise RequestError(f"tools[{i}] must be an object")
+    for i, tool in enumerate(object_list(tools, "tools")):
         fn = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
             notes.append(f"dropped tool of type {tool.get('type')!r}")
