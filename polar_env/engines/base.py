@@ -27,6 +27,12 @@ class EngineClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+def new_session() -> aiohttp.ClientSession:
+    """The HTTP session engine clients own. No connection cap: aiohttp's default of 100 would
+    queue the 101st concurrent generation behind the others (a rollout runs hundreds at once)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
 _ERROR_TEXT_LIMIT = 2000  # enough for any engine traceback summary, bounded for logs
 
 

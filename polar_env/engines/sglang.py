@@ -26,7 +26,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import ValidationError
 
-from polar_env.engines.base import post_json, request_json
+from polar_env.engines.base import new_session, post_json, request_json
 from polar_env.engines.vllm import BadFactory, chat_logprobs, chat_message
 from polar_env.errors import (
     ConfigError,
@@ -74,7 +74,7 @@ class SGLangClient:
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
         if self._session is None or (self._owns_session and self._session.closed):
-            self._session = aiohttp.ClientSession()
+            self._session = new_session()
         return self._session
 
     # ---- worker selection -------------------------------------------------------------------

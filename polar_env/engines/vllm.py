@@ -29,7 +29,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from polar_env.engines.base import post_json
+from polar_env.engines.base import new_session, post_json
 from polar_env.errors import EngineProtocolError
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
 
@@ -67,7 +67,7 @@ class VLLMClient:
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
         if self._session is None or (self._owns_session and self._session.closed):
-            self._session = aiohttp.ClientSession()
+            self._session = new_session()
         return self._session
 
     def build_body(self, req: ChatRequest) -> dict[str, Any]:

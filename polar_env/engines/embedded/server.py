@@ -175,9 +175,9 @@ async def chat_completions(request: web.Request) -> web.Response:
     unsupported = [k for k in _UNSUPPORTED if body.get(k) is not None]
     if unsupported:
         raise RequestError(f"not supported by the embedded engine: {unsupported}")
+    chat, extras = _chat_request(body, engine)  # body validation first, as vLLM does
     if body.get("model") not in (None, "", engine.model_name):
         raise RequestError(f"The model `{body['model']}` does not exist. Valid aliases: {engine.model_name}.", status=404)
-    chat, extras = _chat_request(body, engine)
     done = await asyncio.to_thread(engine.complete, chat, extras)
     return _json(chat_response(engine, body, done))
 
