@@ -1,0 +1,135 @@
+"""EVALUATORS: name → evaluator. Add one more with one module and one entry here, or from outside the
+package with ``@register_evaluator("name")``; ``get_evaluator`` also takes an import path
+(``"pkg.module:attr"``). ``run_evaluator`` is the one wrapper every evaluation goes through: a crash
+becomes an ERROR result with the exception in its report, an overrun a TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from polar_env.errors import ConfigError
+from polar_env.evaluators.base import (
+    EvalContext,
+    EvalResult,
+    Evaluator,
+    EvaluatorSpec,
+    FunctionEvaluator,
+    as_evaluator,
+    error_report,
+)
+from polar_env.evaluators.completion import SessionCompletion
+from polar_env.evaluators.output import OutputEvaluator
+from polar_env.evaluators.swebench import SweBenchEvaluator
+from polar_env.records import Status
+from polar_env.runtimes.base import Runtime
+
+__all__ = [
+    "EVALUATORS",
+    "EvalContext",
+    "EvalResult",
+    "Evaluator",
+    "EvaluatorSpec",
+    "FunctionEvaluator",
+    "get_evaluator",
+    "prewarm",
+    "register_evaluator",
+    "run_evaluator",
+]
+
+_log = logging.getLogger(__name__)
+
+EVALUATORS: dict[str, Evaluator] = {
+    "session_completion": SessionCompletion(),
+    "output": OutputEvaluator(),
+    "swebench": SweBenchEvaluator(),
+}
+
+T = TypeVar("T")
+
+
+def register_evaluator(name: str, *, replace: bool = False) -> Callable[[T], T]:
+    """Decorate an evaluator class (built without arguments), instance, or ``async def (ctx)``."""
+
+    def register(obj: T) -> T:
+        if name in EVALUATORS and not replace:
+            raise ConfigError(f"evaluator {name!r} is already registered (pass replace=True to override)")
+        EVALUATORS[name] = as_evaluator(obj, name)
+        return obj
+
+    return register
+
+
+def get_evaluator(ref: str | Evaluator) -> Evaluator:
+    """An evaluator by table name or by import path (``pkg.module:attr`` or ``pkg.module.attr``)."""
+    if not isinstance(ref, str):
+        return ref
+    if ref in EVALUATORS:
+        return EVALUATORS[ref]
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        module_name, _, attr = ref.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"unknown evaluator {ref!r}; known: {', '.join(sorted(EVALUATORS))}, or an import path")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import evaluator {ref!r}: {exc}") from exc
+    return as_evaluator(obj, ref)
+
+
+async def prewarm(evaluator: str | Evaluator, ctx: EvalContext) -> Runtime | None:
+    """Prepare the evaluator's fresh runtime ahead of time (while the agent runs); the later
+    ``evaluate`` uses it. Returns None when the evaluator needs none. Never raises: a failed
+    preparation is remembered and surfaces as the evaluation's ERROR, so this can run as a
+    fire-and-forget task."""
+    try:
+        ev = get_evaluator(evaluator)
+        wants = getattr(ev, "wants_fresh_runtime", None)
+        if wants is None or not wants(ctx):
+            return None
+        warm = getattr(ev, "prewarm", None)
+        if warm is not None:
+            await warm(ctx)
+        return await ctx.fresh_runtime()
+    except Exception as exc:  # noqa: BLE001 - remembered in ctx; evaluate() reports it
+        _log.warning("pre-warming evaluator %r failed: %s", evaluator, exc)
+        return None
+
+
+async def run_evaluator(evaluator: str | Evaluator, ctx: EvalContext, *, timeout_s: float | None = None) -> EvalResult:
+    """Run one evaluation to a verdict. Returns, never raises (except on cancellation): a crash is
+    ERROR with the exception and traceback in ``report``, an overrun of ``timeout_s`` is TIMEOUT.
+    The fresh runtime, if any, is stopped before returning."""
+    started = time.monotonic()
+    name = evaluator if isinstance(evaluator, str) else getattr(evaluator, "name", repr(evaluator))
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        ev = get_evaluator(evaluator)
+        async with deadline:
+            result = await ev.evaluate(ctx)
+        if not isinstance(result, EvalResult):
+            raise TypeError(f"evaluator {name!r} returned {type(result).__name__}, not EvalResult")
+    except TimeoutError as exc:
+        if deadline.expired():
+            result = EvalResult(status=Status.TIMEOUT, report={"reason": f"evaluation exceeded {timeout_s} s"})
+        else:
+            result = EvalResult(status=Status.ERROR, report=error_report(exc))
+    except Exception as exc:  # noqa: BLE001 - the task boundary: a crash becomes an ERROR result
+        _log.warning("evaluator %r crashed: %s: %s", name, type(exc).__name__, exc)
+        result = EvalResult(status=Status.ERROR, report=error_report(exc))
+    except asyncio.CancelledError:
+        await ctx.aclose()  # a cancelled rollout must not leave its grading runtime behind
+        raise
+    extra: dict[str, Any] = {"evaluator": name}
+    try:
+        await ctx.aclose()
+    except Exception as exc:  # noqa: BLE001 - the verdict stands; the failed stop is reported
+        extra["cleanup_error"] = f"{type(exc).__name__}: {exc}"
+    extra["evaluate_s"] = round(time.monotonic() - started, 3)
+    return result.model_copy(update={"report": {**result.report, **extra}})

@@ -1,0 +1,188 @@
+"""The evaluator seam: an ``EvalContext`` goes in, an ``EvalResult`` comes out.
+
+An evaluator scores one finished rollout from the task row, the final answer, the agent's runtime
+(workspace files, diff) and the harness outcome. It may grade in a fresh runtime built by the
+context's factory, and that runtime can be prepared while the agent still runs (``prewarm``).
+``run_evaluator`` is the only caller: it turns a crash into an ERROR result that carries the
+exception (never a silent 0) and stops the fresh runtime. The name → evaluator table lives in
+``polar_env.evaluators``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Self, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from polar_env.errors import ConfigError
+from polar_env.records import Status
+from polar_env.runtimes.base import Runtime
+
+EVAL_STATUSES = (Status.COMPLETED, Status.TIMEOUT, Status.ERROR)
+
+RuntimeFactory = Callable[[], "Runtime | Awaitable[Runtime]"]
+"""Builds an unprepared runtime holding a clean copy of the task (the context prepares it)."""
+
+
+class EvalResult(BaseModel):
+    """The verdict on one rollout. Only a COMPLETED evaluation may carry a nonzero reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float = 0.0
+    status: Status = Status.COMPLETED
+    report: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.status not in EVAL_STATUSES:
+            raise ValueError(f"an evaluation ends COMPLETED, TIMEOUT or ERROR, not {self.status.name}")
+        if not math.isfinite(self.reward):
+            raise ValueError(f"reward must be finite, got {self.reward}")
+        if self.status is not Status.COMPLETED and self.reward != 0.0:
+            raise ValueError(f"a {self.status.name} evaluation carries reward 0, got {self.reward}")
+        return self
+
+
+class EvaluatorSpec(BaseModel):
+    """Which evaluator a task uses and how. Keys other than ``name``/``timeout_s`` may be given flat
+    (``{"name": "output", "regex": "42"}``); they are gathered into ``params``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float | None = None  # the whole evaluation, fresh-runtime preparation included
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_flat_params(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"name": data}
+        if isinstance(data, Mapping):
+            known = {"name", "params", "timeout_s"}
+            flat = {k: v for k, v in data.items() if k not in known}
+            if flat:
+                out = {k: v for k, v in data.items() if k in known}
+                out["params"] = {**dict(data.get("params") or {}), **flat}
+                return out
+        return data
+
+
+@dataclass(slots=True, eq=False)
+class EvalContext:
+    """Everything an evaluator may look at. ``task`` is the task row (a dict, or a model the
+    evaluator knows). ``patch``, when set, stands for the agent's diff (otherwise evaluators that
+    need one ask ``runtime.diff()``)."""
+
+    task: Any
+    params: dict[str, Any] = field(default_factory=dict)
+    final_answer: str | None = None
+    runtime: Runtime | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    patch: str | None = None
+    runtime_factory: RuntimeFactory | None = None
+    _fresh: asyncio.Future[Runtime] | None = field(default=None, init=False, repr=False)
+
+    def agent_runtime(self) -> Runtime:
+        if self.runtime is None:
+            raise ConfigError("this evaluator needs the agent's runtime, and the context has none")
+        return self.runtime
+
+    async def fresh_runtime(self) -> Runtime:
+        """The prepared fresh runtime: the pre-warmed one if ``prewarm`` started it, else built now.
+        One per context; ``run_evaluator`` stops it."""
+        if self._fresh is None:
+            if self.runtime_factory is None:
+                raise ConfigError("this evaluator grades in a fresh runtime, and the context has no runtime_factory")
+            self._fresh = asyncio.ensure_future(self._build_fresh(self.runtime_factory))
+        # shield: an evaluator cancelled mid-preparation must not leave a half-started runtime
+        # behind; aclose() waits for it and stops it.
+        return await asyncio.shield(self._fresh)
+
+    @staticmethod
+    async def _build_fresh(factory: RuntimeFactory) -> Runtime:
+        made = factory()
+        runtime = await made if inspect.isawaitable(made) else made
+        try:
+            await runtime.prepare()
+        except BaseException:
+            await runtime.stop()
+            raise
+        return runtime
+
+    async def aclose(self) -> None:
+        """Stop the fresh runtime (waiting for a preparation in flight). Safe to call twice."""
+        fresh, self._fresh = self._fresh, None
+        if fresh is None:
+            return
+        try:
+            runtime = await fresh
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are being cancelled ourselves; _build_fresh stops what it started
+            return
+        except Exception:  # noqa: BLE001 - the evaluation already reported it
+            return  # preparation failed: _build_fresh already stopped it
+        await runtime.stop()
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """``wants_fresh_runtime(ctx) -> bool`` and ``prewarm(ctx)`` (extra warm-up, such as a slow
+    import) are optional; without them the evaluator is graded on the live runtime only."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult: ...
+
+
+EvalFunction = Callable[[EvalContext], Awaitable[EvalResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionEvaluator:
+    """Adapts a plain ``async def evaluate(ctx) -> EvalResult`` to the protocol."""
+
+    name: str
+    fn: EvalFunction
+    fresh_runtime: bool = False
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        return await self.fn(ctx)
+
+    def wants_fresh_runtime(self, ctx: EvalContext) -> bool:
+        return self.fresh_runtime
+
+
+def as_evaluator(obj: Any, name: str) -> Evaluator:
+    """An evaluator instance from an instance, a class (built without arguments) or a coroutine function."""
+    if inspect.isclass(obj):
+        obj = obj()
+    elif inspect.iscoroutinefunction(obj):
+        return FunctionEvaluator(name=name, fn=obj)
+    if not callable(getattr(obj, "evaluate", None)):
+        raise ConfigError(f"{name!r} is not an evaluator: it needs an async evaluate(ctx) method")
+    if not isinstance(getattr(obj, "name", None), str):
+        try:
+            obj.name = name
+        except AttributeError as exc:
+            raise ConfigError(f"evaluator {obj!r} has no name attribute") from exc
+    return obj  # type: ignore[no-any-return]
+
+
+def error_report(exc: BaseException) -> dict[str, Any]:
+    return {
+        "error": f"{type(exc).__name__}: {exc}",
+        "exception_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "traceback": "".join(traceback.format_exception(exc)),
+    }

@@ -1,0 +1,109 @@
+"""Read SWE task rows from files users bring (.jsonl, .json, .parquet) or, on a machine that can
+reach the hub, a dataset name; normalise each to ``SweTask``.
+
+Covers SWE-Gym (flat rows, list test ids, no image field) and SkyRL-v0-293-data (rows nested under
+``instance``, chat ``prompt`` beside it). Parquet needs pyarrow; a dataset name needs ``datasets``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from polar_env.errors import ConfigError
+from polar_env.tasks.images import ImageStyle
+from polar_env.tasks.swe import SweTask
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def load_swe_tasks(
+    source: str | Path,
+    *,
+    split: str = "train",
+    image_style: ImageStyle = "swegym",
+    limit: int | None = None,
+) -> list[SweTask]:
+    """Every row of ``source`` as a ``SweTask``. ``image_style`` names the image scheme for rows
+    without an image of their own (SWE-Gym and SkyRL rows: ``swegym``). Duplicate ids are an error."""
+    tasks: list[SweTask] = []
+    seen: set[str] = set()
+    for index, row in enumerate(read_rows(source, split=split)):
+        if limit is not None and len(tasks) >= limit:
+            break
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"{source}: row {index} is a {type(row).__name__}, not an object")
+        try:
+            task = SweTask.from_row(row, image_style=image_style)
+        except ValidationError as exc:
+            ident = row.get("instance_id") or (row.get("instance") or {}).get("instance_id", "?")
+            raise ConfigError(f"{source}: row {index} ({ident}) is not a SWE task: {exc}") from exc
+        if task.instance_id in seen:
+            raise ConfigError(f"{source}: instance_id {task.instance_id} appears twice")
+        seen.add(task.instance_id)
+        tasks.append(task)
+    return tasks
+
+
+def read_rows(source: str | Path, *, split: str = "train") -> Iterator[Any]:
+    path = Path(source)
+    suffix = path.suffix.lower()
+    if suffix in SUFFIXES:
+        if not path.is_file():
+            raise ConfigError(f"task file {path} does not exist")
+        if suffix == ".jsonl":
+            return _jsonl_rows(path)
+        if suffix == ".json":
+            return _json_rows(path)
+        return _parquet_rows(path)
+    if path.exists():
+        raise ConfigError(f"{path}: expected a {', '.join(SUFFIXES)} file")
+    return _hub_rows(str(source), split)
+
+
+def _jsonl_rows(path: Path) -> Iterator[Any]:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from exc
+
+
+def _json_rows(path: Path) -> Iterator[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON: {exc}") from exc
+    if isinstance(data, Mapping):
+        # one row, or {instance_id: row, ...}
+        data = [data] if "instance_id" in data or "instance" in data else list(data.values())
+    if not isinstance(data, list):
+        raise ConfigError(f"{path}: expected a list of rows, got {type(data).__name__}")
+    yield from data
+
+
+def _parquet_rows(path: Path) -> Iterator[Any]:
+    try:
+        import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError as exc:
+        raise ConfigError(f"reading {path} needs pyarrow: pip install pyarrow") from exc
+    table = pq.read_table(path)
+    for batch in table.to_batches():
+        yield from batch.to_pylist()  # struct columns (SkyRL's `instance`) come back as dicts
+
+
+def _hub_rows(name: str, split: str) -> Iterator[Any]:
+    if name.count("/") != 1:
+        raise ConfigError(f"{name!r} is neither a {', '.join(SUFFIXES)} file nor an owner/name dataset")
+    try:
+        import datasets  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError as exc:
+        raise ConfigError(f"{name!r} is not a local file; loading it from the hub needs: pip install datasets") from exc
+    yield from datasets.load_dataset(name, split=split)

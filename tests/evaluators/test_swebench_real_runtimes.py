@@ -1,0 +1,139 @@
+"""The ``swebench`` evaluator through the real runtimes (``make_runtime``): the bubblewrap sandbox on
+the host system, the sandbox on the cached debootstrap rootfs, and Docker. Variants whose
+prerequisites are missing (bwrap, the rootfs from scripts/build_rootfs.sh, a Docker daemon with the
+imported image) are skipped with the reason; nothing is built or started here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed", exc_type=ImportError)
+
+from polar_env.evaluators import EvalContext, run_evaluator
+from polar_env.records import Status
+from polar_env.runtimes import RuntimeSpec, make_runtime
+from polar_env.runtimes.sandbox import DEFAULT_PATH
+from polar_env.tasks.swe import SweTask
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOCKER_IMAGE = os.environ.get("POLAR_ROOTFS_TAG", "polar-test/py:bookworm")
+HANG_TIMEOUT_S = 5.0
+
+
+def _rootfs() -> Path | None:
+    script = REPO_ROOT / "scripts" / "build_rootfs.sh"
+    if not script.is_file():
+        return None
+    out = subprocess.run(["bash", str(script), "--print"], check=True, capture_output=True, text=True).stdout
+    path = Path(out.strip().splitlines()[-1])
+    return path if (path / ".polar-complete").exists() else None
+
+
+def _docker_problem() -> str | None:
+    try:
+        import docker
+    except ImportError:
+        return "the docker SDK is not installed"
+    from polar_env.runtimes.docker import unix_daemon_problem
+
+    if (problem := unix_daemon_problem()) is not None:
+        return f"no Docker daemon ({problem}); run scripts/start_dockerd.sh and export DOCKER_HOST"
+    client = docker.from_env()
+    try:
+        client.images.get(DOCKER_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"image {DOCKER_IMAGE} is not present (scripts/build_rootfs.sh imports it)"
+    finally:
+        client.close()
+    return None
+
+
+@pytest.fixture(params=["sandbox-host", "sandbox-rootfs", "docker"])
+def spec_for(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """``spec_for(task)`` → the RuntimeSpec of this variant holding the task's repo."""
+    variant = request.param
+    extra: dict = {}
+    if variant.startswith("sandbox") and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    if variant == "sandbox-host":
+        # the host's /usr python has no pytest here: bind this interpreter's prefix and put it first on PATH
+        prefixes = sorted({sys.base_prefix, sys.prefix})
+        extra = {
+            "binds": [(Path(p), p) for p in prefixes],
+            "env": {"PATH": f"{Path(sys.executable).parent}:{DEFAULT_PATH}"},
+        }
+    elif variant == "sandbox-rootfs":
+        rootfs = _rootfs()
+        if rootfs is None:
+            pytest.skip("no cached rootfs; run scripts/build_rootfs.sh")
+        extra = {"image": str(rootfs)}
+    else:
+        if (problem := _docker_problem()) is not None:
+            pytest.skip(problem)
+        extra = {"image": DOCKER_IMAGE}
+
+    def build(task: SweTask) -> RuntimeSpec:
+        kind = "docker" if variant == "docker" else "sandbox"
+        return RuntimeSpec(kind=kind, source_dir=task.repo_dir, network="none", **extra)
+
+    return build
+
+
+async def grade(task: SweTask, spec: RuntimeSpec, patch: str | None, runtime=None, **params):  # type: ignore[no-untyped-def]
+    made = []
+
+    def factory():  # type: ignore[no-untyped-def]
+        made.append(make_runtime(spec))
+        return made[-1]
+
+    ctx = EvalContext(task=task, params=params, patch=patch, runtime=runtime, runtime_factory=factory)
+    result = await run_evaluator("swebench", ctx)
+    assert len(made) == 1
+    return result
+
+
+@pytest.mark.parametrize("toy_id", ["toy__calc-1", "toy__textkit-1", "toy__bsearch-1"])
+async def test_gold_patch_resolves(toys, spec_for, toy_id):  # type: ignore[no-untyped-def]
+    task = toys[toy_id]
+    result = await grade(task, spec_for(task), task.patch)
+    assert (result.status, result.reward) == (Status.COMPLETED, 1.0), result.report.get("log_tail") or result.report
+
+
+async def test_breaking_pass_to_pass_and_not_applying(toys, spec_for):  # type: ignore[no-untyped-def]
+    task = toys["toy__calc-1"]
+    broken = await grade(task, spec_for(task), task.extra["variants"]["breaks_pass_to_pass"])
+    assert broken.reward == 0.0 and "PASS_TO_PASS failed: tests/test_calc.py::test_add" in broken.report["reason"]
+    bogus = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-no such line\n+x\n"
+    refused = await grade(task, spec_for(task), bogus)
+    assert refused.reward == 0.0 and refused.report["reason"] == "patch does not apply"
+    assert len(refused.report["apply_logs"]) == 4
+
+
+async def test_hanging_test_is_a_timeout(toys, spec_for):  # type: ignore[no-untyped-def]
+    task = toys["toy__bsearch-1"]
+    result = await grade(task, spec_for(task), "", skip_empty_patch=False, timeout_s=HANG_TIMEOUT_S)
+    assert (result.status, result.reward) == (Status.TIMEOUT, 0.0), result.report
+    assert result.report["timings_s"]["eval"] < HANG_TIMEOUT_S + 10
+
+
+async def test_agent_diff_that_writes_the_new_test_file_does_not_help(toys, spec_for):  # type: ignore[no-untyped-def]
+    task = toys["toy__textkit-1"]
+    agent = make_runtime(spec_for(task))
+    await agent.prepare()
+    try:
+        fake = "import pytest\n\n\n@pytest.mark.parametrize('x', [1, 2], ids=['comma', 'dashes'])\ndef test_collapse_runs(x):\n    pass\n\n\ndef test_strip_ends():\n    pass\n"
+        await agent.write_file("/testbed/tests/test_slug_edges.py", fake.encode())
+        result = await grade(task, spec_for(task), None, runtime=agent)  # the evaluator takes agent.diff()
+    finally:
+        await agent.stop()
+    assert result.report["patch_chars"] > 0
+    assert (
+        result.reward == 0.0
+        and result.report["swebench"]["tests_status"]["FAIL_TO_PASS"]["failure"] == task.FAIL_TO_PASS
+    )
