@@ -9,6 +9,7 @@ the provider's own error shape; nothing is recorded for a request that was refus
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,10 +33,10 @@ from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
-from polar_env.proxy.sessions import SessionRegistry, request_keys
+from polar_env.proxy.sessions import Session, SessionRegistry, request_keys
 from polar_env.qwen.template import QWEN35, TemplateQuirks
 from polar_env.qwen.tokenizer import load_tokenizer
-from polar_env.records import CompletionRecord, ProviderAPI, Timings
+from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,42 +107,24 @@ def provider_handler(provider: Provider) -> Callable[[web.Request], Awaitable[we
     return handle
 
 
-async def complete(request: web.Request, provider: Provider) -> web.StreamResponse:
-    received = time.time()
-    started = time.perf_counter()
-    app = request.app
-    config = app[CONFIG]
-    body = await read_json(request)
-    session = app[SESSIONS].resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
-    inbound = provider.to_chat(body, request.match_info)
-    notes = inbound.notes
-    updates: dict[str, Any] = {"model": config.engine_model}
-    if config.temperature is not None:
-        updates["temperature"] = config.temperature
-    if config.top_p is not None:
-        updates["top_p"] = config.top_p
-    if config.temperature is not None or config.top_p is not None:
-        # The trainer owns the sampling distribution: harness extras that reshape it go too.
-        dropped = sorted(k for k in inbound.chat.extra_body if k in _SAMPLING_EXTRAS)
-        if dropped:
-            updates["extra_body"] = {k: v for k, v in inbound.chat.extra_body.items() if k not in _SAMPLING_EXTRAS}
-            notes.append(f"dropped harness sampling params {dropped}")
-    if config.max_tokens_cap is not None:
-        updates["max_tokens"] = min(inbound.chat.max_tokens or config.max_tokens_cap, config.max_tokens_cap)
-    chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
-    # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
-    engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
-    if session.continuation is not None:
-        prompt_ids, note = session.continuation.plan(chat)
-        notes.append(note)
-        if prompt_ids is not None:
-            engine_update["prompt_ids"] = prompt_ids
-    engine_chat = chat.model_copy(update=engine_update)
+_IN_FLIGHT: set[asyncio.Future[Generation]] = set()  # strong references to shielded captures
 
-    gate = app[GATE]
+
+async def generate_and_record(
+    app: web.Application,
+    session: Session,
+    provider: Provider,
+    body: dict[str, Any],
+    chat: ChatRequest,
+    engine_chat: ChatRequest,
+    notes: list[str],
+    received: float,
+    started: float,
+) -> Generation:
+    """Call the engine through the pause gate and journal the completion before returning it."""
     engine_started = time.perf_counter()
     try:
-        async with gate.call() as weight_version:
+        async with app[GATE].call() as weight_version:
             generation = await app[ENGINE].generate(engine_chat)
     except EngineError:
         session.errors += 1
@@ -164,6 +147,57 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
     if record.weight_version is None:
         record.weight_version = weight_version  # engines that do not report one: the gate's version
     app[STORE].append(record)  # before the reply: an answered call is never lost
+    return generation
+
+
+def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]) -> dict[str, Any]:
+    """What the gateway's configuration overrides in every request: the served model, and the
+    sampling parameters when the trainer owns them (harness extras that reshape the distribution
+    are dropped then too)."""
+    updates: dict[str, Any] = {"model": config.engine_model}
+    if config.temperature is not None:
+        updates["temperature"] = config.temperature
+    if config.top_p is not None:
+        updates["top_p"] = config.top_p
+    if config.temperature is not None or config.top_p is not None:
+        dropped = sorted(k for k in chat.extra_body if k in _SAMPLING_EXTRAS)
+        if dropped:
+            updates["extra_body"] = {k: v for k, v in chat.extra_body.items() if k not in _SAMPLING_EXTRAS}
+            notes.append(f"dropped harness sampling params {dropped}")
+    if config.max_tokens_cap is not None:
+        updates["max_tokens"] = min(chat.max_tokens or config.max_tokens_cap, config.max_tokens_cap)
+    return updates
+
+
+async def complete(request: web.Request, provider: Provider) -> web.StreamResponse:
+    received = time.time()
+    started = time.perf_counter()
+    app = request.app
+    config = app[CONFIG]
+    body = await read_json(request)
+    session = app[SESSIONS].resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
+    inbound = provider.to_chat(body, request.match_info)
+    notes = inbound.notes
+    updates = trainer_overrides(inbound.chat, config, notes)
+    chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
+    # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
+    engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
+    if session.continuation is not None:
+        prompt_ids, note = session.continuation.plan(chat)
+        notes.append(note)
+        if prompt_ids is not None:
+            engine_update["prompt_ids"] = prompt_ids
+    engine_chat = chat.model_copy(update=engine_update)
+
+    # The engine call and the capture run as their own task, shielded: a harness that disconnects
+    # (which cancels this handler) must not cancel a generation that is already paid for, nor
+    # lose its record.
+    capture = asyncio.ensure_future(
+        generate_and_record(app, session, provider, body, chat, engine_chat, notes, received, started)
+    )
+    _IN_FLIGHT.add(capture)
+    capture.add_done_callback(_IN_FLIGHT.discard)
+    generation = await asyncio.shield(capture)
 
     reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
     if not inbound.stream:

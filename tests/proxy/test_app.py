@@ -230,3 +230,19 @@ async def test_side_endpoints(fake_gateway: Gateway) -> None:
     assert models["data"][0]["id"] == "polar-tiny-qwen3"
     resp = await fake_gateway.client.get("/v1/responses", headers={"Upgrade": "websocket", "Connection": "Upgrade"})
     assert resp.status == 426
+
+
+async def test_client_disconnect_mid_call_keeps_the_capture(fake_gateway: Gateway, fake_engine: FakeEngine) -> None:
+    """A harness that gives up while the engine is still generating: the call completes and is
+    journaled anyway (aiohttp does not cancel handlers on disconnect)."""
+    import aiohttp
+
+    fake_engine.delay_s = 0.4
+    s = await fake_gateway.session()
+    url = fake_gateway.client.make_url(CHAT)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(asyncio.TimeoutError):
+            await http.post(url, json=chat_body(stream=True), headers=bearer(s), timeout=aiohttp.ClientTimeout(total=0.1))
+    await asyncio.sleep(0.6)
+    (record,) = fake_gateway.store.read(s["session_id"])
+    assert record.response_ids == [4, 5]
