@@ -1,13 +1,10 @@
 """The ``swebench`` evaluator through the real runtimes (``make_runtime``): the bubblewrap sandbox on
-the host system, the sandbox on the cached debootstrap rootfs, and Docker. Variants whose
-prerequisites are missing (bwrap, the rootfs from scripts/build_rootfs.sh, a Docker daemon with the
-imported image) are skipped with the reason; nothing is built or started here."""
+the host system, the sandbox on the cached debootstrap rootfs, and Docker. The shared ``rootfs`` and
+``docker_host`` fixtures (tests/conftest.py) skip locally when a prerequisite is missing and build or
+start it — or fail — under CI."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,37 +18,9 @@ from polar_env.runtimes import RuntimeSpec, make_runtime
 from polar_env.runtimes.sandbox import DEFAULT_PATH
 from polar_env.tasks.swe import SweTask
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DOCKER_IMAGE = os.environ.get("POLAR_ROOTFS_TAG", "polar-test/py:bookworm")
+from tests.conftest import DOCKER_IMAGE, require_bwrap
+
 HANG_TIMEOUT_S = 5.0
-
-
-def _rootfs() -> Path | None:
-    script = REPO_ROOT / "scripts" / "build_rootfs.sh"
-    if not script.is_file():
-        return None
-    out = subprocess.run(["bash", str(script), "--print"], check=True, capture_output=True, text=True).stdout
-    path = Path(out.strip().splitlines()[-1])
-    return path if (path / ".polar-complete").exists() else None
-
-
-def _docker_problem() -> str | None:
-    try:
-        import docker
-    except ImportError:
-        return "the docker SDK is not installed"
-    from polar_env.runtimes.docker import unix_daemon_problem
-
-    if (problem := unix_daemon_problem()) is not None:
-        return f"no Docker daemon ({problem}); run scripts/start_dockerd.sh and export DOCKER_HOST"
-    client = docker.from_env()
-    try:
-        client.images.get(DOCKER_IMAGE)
-    except docker.errors.ImageNotFound:
-        return f"image {DOCKER_IMAGE} is not present (scripts/build_rootfs.sh imports it)"
-    finally:
-        client.close()
-    return None
 
 
 @pytest.fixture(params=["sandbox-host", "sandbox-rootfs", "docker"])
@@ -59,8 +28,8 @@ def spec_for(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """``spec_for(task)`` → the RuntimeSpec of this variant holding the task's repo."""
     variant = request.param
     extra: dict = {}
-    if variant.startswith("sandbox") and shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    if variant.startswith("sandbox"):
+        require_bwrap()
     if variant == "sandbox-host":
         # the host's /usr python has no pytest here: bind this interpreter's prefix and put it first on PATH
         prefixes = sorted({sys.base_prefix, sys.prefix})
@@ -69,13 +38,9 @@ def spec_for(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
             "env": {"PATH": f"{Path(sys.executable).parent}:{DEFAULT_PATH}"},
         }
     elif variant == "sandbox-rootfs":
-        rootfs = _rootfs()
-        if rootfs is None:
-            pytest.skip("no cached rootfs; run scripts/build_rootfs.sh")
-        extra = {"image": str(rootfs)}
+        extra = {"image": str(request.getfixturevalue("rootfs"))}
     else:
-        if (problem := _docker_problem()) is not None:
-            pytest.skip(problem)
+        request.getfixturevalue("docker_host")  # a private dockerd with the test image (CI: required)
         extra = {"image": DOCKER_IMAGE}
 
     def build(task: SweTask) -> RuntimeSpec:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import os
 import shutil
 import socket
 import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,25 +27,13 @@ import pytest
 from aiohttp import web
 
 from polar_env.runtimes import ApptainerRuntime, DockerRuntime, RuntimeSpec, SandboxRuntime
-from polar_env.runtimes.docker import unix_daemon_problem
+from tests.conftest import DOCKER_IMAGE, IN_CI, REPO_ROOT, require_bwrap, unavailable  # noqa: F401
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_ROOTFS = REPO_ROOT / "scripts" / "build_rootfs.sh"
-START_DOCKERD = REPO_ROOT / "scripts" / "start_dockerd.sh"
 FAKE_APPTAINER = REPO_ROOT / "tests" / "fixtures" / "runtimes" / "fake_apptainer"
-DOCKER_IMAGE = os.environ.get("POLAR_ROOTFS_TAG", "polar-test/py:bookworm")
 GATEWAY_PORT = 8100  # the port the relay listens on inside every runtime
-IN_CI = bool(os.environ.get("CI"))
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main"]
 
 VARIANTS = ["sandbox-host", "sandbox-rootfs", "docker", "apptainer-fake"]
-
-
-def unavailable(reason: str) -> None:
-    """Skip locally; fail in CI, where every runtime variant must run."""
-    if IN_CI:
-        pytest.fail(f"CI is set but a runtime prerequisite is missing: {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 # ----- timings report ------------------------------------------------------------------------------
@@ -148,85 +135,6 @@ def host_ipv4_addresses() -> list[str]:
     finally:
         s.close()
     return out
-
-
-# ----- rootfs and dockerd --------------------------------------------------------------------------
-def _rootfs_path() -> Path:
-    out = subprocess.run(["bash", str(BUILD_ROOTFS), "--print"], check=True, capture_output=True, text=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="session")
-def rootfs() -> Path:
-    """The debootstrap bookworm rootfs (python3, pytest, git); built here only in CI or on request."""
-    path = _rootfs_path()
-    if (path / ".polar-complete").exists():
-        return path
-    if not (IN_CI or os.environ.get("POLAR_BUILD_ROOTFS")):
-        pytest.skip(f"no cached rootfs at {path}; run scripts/build_rootfs.sh (or set POLAR_BUILD_ROOTFS=1)")
-    if os.geteuid() != 0:
-        unavailable("building the rootfs needs root (debootstrap)")
-    proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
-    if proc.returncode != 0 or not (path / ".polar-complete").exists():
-        unavailable(f"scripts/build_rootfs.sh failed: {proc.stderr[-2000:]}")
-    return path
-
-
-def _docker_client() -> Any:
-    import docker
-
-    client = docker.from_env()
-    client.ping()
-    return client
-
-
-@pytest.fixture(scope="session")
-def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A reachable Docker daemon with the test image; starts a private dockerd when needed."""
-    try:
-        import docker  # noqa: F401
-    except ImportError:
-        unavailable("the docker SDK is not installed (pip install 'docker>=7')")
-    started = False
-    saved = os.environ.get("DOCKER_HOST")
-    problem = unix_daemon_problem()
-    if problem is not None:
-        can_start = shutil.which("dockerd") is not None or IN_CI or os.environ.get("POLAR_START_DOCKERD")
-        if not can_start:
-            unavailable(f"no Docker daemon ({problem}) and no dockerd; run scripts/start_dockerd.sh")
-        if os.geteuid() != 0:
-            unavailable("starting dockerd needs root")
-        proc = subprocess.run(["bash", str(START_DOCKERD)], capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            unavailable(f"scripts/start_dockerd.sh failed: {proc.stderr[-2000:]}")
-        export = proc.stdout.strip().splitlines()[-1]
-        assert export.startswith("export DOCKER_HOST="), export
-        os.environ["DOCKER_HOST"] = export.split("=", 1)[1]
-        started = "starting dockerd" in proc.stderr  # not when it reused one already running
-    client = _docker_client()
-    try:
-        try:
-            client.images.get(DOCKER_IMAGE)
-        except Exception:  # noqa: BLE001
-            request.getfixturevalue("rootfs")  # build_rootfs.sh imports the cached rootfs
-            proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
-            if proc.returncode != 0:
-                unavailable(f"could not import {DOCKER_IMAGE}: {proc.stderr[-2000:]}")
-            client.images.get(DOCKER_IMAGE)
-    finally:
-        client.close()
-    yield os.environ.get("DOCKER_HOST", "")
-    if started:
-        subprocess.run(["bash", str(START_DOCKERD), "--stop"], capture_output=True, timeout=120, check=False)
-        if saved is None:
-            os.environ.pop("DOCKER_HOST", None)
-        else:
-            os.environ["DOCKER_HOST"] = saved
-
-
-def require_bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
 
 
 # ----- the runtime factory -------------------------------------------------------------------------
