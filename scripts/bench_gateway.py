@@ -61,7 +61,7 @@ def run_mock_engine(port: int, engine_ms: float) -> None:
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
-        await asyncio.sleep(engine_ms / 1000)
+        await asyncio.sleep(engine_ms / 1000)  # fixed, so direct and gateway latencies compare exactly
         return web.Response(body=body, content_type="application/json")
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -79,14 +79,19 @@ def wait_port(port: int, timeout_s: float = 60) -> None:
     raise RuntimeError(f"port {port} never opened")
 
 
-async def drive(url: str, body: dict, headers: dict[str, str], concurrency: int, seconds: float) -> list[float]:
-    """``concurrency`` closed-loop clients for ``seconds``; returns per-request latencies (ms)."""
+async def drive(url: str, body: dict, headers: dict[str, str], concurrency: int, seconds: float, spread_s: float) -> list[float]:
+    """``concurrency`` closed-loop clients for ``seconds``; returns per-request latencies (ms).
+
+    Clients start spread over ``spread_s`` (one engine call): sessions of a rollout are not
+    synchronised, and starting them all at once would measure one burst instead of a steady state.
+    """
     latencies: list[float] = []
     payload = orjson.dumps(body)
     deadline = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as s:
-        async def client() -> None:
+        async def client(i: int) -> None:
+            await asyncio.sleep(spread_s * i / concurrency)
             while time.perf_counter() < deadline:
                 start = time.perf_counter()
                 async with s.post(url, data=payload, headers=headers) as r:
@@ -94,7 +99,7 @@ async def drive(url: str, body: dict, headers: dict[str, str], concurrency: int,
                     assert r.status == 200, r.status
                 latencies.append((time.perf_counter() - start) * 1000)
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*(client(i) for i in range(concurrency)))
     return latencies
 
 
@@ -127,9 +132,11 @@ async def main_async(args: argparse.Namespace) -> None:
               f"{'added p50':>9} {'p99':>7} | {'direct rps':>10} {'gw rps':>7} {'ratio':>6}")
         for concurrency in (1, 50, 200):
             for stream in (False, True):
-                await drive(engine_url, request, {"Content-Type": "application/json"}, concurrency, 1.0)  # warm
-                direct = await drive(engine_url, request, {"Content-Type": "application/json"}, concurrency, args.seconds)
-                via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency, args.seconds)
+                spread = args.engine_ms / 1000
+                plain = {"Content-Type": "application/json"}
+                await drive(engine_url, request, plain, concurrency, 1.0, spread)  # warm
+                direct = await drive(engine_url, request, plain, concurrency, args.seconds, spread)
+                via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency, args.seconds, spread)
                 d50, d99, g50, g99 = pct(direct, 50), pct(direct, 99), pct(via, 50), pct(via, 99)
                 drps, grps = len(direct) / args.seconds, len(via) / args.seconds
                 print(f"{concurrency:>8} {str(stream):>6} | {d50:>8.1f}ms {d99:>5.1f}ms | {g50:>9.1f}ms {g99:>5.1f}ms | "
