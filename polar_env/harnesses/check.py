@@ -1,7 +1,7 @@
 """End-to-end check: each real harness CLI, unmodified, against the real gateway and engine.
 
-Why this exists: the client specs in ``polar_env.harnesses.clients`` were validated against a fake
-provider, and the provider translations are unit-tested against recorded bodies. Neither proves
+Why this exists: the client specs in ``polar_env.harnesses.clients`` (derived from the presets in
+``polar_env.harnesses``) were validated against a fake provider, and the provider translations are unit-tested against recorded bodies. Neither proves
 that a current CLI build, talking to the actual gateway (provider translation, quirks, session
 keys, SSE synthesis) in front of the embedded engine, completes a tool-using task and leaves
 token-faithful records behind. This module runs exactly that, one spec at a time:
@@ -11,7 +11,8 @@ token-faithful records behind. This module runs exactly that, one spec at a time
   reach nothing but loopback, whatever it tries (telemetry, update checks, model lists);
 - the worker (``--inside SPEC_ID``) brings ``lo`` up, refuses to continue if any other interface
   is visible, starts the gateway in-process on ``127.0.0.1`` (port 0) with the embedded engine in
-  scripted mode (call the declared shell tool with ``echo hi``, then answer with its output),
+  scripted mode (call the declared shell tool with ``echo hi``, then answer with its output; a
+  harness with a ``finish_command``, mini-swe-agent, gets that command called with the answer),
   creates a session, renders the spec into a private temporary ``$HOME``, runs the CLI headless
   (stdin ``/dev/null``, minimal environment, timeout, whole process group killed afterwards),
   reads the session's journal back and writes a JSON verdict;
@@ -48,6 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.harnesses.clients import CLIENTS, ClientSpec, render
+from polar_env.harnesses.install import default_cache_dir
+from polar_env.harnesses.install import install_hint as _install_hint
+from polar_env.harnesses.scripted import is_finish_call, policy_for
 from polar_env.records import CompletionRecord
 
 PROMPT = "Run the shell command `echo hi` with your shell tool, then reply with what it printed."
@@ -60,17 +64,18 @@ SPECS: dict[str, ClientSpec] = {spec.id: spec for spec in CLIENTS.values()}
 
 
 def npm_cache() -> Path:
-    """Where ``scripts/install_harnesses.sh`` puts the CLIs."""
-    configured = os.environ.get("POLAR_NPM_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "polar_env" / "harnesses"
+    """Where the harnesses are installed (``scripts/install_harnesses.sh``, ``ensure_installed``)."""
+    return default_cache_dir()
 
 
 def binary_path(spec: ClientSpec) -> Path:
-    return npm_cache() / spec.name / "node_modules" / ".bin" / spec.binary
+    if spec.install is None:
+        return npm_cache() / spec.name / "node_modules" / ".bin" / spec.binary
+    return spec.install.binary_path(npm_cache())
 
 
 def install_hint(spec: ClientSpec) -> str:
-    return f"scripts/install_harnesses.sh {spec.name}"
+    return f"scripts/install_harnesses.sh {spec.name}" if spec.install is None else _install_hint(spec.install)
 
 
 @dataclass(slots=True)
@@ -126,8 +131,10 @@ class CheckResult:
 # -- judging a session's journal ---------------------------------------------------------------
 
 
-def judge_records(records: Sequence[CompletionRecord], result: CheckResult) -> None:
-    """Fill ``turns``, ``aligned``, ``tool_round_trip``, ``tool_name`` and ``answer`` from records."""
+def judge_records(records: Sequence[CompletionRecord], result: CheckResult, finish_command: str | None = None) -> None:
+    """Fill ``turns``, ``aligned``, ``tool_round_trip``, ``tool_name`` and ``answer`` from records.
+    The answer is a reply without tool calls, or (for a harness with a ``finish_command``) whose
+    only tool calls run that command."""
     from polar_env.engines.embedded.policy import SHELL_TOOLS
     from polar_env.qwen.template import content_text
 
@@ -147,7 +154,8 @@ def judge_records(records: Sequence[CompletionRecord], result: CheckResult) -> N
             m.get("role") == "tool" and _HI.search(content_text(m.get("content"))) for m in record.chat_request.messages
         )
         text = record.message.content or ""
-        if saw_output and not record.message.tool_calls and _HI.search(text):
+        answered = all(is_finish_call(c.arguments, finish_command) for c in record.message.tool_calls)
+        if saw_output and answered and _HI.search(text):
             result.tool_round_trip = True
             result.answer = text.strip()[:300]
             return
@@ -269,7 +277,7 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir), continuation=continuation)
     if spec.api not in PROVIDERS:
         result.problems.append(f"the gateway has no provider registered for {spec.api.value}")
-    engine = EmbeddedEngine(policy=ScriptedPolicy())
+    engine = EmbeddedEngine(policy=policy_for(spec, ScriptedPolicy()))
     store = CaptureStore(workdir / "capture")
     app = build_app(engine, store, GatewayConfig(engine_model=engine.model_name))
     app.middlewares.append(http_logger(result))
@@ -285,7 +293,7 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     finally:
         await runner.cleanup()
     records = store.read(session.id)
-    judge_records(records, result)
+    judge_records(records, result, spec.finish_command)
     if records:
         stats = build_prefix_merged(records).metadata["stats"]
         result.merged_traces, result.drift = stats["traces"], stats["drift_boundaries"]

@@ -3,10 +3,12 @@
 Each case runs ``python -m polar_env.harnesses.check --only <spec>`` in a subprocess: the CLI runs
 headless in a loopback-only network namespace against the gateway and the embedded scripted engine,
 and the session's journal must show a complete tool round trip with token-faithful records.
-pi covers all four provider wire formats; qwen adds a second OpenAI-chat client.
+pi covers all four provider wire formats; qwen adds a second OpenAI-chat client, and mini-swe-agent
+a Python one (litellm) that ends by a command rather than a text answer.
 
-The CLIs come from ``scripts/install_harnesses.sh`` (pi and qwen by default). Without them the
-cases skip locally and fail under ``CI``, which must install them.
+The CLIs come from ``scripts/install_harnesses.sh`` (pi and qwen by default) and
+``python -m polar_env.harnesses install mini_swe_agent``. Without them the cases skip locally and
+fail under ``CI``, which must install them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from polar_env.records import ProviderAPI
 
 pytestmark = pytest.mark.slow
 
-CASES = [("pi", api) for api in ProviderAPI] + [("qwen", ProviderAPI.OPENAI_CHAT)]
+CASES = [("pi", api) for api in ProviderAPI] + [("qwen", ProviderAPI.OPENAI_CHAT), ("mini", ProviderAPI.OPENAI_CHAT)]
 CLI_TIMEOUT_S = 120
 
 

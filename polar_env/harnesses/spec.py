@@ -1,0 +1,210 @@
+"""Harness presets as data: what to install, how to point the CLI at a gateway, how to run it headless.
+
+A :class:`HarnessSpec` describes one unmodified agent harness CLI:
+
+- ``install``: the package (npm ``name@version`` or a pip requirement) installed once into a shared
+  cache (``<cache>/<cli>``), never per session (``polar_env.harnesses.install``);
+- ``apis``: the provider wire formats it can speak, each with the env vars and config files that
+  point it at the session's gateway (:class:`ApiConfig`), and ``default_api``;
+- ``argv``: the headless command for one task instruction;
+- ``quiet_env`` / ``unattended_flags``: what turns off telemetry, update checks and approval prompts;
+- ``side_requests``: the extra requests the gateway should expect (documentation, see
+  ``harnesses.md`` §9).
+
+Every string is a template filled by :func:`render` with ``{base_url}`` (the gateway root, no
+``/v1``), ``{key}`` (the session key), ``{model}``, ``{home}`` (the private, writable ``$HOME``) and
+``{prompt}``. An argv element that is exactly ``{prompt_words}`` expands to ``prompt.split()``.
+Inside ``.json`` / ``.toml`` / ``.yaml`` files values are JSON-escaped. ``files`` paths are relative
+to ``{home}``. :meth:`HarnessSpec.client` flattens one (harness, api) pair into a :class:`ClientSpec`,
+the shape ``check.py`` and runtimes consume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from polar_env.errors import ConfigError
+from polar_env.records import ProviderAPI
+
+KEY_ENV = "POLAR_API_KEY"
+"""Env var holding the session key, for harnesses whose config names a variable rather than a value
+(Codex ``env_key``, opencode ``{env:...}``, pi ``apiKey``)."""
+
+PROMPT_WORDS = "{prompt_words}"
+PLACEHOLDERS = ("base_url", "key", "model", "home", "prompt")
+QUOTED_SUFFIXES = (".json", ".toml", ".yaml", ".yml")
+
+
+def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class Install:
+    """Where a harness comes from. ``kind`` npm: ``npm install --prefix <cache>/<dir> package@version``,
+    binary in ``node_modules/.bin``; pip: a venv at ``<cache>/<dir>/venv``, binary in ``venv/bin``;
+    path: nothing to install, ``binary`` is an absolute path or a name on ``PATH``.
+    ``dir`` is the cache sub-directory (the CLI's short name, shared with scripts/install_harnesses.sh)."""
+
+    kind: Literal["npm", "pip", "path"]
+    package: str
+    version: str | None
+    binary: str
+    dir: str
+
+    @property
+    def requirement(self) -> str:
+        if self.version is None:
+            return self.package
+        return f"{self.package}@{self.version}" if self.kind == "npm" else f"{self.package}=={self.version}"
+
+    def prefix(self, cache_dir: Path) -> Path:
+        return Path(cache_dir) / self.dir
+
+    def bin_dir(self, cache_dir: Path) -> Path:
+        if self.kind == "path":
+            return self.binary_path(cache_dir).parent
+        sub = ("node_modules", ".bin") if self.kind == "npm" else ("venv", "bin")
+        return self.prefix(cache_dir).joinpath(*sub)
+
+    def binary_path(self, cache_dir: Path) -> Path:
+        if self.kind == "path":
+            return Path(self.binary if "/" in self.binary else shutil.which(self.binary) or self.binary)
+        return self.bin_dir(cache_dir) / self.binary
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """How the harness is pointed at the gateway for one wire format."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)  # path relative to {home} -> content
+    paths: tuple[str, ...] = ()  # request paths its main turns hit (documentation/tests)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", _frozen(self.env))
+        object.__setattr__(self, "files", _frozen(self.files))
+
+
+@dataclass(frozen=True, slots=True)
+class SideRequest:
+    """An extra request the harness sends besides its main turns (documentation data)."""
+
+    what: str
+    disabled_by: str | None = None  # the env/setting that stops it (set in the preset), or None
+    handling: str = "record it; it forms its own prefix chain"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """One harness CLI pointed at one gateway wire format. All strings are templates."""
+
+    name: str  # the CLI's short name: claude, codex, gemini, qwen, opencode, pi, mini
+    api: ProviderAPI
+    binary: str  # executable name in the install's bin directory
+    argv: tuple[str, ...]  # argv[0] is the binary; "{prompt}" / "{prompt_words}" elements
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)  # path relative to {home} -> content
+    paths: tuple[str, ...] = ()  # request paths the harness's main turns hit (documentation/tests)
+    install: Install | None = None
+    harness: str = ""  # the HarnessSpec name this came from
+    finish_command: str | None = None  # see HarnessSpec.finish_command
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.api.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class HarnessSpec:
+    """One harness preset; see the module docstring."""
+
+    name: str  # table key: claude_code, codex, ...
+    cli: str  # short name: ClientSpec ids ("pi-openai_chat"), cache sub-directory
+    install: Install
+    apis: Mapping[ProviderAPI, ApiConfig]
+    default_api: ProviderAPI
+    argv: tuple[str, ...]
+    quiet_env: Mapping[str, str] = field(default_factory=dict)  # telemetry/update/approval off, HOME
+    unattended_flags: tuple[str, ...] = ()  # the argv elements that skip approval prompts
+    side_requests: tuple[SideRequest, ...] = ()
+    needs: Literal["node", "python", "none"] = "node"  # what the runtime must provide besides the install
+    # A harness that ends by running a command rather than by answering in text (mini-swe-agent's
+    # `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`); scripted engines must send it to finish.
+    finish_command: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "apis", MappingProxyType(dict(self.apis)))
+        object.__setattr__(self, "quiet_env", _frozen(self.quiet_env))
+        if self.default_api not in self.apis:
+            raise ConfigError(f"harness {self.name!r}: default_api {self.default_api.value} is not among its apis")
+        if not self.argv:
+            raise ConfigError(f"harness {self.name!r}: empty argv")
+        missing = [f for f in self.unattended_flags if f not in self.argv]
+        if missing:
+            raise ConfigError(f"harness {self.name!r}: unattended_flags {missing} are not in argv")
+
+    @property
+    def binary(self) -> str:
+        return self.install.binary
+
+    def api_of(self, api: ProviderAPI | str | None = None) -> ProviderAPI:
+        chosen = self.default_api if api is None else ProviderAPI(api)
+        if chosen not in self.apis:
+            known = ", ".join(a.value for a in self.apis)
+            raise ConfigError(f"harness {self.name!r} does not speak {chosen.value} (it speaks: {known})")
+        return chosen
+
+    def client(self, api: ProviderAPI | str | None = None) -> ClientSpec:
+        chosen = self.api_of(api)
+        conf = self.apis[chosen]
+        return ClientSpec(
+            name=self.cli,
+            api=chosen,
+            binary=self.install.binary,
+            argv=self.argv,
+            env=MappingProxyType({**self.quiet_env, **conf.env}),
+            files=conf.files,
+            paths=conf.paths,
+            install=self.install,
+            harness=self.name,
+            finish_command=self.finish_command,
+        )
+
+    def clients(self) -> tuple[ClientSpec, ...]:
+        return tuple(self.client(api) for api in self.apis)
+
+
+def as_json(data: object) -> str:
+    """A config file's text (the templates inside are filled JSON-escaped by ``render``)."""
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _fill(template: str, values: Mapping[str, str], *, quoted: bool) -> str:
+    for name in PLACEHOLDERS:
+        value = values[name]
+        # Inside JSON / TOML basic strings the value must be escaped; json.dumps does both.
+        template = template.replace("{" + name + "}", json.dumps(value)[1:-1] if quoted else value)
+    return template
+
+
+def render(spec: ClientSpec, base_url: str, key: str, model: str, home: str,
+           prompt: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Fill a spec: ``(argv, env overlay, {path relative to home: content})``."""
+    values = {"base_url": base_url.rstrip("/"), "key": key, "model": model, "home": home, "prompt": prompt}
+    argv: list[str] = []
+    for arg in spec.argv:
+        if arg == PROMPT_WORDS:
+            argv.extend(prompt.split())
+        else:
+            argv.append(_fill(arg, values, quoted=False))
+    env = {k: _fill(v, values, quoted=False) for k, v in spec.env.items()}
+    files = {path: _fill(text, values, quoted=path.endswith(QUOTED_SUFFIXES)) for path, text in spec.files.items()}
+    return argv, env, files
