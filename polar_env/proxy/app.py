@@ -247,7 +247,9 @@ async def count_tokens(request: web.Request) -> web.Response:
         chat = anthropic.count_tokens_chat(body)
         notes: list[str] = []
         chat = apply_quirks(chat, notes)
-        ids = load_tokenizer().encode(render(chat.messages, chat.tools))
+        thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
+        text = render(chat.messages, chat.tools, enable_thinking=thinking, quirks=request.app[CONFIG].template)
+        ids = load_tokenizer().encode(text)
     except RequestError as exc:
         return json_response(provider.error_body(exc.status, exc.message), exc.status)
     return json_response({"input_tokens": len(ids)})

@@ -246,3 +246,31 @@ async def test_client_disconnect_mid_call_keeps_the_capture(fake_gateway: Gatewa
     await asyncio.sleep(0.6)
     (record,) = fake_gateway.store.read(s["session_id"])
     assert record.response_ids == [4, 5]
+
+
+async def test_count_tokens_is_the_engine_side_prompt_length(scripted_gateway: Gateway, scripted_engine) -> None:
+    s = await scripted_gateway.session()
+    body = {"model": "claude-x", "messages": [{"role": "user", "content": "Run it."}],
+            "tools": [{"name": "bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]}
+    resp = await scripted_gateway.post("/v1/messages/count_tokens", body, {"x-api-key": s["key"]})
+    counted = (await resp.json())["input_tokens"]
+    resp = await scripted_gateway.post("/v1/messages", {**body, "max_tokens": 64}, {"x-api-key": s["key"]})
+    assert resp.status == 200
+    (record,) = scripted_gateway.store.read(s["session_id"])
+    assert counted == len(record.prompt_ids)
+    resp = await scripted_gateway.post("/v1/messages/count_tokens", body, {"x-api-key": "sk-wrong"})
+    assert resp.status == 401 and (await resp.json())["type"] == "error"
+
+
+async def test_admin_token_guards_pause(tmp_path) -> None:
+    from tests.proxy.conftest import start_gateway
+
+    client, store = await start_gateway(FakeEngine(), tmp_path, admin_token="t0p")
+    try:
+        assert (await client.post("/admin/pause")).status == 401
+        resp = await client.post("/admin/pause", headers={"Authorization": "Bearer t0p"})
+        assert resp.status == 200 and (await resp.json())["paused"]
+        resp = await client.post("/admin/resume", headers={"Authorization": "Bearer t0p"})
+        assert (await resp.json())["paused"] is False
+    finally:
+        await client.close()
