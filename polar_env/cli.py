@@ -105,9 +105,21 @@ def _run(main: Any) -> None:
         runner.run(main)
 
 
+def _tune_gc() -> None:
+    """Server processes parse and build large acyclic JSON trees per request (a 1k-token vLLM
+    response is ~10k containers), which sets off the cyclic GC many times per request. Freezing
+    start-up objects and raising the gen-0 threshold cut the gateway's CPU per request by ~40%
+    (scripts/bench_gateway.py); acyclic garbage is still freed at once by reference counting."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+
+
 async def _serve(app, host: str, port: int, what: str, started: float, unix_socket: str | None = None) -> None:  # type: ignore[no-untyped-def]
     from aiohttp import web
 
+    _tune_gc()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -103,6 +103,12 @@ async def drive(url: str, body: dict, headers: dict[str, str], concurrency: int,
     return latencies
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -129,18 +135,20 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"mock engine: {PROMPT_IDS} prompt ids, {RESPONSE_IDS} response ids + logprobs, {len(engine_body()) / 1e3:.0f} kB, "
               f"{args.engine_ms:g} ms per call; {args.seconds:g} s per cell; {os.cpu_count()} CPUs shared by all three processes")
         print(f"{'sessions':>8} {'stream':>6} | {'direct p50':>10} {'p99':>7} | {'gateway p50':>11} {'p99':>7} | "
-              f"{'added p50':>9} {'p99':>7} | {'direct rps':>10} {'gw rps':>7} {'ratio':>6}")
+              f"{'added p50':>9} {'p99':>7} | {'direct rps':>10} {'gw rps':>7} {'ratio':>6} | {'gw CPU/req':>10}")
         for concurrency in (1, 50, 200):
             for stream in (False, True):
                 spread = args.engine_ms / 1000
                 plain = {"Content-Type": "application/json"}
                 await drive(engine_url, request, plain, concurrency, 1.0, spread)  # warm
                 direct = await drive(engine_url, request, plain, concurrency, args.seconds, spread)
+                gw_cpu = cpu_s(procs[1].pid)
                 via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency, args.seconds, spread)
+                gw_cpu_ms = (cpu_s(procs[1].pid) - gw_cpu) / max(len(via), 1) * 1000
                 d50, d99, g50, g99 = pct(direct, 50), pct(direct, 99), pct(via, 50), pct(via, 99)
                 drps, grps = len(direct) / args.seconds, len(via) / args.seconds
                 print(f"{concurrency:>8} {str(stream):>6} | {d50:>8.1f}ms {d99:>5.1f}ms | {g50:>9.1f}ms {g99:>5.1f}ms | "
-                      f"{g50 - d50:>7.2f}ms {g99 - d99:>5.2f}ms | {drps:>10.1f} {grps:>7.1f} {grps / drps:>6.2f}")
+                      f"{g50 - d50:>7.2f}ms {g99 - d99:>5.2f}ms | {drps:>10.1f} {grps:>7.1f} {grps / drps:>6.2f} | {gw_cpu_ms:>8.2f}ms")
     finally:
         for p in procs:
             p.terminate()
