@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from polar_env.qwen.template import QUIRKS
 
@@ -59,7 +58,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine = _engine_from_args(args)
     what = f"polar-env engine ({json.dumps(engine.describe())})"
-    _run(_serve(build_app(engine), args.host, args.port, what, started))
+    asyncio.run(_serve(build_app(engine), args.host, args.port, what, started))
     return 0
 
 
@@ -89,20 +88,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     )
     app = build_app(engine, CaptureStore(Path(args.store), fsync=args.fsync), config)
     what = f"polar-env gateway (engine: {args.engine})"
-    _run(_serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket))
+    asyncio.run(_serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket))
     return 0
-
-
-def _run(main: Any) -> None:
-    """Run the server on uvloop when it is installed (``polar-env[fast]``): it roughly halves the
-    event loop's per-request cost on the gateway's hot path; plain asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
 
 
 def _tune_gc() -> None:
