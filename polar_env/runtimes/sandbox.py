@@ -48,6 +48,7 @@ system directory is made creatable (see ``system_mounts``).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -154,7 +155,7 @@ async def _drain(stream: asyncio.StreamReader | None, into: bytearray) -> None:
         into += chunk
 
 
-class HostWorkspaceRuntime:
+class HostWorkspaceRuntime(abc.ABC):
     """Shared machinery of the runtimes whose workspace is a host directory and whose every exec is
     a fresh process (bwrap, apptainer): temp dirs, copying, path mapping, process groups, timeouts.
     Subclasses supply ``_check``, ``_wrap`` (the full host argv for one in-runtime argv) and ``_env``."""
@@ -170,14 +171,14 @@ class HostWorkspaceRuntime:
         self._stopped = False
 
     # ----- to override -------------------------------------------------------------------------
-    def _check(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _check(self) -> None: ...
 
-    def _wrap(self, argv: list[str], cwd: str) -> list[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _wrap(self, argv: list[str], cwd: str) -> list[str]: ...
 
-    def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]: ...
 
     # ----- layout ------------------------------------------------------------------------------
     @property
