@@ -9,6 +9,7 @@ To add a runtime: one module implementing ``Runtime`` plus one entry in ``RUNTIM
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -32,6 +33,19 @@ class RuntimeSpec(BaseModel):
     memory_mb: int | None = None
     pids_limit: int | None = None
     binds: list[tuple[Path, str]] = Field(default_factory=list)  # extra read-only binds (e.g. harness installs)
+
+
+def check_host_paths(spec: RuntimeSpec) -> None:
+    """Fail at prepare, clearly, when what the runtime must bind from the host is missing."""
+    from polar_env.errors import ConfigError
+
+    if spec.network == "gateway" and spec.gateway_socket is not None:
+        sock = Path(spec.gateway_socket)
+        if not sock.exists() or not stat.S_ISSOCK(sock.stat().st_mode):
+            raise ConfigError(f"gateway socket {sock} does not exist (start the gateway with --unix-socket first)")
+    for src, _dst in spec.binds:
+        if not Path(src).exists():
+            raise ConfigError(f"bind source {src} does not exist")
 
 
 @dataclass(frozen=True, slots=True)

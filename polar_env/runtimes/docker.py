@@ -38,7 +38,6 @@ import logging
 import os
 import posixpath
 import socket
-import stat
 import tarfile
 import tempfile
 import time
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
-from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings
+from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.sandbox import (
     BASELINE_SCRIPT,
     DIFF_SCRIPT,
@@ -214,13 +213,7 @@ class DockerRuntime:
         start = time.monotonic()
         if not self.spec.workdir.startswith("/"):
             raise ConfigError(f"workdir must be absolute, got {self.spec.workdir!r}")
-        if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
-            sock = Path(self.spec.gateway_socket)
-            if not sock.exists() or not stat.S_ISSOCK(sock.stat().st_mode):
-                raise ConfigError(f"gateway socket {sock} does not exist (start the gateway with --unix-socket first)")
-        for src, _dst in self.spec.binds:
-            if not Path(src).exists():
-                raise ConfigError(f"bind source {src} does not exist")
+        check_host_paths(self.spec)
         try:
             await asyncio.to_thread(self._create)
             probe = await self._exec_raw(["/bin/sh", "-c", "command -v timeout"], None, None, demux=True)

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from polar_env.errors import ConfigError
-from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings
+from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +237,7 @@ class HostWorkspaceRuntime(abc.ABC):
             raise ConfigError(f"{self.name} runtime already prepared")
         start = time.monotonic()
         _inside(self.spec.workdir)
-        if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
-            sock = Path(self.spec.gateway_socket)
-            if not sock.exists() or not stat.S_ISSOCK(sock.stat().st_mode):
-                raise ConfigError(f"gateway socket {sock} does not exist (start the gateway with --unix-socket first)")
-        for src, _dst in self.spec.binds:
-            if not Path(src).exists():
-                raise ConfigError(f"bind source {src} does not exist")
+        check_host_paths(self.spec)
         self._check()
         parent = Path(self._root_parent) if self._root_parent else None
         if parent is not None:
