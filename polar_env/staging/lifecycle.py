@@ -142,6 +142,8 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                 run.status, run.error, run.timed_out = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s", True
             except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
                 run.status, run.error = SessionStatus.ERROR, f"harness failed: {_one_line(exc)}"
+            finally:
+                _enter(node, run, Stage.POSTRUN)  # off the engine: the RUNNING slot frees now
     finally:
         if holds_place:
             pools.prepared.release()
@@ -185,8 +187,9 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
     spec, req = run.spec, run.spec.request
     if cancelled:
         run.status, run.error = SessionStatus.CANCELLED, "node shutting down"
-    async with node.pools.postrun:
+    if run.stage is not Stage.POSTRUN:
         _enter(node, run, Stage.POSTRUN)
+    async with node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
         records = await asyncio.to_thread(node.store.read, spec.session_id)
         if run.final_answer is None and records:
             run.final_answer = records[-1].message.content
