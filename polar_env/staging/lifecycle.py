@@ -120,7 +120,7 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
             try:
                 async with asyncio.timeout(req.init_timeout_s):
                     await node.open_session(spec, session_metadata(spec, node.node_id))
-                    run.runtime = await node.prepare_runtime(req)
+                    run.runtime = await node.prepare_runtime(spec)
             except TimeoutError:
                 run.status, run.error = SessionStatus.TIMEOUT, f"INIT exceeded {req.init_timeout_s} s"
                 return

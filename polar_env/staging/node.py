@@ -213,8 +213,9 @@ class GatewayNode:
             self._harnesses[name] = get_harness(name)
         return self._harnesses[name]
 
-    async def prepare_runtime(self, req: TaskRequest) -> Runtime:
+    async def prepare_runtime(self, session: SessionSpec) -> Runtime:
         """INIT's work: the harness installed and bound in, the gateway socket bridged, prepared."""
+        req = session.request
         spec = req.runtime.model_copy(update={"gateway_socket": self.socket})
         if req.agent.harness != loop.NAME:
             from polar_env.harnesses.launch import with_harness
@@ -227,7 +228,7 @@ class GatewayNode:
         options: dict[str, Any] = {}
         if self.config.runtime_root is not None and spec.kind in ("sandbox", "apptainer"):
             options["root_dir"] = self.config.runtime_root
-        runtime = self.make_runtime(spec, **options)
+        runtime = self.make_runtime(spec, session.session_id, **options)
         try:
             await runtime.prepare()
         except BaseException:
@@ -235,7 +236,7 @@ class GatewayNode:
             raise
         return runtime
 
-    def make_runtime(self, spec: Any, **options: Any) -> Runtime:
+    def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Runtime:
         """The one place a node builds runtimes (tests substitute a test double here)."""
         return make_runtime(spec, **options)
 

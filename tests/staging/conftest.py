@@ -64,13 +64,15 @@ class FakeRuntime:
 class FakeRuntimeNode(GatewayNode):
     """Test double: a GatewayNode whose runtimes are FakeRuntimes (everything else is real)."""
 
-    def __init__(self, config: NodeConfig, **runtime_options: Any) -> None:
+    def __init__(self, config: NodeConfig, *, per_session: dict[str, dict[str, Any]] | None = None,
+                 **runtime_options: Any) -> None:
         super().__init__(config)
         self.runtime_options = runtime_options
+        self.per_session = per_session or {}  # session id -> FakeRuntime options for that one
         self.made: list[FakeRuntime] = []
 
-    def make_runtime(self, spec: Any, **options: Any) -> Any:
-        rt = FakeRuntime(spec, **self.runtime_options)
+    def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
+        rt = FakeRuntime(spec, **{**self.runtime_options, **self.per_session.get(session_id, {})})
         self.made.append(rt)
         return rt
 

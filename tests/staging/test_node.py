@@ -98,8 +98,8 @@ async def test_agent_timeout_keeps_the_partial_trajectory(node_config) -> None: 
 
 async def test_harness_crash_is_an_error_with_the_partial_trajectory(node_config) -> None:  # type: ignore[no-untyped-def]
     class Crashing(FakeRuntimeNode):
-        def make_runtime(self, spec: Any, **options: Any) -> Any:
-            rt = super().make_runtime(spec, **options)
+        def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
+            rt = super().make_runtime(spec, session_id, **options)
 
             async def crash(*args: Any, **kw: Any) -> Any:
                 raise OSError("the harness process died")
