@@ -212,10 +212,14 @@ async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[
 
 
 def _admin_token(store: Path, token: str | None) -> tuple[str | None, Path | None]:
-    # HOOK (issue 9, part A): its always-on admin token replaces this fallback once merged.
+    """The admin token and the file it is kept in (shown in the ready line)."""
+    # HOOK (issue 9, part A): part A's always-on admin token (polar_env.proxy.admin) is used once it
+    # is merged; until then --admin-token stays optional. Delete the fallback after the merge.
     try:
         from polar_env.proxy.admin import load_or_create_admin_token  # type: ignore[import-not-found]
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "polar_env.proxy.admin":
+            raise
         return token, None
     return load_or_create_admin_token(store, token)  # type: ignore[no-any-return]
 

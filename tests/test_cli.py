@@ -106,7 +106,7 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "engine: missing --model-dir": (lambda d: ["engine", "--model-dir", str(d / "m")], ("--model-dir", "no such folder", "export-model")),
     "verify: --model-dir without config": (
         lambda d: ["verify", "--store", str(d / "empty"), "--model-dir", str(d / "empty")], ("no config.json",)),
-    "gateway: engine-only option for embedded model dir": (
+    "gateway: missing --model-dir": (
         lambda d: ["gateway", "--model-dir", str(d / "m"), "--store", str(d / "s")], ("--model-dir", "no such folder")),
 }
 
