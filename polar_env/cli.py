@@ -463,7 +463,8 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, help="trainer-owned sampling temperature (overrides harnesses)")
     g.add_argument("--top-p", type=float, help="trainer-owned top_p")
     g.add_argument("--runtime", choices=["sandbox", "docker", "apptainer"], help="default sandbox (bubblewrap)")
-    g.add_argument("--builder", choices=["prefix_merge", "per_request", "prefix_merge_strict"])
+    g.add_argument("--builder", choices=["prefix_merge", "per_request", "prefix_merge_strict"],
+                   help="trajectory builder (default prefix_merge)")
     g.add_argument("--evaluator", help="evaluator name or JSON spec (default: swebench for SWE tasks)")
     g.add_argument("--canonical", action="store_true", help="canonical templating instead of token-in continuation")
     g.add_argument("--timeout-s", type=float, help="agent budget per session in seconds (default 600)")
@@ -598,8 +599,8 @@ def _add_rollout_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.set_defaults(func=cmd_rollout)
 
     p = command("serve", "rollout server + N gateway nodes (Ray actors) behind an HTTP task API")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address of the task API (keep it off the sandboxes' reach)")
+    p.add_argument("--port", type=int, default=8080, help="port of the task API")
     p.add_argument("--store", default="polar_serve", help="journals and the server's token file go here")
     p.add_argument("--token", help="bearer token for the task API (default: generated into STORE/rollout_token)")
     p.add_argument("--local", action="store_true", help="nodes in this process instead of Ray actors")

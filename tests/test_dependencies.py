@@ -125,3 +125,40 @@ def test_torch_is_an_extra_with_a_lower_bound() -> None:
     torch_req = next(r for r in embedded if r.startswith("torch"))
     assert ">=" in torch_req and "==" not in torch_req and "<" not in torch_req, torch_req
     assert "polar-env[embedded]" in project["optional-dependencies"]["dev"]  # the tests need the engine
+
+
+def test_staged_rollouts_run_without_torch(tmp_path: Path) -> None:
+    """PolarEnv and the staging pipeline (a node, the loop harness, the simulated engine test double,
+    a SimulatedRuntime test double) import and roll out with torch unimportable."""
+    proc = run_without_torch(
+        f"""
+        import asyncio, sys
+        from pathlib import Path
+
+        from polar_env import PolarEnvConfig, TaskRequest
+        from polar_env.runtimes.simulated import SimulatedRuntime
+        from polar_env.staging.node import GatewayNode, NodeConfig
+        from polar_env.staging.server import LocalNode, RolloutServer
+
+        class SimNode(GatewayNode):
+            def make_runtime(self, spec, session_id, **options):
+                return SimulatedRuntime(spec)
+
+        async def main():
+            config = NodeConfig(engine={{"kind": "simulated", "latency_s": 0.0}}, store=Path({str(tmp_path / "s")!r}),
+                                tcp_port=None)
+            node = SimNode(config)
+            await node.start()
+            server = RolloutServer([LocalNode(node)])
+            status = await server.run(TaskRequest(task_id="t", instruction="run echo hi", num_samples=2,
+                                                  agent={{"harness": "loop"}},
+                                                  evaluator={{"name": "output", "regex": "printed"}}))
+            await server.aclose()
+            print([r.reward for r in status.results], [m for m in ("torch", "ray") if m in sys.modules])
+
+        asyncio.run(main())
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[1.0, 1.0] []"
