@@ -16,7 +16,6 @@ from polar_env.runtimes.simulated import SimulatedRuntime
 from polar_env.staging.node import GatewayNode, NodeConfig
 from polar_env.staging.pools import PoolLimits
 
-
 FakeRuntime = SimulatedRuntime  # the package's named test double
 
 
