@@ -1,8 +1,8 @@
 """Test doubles for the staging tests, named as such: ``FakeRuntime`` (the package's
 ``SimulatedRuntime``: prepare, exec and stop take simulated time and run nothing) and
-``FakeRuntimeNode`` (a GatewayNode that builds them). The engine is the ``simulated`` test double. The real path — bwrap sandbox,
-a real harness CLI, the embedded engine and the swebench evaluator — is tested in
-``test_rollout_e2e.py``."""
+``FakeRuntimeNode`` (a GatewayNode that builds them). The engine is the ``simulated`` test
+double. The real path — bwrap sandbox, a real harness CLI, the embedded engine and the swebench
+evaluator — is tested in ``test_rollout_e2e.py``."""
 
 from __future__ import annotations
 
