@@ -127,11 +127,10 @@ async def _serve(app, host: str, port: int, what: str, started: float, unix_sock
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.proxy.capture import CaptureStore
     from polar_env.trajectory.builders import BUILDERS
+    from polar_env.trajectory.reader import build_store
 
     store = CaptureStore(Path(args.store))
-    sessions = args.session or store.session_ids()
-    build = BUILDERS[args.builder]
-    return [build(store.read(sid)) for sid in sessions]
+    return build_store(store, BUILDERS[args.builder], args.session or None)
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -170,13 +170,20 @@ def provider_handler(provider: Provider) -> Callable[[web.Request], Awaitable[we
             log.error("capture failed, answered 500: %s", exc)
             return json_response(provider.error_body(500, f"the gateway could not record this call ({exc}); retry"), 500)
         except ClientGone:
-            request.app[STATS]["abandoned"] += 1
             return web.Response(status=499)  # nobody reads it
 
     return handle
 
 
 _IN_FLIGHT: set[asyncio.Future[Generation]] = set()  # strong references to shielded captures
+
+
+def _settled(capture: asyncio.Future[Generation]) -> None:
+    """Drop the strong reference; retrieve the outcome so a capture whose handler was cancelled
+    (client gone) does not log 'exception was never retrieved' (it was counted already)."""
+    _IN_FLIGHT.discard(capture)
+    if not capture.cancelled():
+        capture.exception()
 
 
 def client_gone(request: web.Request) -> bool:
@@ -229,6 +236,7 @@ async def generate_and_record(
     try:
         async with app[GATE].call(session.id) as weight_version:
             if client_gone(request):  # gave up while queued behind a pause: spend nothing on it
+                app[STATS]["abandoned"] += 1
                 raise ClientGone(session.id)
             engine_started = time.perf_counter()  # after the gate: pause time is not engine time
             generation = await call_engine(app, engine_chat)
@@ -325,7 +333,7 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
         generate_and_record(request, session, provider, body, chat, engine_chat, notes, received, started)
     )
     _IN_FLIGHT.add(capture)
-    capture.add_done_callback(_IN_FLIGHT.discard)
+    capture.add_done_callback(_settled)
     generation = await asyncio.shield(capture)
 
     reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
@@ -538,8 +546,7 @@ async def session_completions(request: web.Request) -> web.Response:
 
 async def delete_session(request: web.Request) -> web.Response:
     try:
-        require_admin(request)
-        session = request.app[SESSIONS].close(request.match_info["session_id"])
+        session = request.app[SESSIONS].close(authorize_session(request).id)
     except RequestError as exc:
         return _plain_error(exc.status, exc.message)
     return json_response(_session_info(session))
