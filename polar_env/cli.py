@@ -71,10 +71,16 @@ def _engine_client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from polar_env.proxy.app import GatewayConfig, build_app
+    import logging
+
+    from polar_env.proxy.admin import load_or_create_admin_token
+    from polar_env.proxy.app import GatewayConfig, build_app, build_provider_app
     from polar_env.proxy.capture import CaptureStore
 
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
+    store = CaptureStore(Path(args.store), fsync=args.fsync)
+    admin_token, token_file = load_or_create_admin_token(store.root, args.admin_token)
     engine = _engine_client(args)
     config = GatewayConfig(
         engine_model=args.served_model_name,
@@ -82,13 +88,17 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         max_tokens_cap=args.gateway_max_tokens,
-        admin_token=args.admin_token,
+        admin_token=admin_token,
         template=QUIRKS[args.template],
         continuation=args.continuation,
+        engine_timeout_s=args.engine_timeout,
     )
-    app = build_app(engine, CaptureStore(Path(args.store), fsync=args.fsync), config)
-    what = f"polar-env gateway (engine: {args.engine})"
-    asyncio.run(_serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket))
+    app = build_app(engine, store, config)
+    where = f"admin token in {token_file}" if token_file else "admin token from --admin-token"
+    what = f"polar-env gateway (engine: {args.engine}; store {store.root}; {where})"
+    # sandboxes get the provider routes only (runtimes/relay.py)
+    sandbox = build_provider_app(app) if args.unix_socket else None
+    asyncio.run(_serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket, unix_app=sandbox))
     return 0
 
 
@@ -103,15 +113,21 @@ def _tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-async def _serve(app, host: str, port: int, what: str, started: float, unix_socket: str | None = None) -> None:  # type: ignore[no-untyped-def]
+async def _serve(app, host: str, port: int, what: str, started: float, unix_socket: str | None = None,  # type: ignore[no-untyped-def]
+                 unix_app=None) -> None:  # type: ignore[no-untyped-def]
     from aiohttp import web
 
     _tune_gc()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
+    runners = [runner]
     if unix_socket:  # what sandboxes reach through their relay (runtimes/base.py)
-        await web.UnixSite(runner, unix_socket).start()
+        unix_runner = web.AppRunner(unix_app, access_log=None) if unix_app is not None else runner
+        if unix_runner is not runner:
+            await unix_runner.setup()
+            runners.insert(0, unix_runner)
+        await web.UnixSite(unix_runner, unix_socket).start()
     # Printed only once the socket listens: callers wait for this line.
     print(f"{what} ready in {time.perf_counter() - started:.1f}s on http://{host}:{port}", flush=True)
     stop = asyncio.Event()
@@ -121,7 +137,8 @@ async def _serve(app, host: str, port: int, what: str, started: float, unix_sock
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        for r in runners:
+            await r.cleanup()
 
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -205,7 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="override every request's temperature")
     p.add_argument("--top-p", type=float, help="override every request's top_p")
     p.add_argument("--gateway-max-tokens", type=int, help="cap every request's max_tokens")
-    p.add_argument("--admin-token", help="require this bearer token on /admin/*")
+    p.add_argument("--admin-token", help="bearer token for /sessions and /admin/* (default: read or create "
+                   "<store>/admin_token, mode 0600)")
+    p.add_argument("--engine-timeout", type=float, default=1800.0,
+                   help="seconds one engine call may take before the harness gets a 504 (default 1800)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
+                   help="gateway log level (engine and capture errors are warnings/errors)")
     p.add_argument("--continuation", action="store_true",
                    help="token-in continuation mode for every session (append-only prompts)")
     _add_engine_options(p)
