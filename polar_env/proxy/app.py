@@ -55,6 +55,7 @@ from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
 from polar_env.proxy.sessions import Session, SessionRegistry, request_keys
+from polar_env.proxy.validate import check_messages
 from polar_env.qwen.template import QWEN35, TemplateQuirks
 from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
@@ -317,6 +318,7 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
     notes = inbound.notes
     updates = trainer_overrides(inbound.chat, config, notes)
     chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
+    check_messages(chat.messages)  # what the template would refuse, refused before the engine
     # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
     engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
     if session.continuation is not None:
@@ -573,8 +575,12 @@ async def admin_pause(request: web.Request) -> web.Response:
         return _plain_error(exc.status, exc.message)
     gate = request.app[GATE]
     drained = await gate.pause(timeout_s)
-    return json_response({**gate.status(), "drained": drained, "running": [] if drained else gate.running()},
-                         200 if drained else 504)
+    if drained:
+        return json_response({**gate.status(), "drained": True, "running": []})
+    running = gate.running()
+    message = f"{len(running)} engine call(s) did not finish within {timeout_s:g}s; the pause was undone"
+    return json_response({**gate.status(), "drained": False, "running": running,
+                          "error": {"message": message, "type": "timeout_error", "code": 504}}, 504)
 
 
 async def admin_resume(request: web.Request) -> web.Response:

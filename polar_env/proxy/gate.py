@@ -51,6 +51,8 @@ class EngineGate:
         the pause is undone (calls flow again) and False is returned; ``running()`` says which."""
         async with self._changed:
             self.paused = True
+            if not self._running:
+                return True
             try:
                 await asyncio.wait_for(self._changed.wait_for(lambda: not self._running), timeout_s)
             except TimeoutError:
