@@ -504,6 +504,10 @@ async def create_session(request: web.Request) -> web.Response:
         session = request.app[SESSIONS].create(session_id, {} if metadata is None else metadata, continuation)
     except RequestError as exc:
         return _plain_error(exc.status, exc.message)
+    except OSError as exc:  # the session state could not be persisted (disk full): no session
+        log.error("cannot persist a new session: %s", exc)
+        return json_response({"error": {"message": f"cannot persist the session: {exc.strerror or exc}",
+                                        "type": "server_error", "code": 507}}, 507)
     assert session.key is not None
     base = base_url(request)
     model = request.app[CONFIG].engine_model

@@ -15,6 +15,7 @@ store) is never created again, so nobody can append to another session's journal
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,8 @@ import orjson
 from polar_env.errors import RequestError
 from polar_env.proxy.capture import CaptureStore, SessionMeta, check_session_id, key_digest
 from polar_env.proxy.continuation import Continuation
+
+log = logging.getLogger("polar_env.gateway")
 
 MAX_METADATA_BYTES = 64 * 1024  # task ids, seeds, labels; not a place for datasets
 
@@ -127,7 +130,7 @@ class SessionRegistry:
             continuation=continuation,
             continuation_mode=continuation is not None,
         )
-        self.store.write_session_meta(session.meta())
+        self.store.write_session_meta(session.meta())  # first: a session that cannot be restored is not issued
         self._by_id[sid] = session
         self._by_key[session.key_hash] = session
         return session
@@ -165,7 +168,10 @@ class SessionRegistry:
         session.continuation = None
         self._by_key.pop(session.key_hash, None)
         self.store.close_session(session_id)
-        self.store.write_session_meta(session.meta())
+        try:
+            self.store.write_session_meta(session.meta())
+        except OSError as exc:  # closed in memory now; a restart would reopen it, so say so
+            log.error("session %s closed but its state could not be persisted: %s", session_id, exc)
         return session
 
     def expire_idle(self, idle_s: float, now: float | None = None) -> list[str]:

@@ -433,3 +433,15 @@ async def test_call_abandoned_behind_a_pause_is_not_generated(fake_gateway: Gate
     await asyncio.sleep(0.2)
     assert fake_engine.seen == [] and fake_gateway.store.read(s["session_id"]) == []
     assert fake_gateway.client.server.app[STATS]["abandoned"] == 1
+
+
+async def test_session_that_cannot_be_persisted_is_not_issued(fake_gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def disk_full(meta: object) -> None:  # test double for a full disk under DIR/sessions
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fake_gateway.store, "write_session_meta", disk_full)
+    resp = await fake_gateway.client.post("/sessions", json={"session_id": "nope"}, headers=fake_gateway.admin)
+    assert resp.status == 507 and "No space left" in (await resp.json())["error"]["message"]
+    assert len(fake_gateway.client.server.app[SESSIONS]) == 0
