@@ -339,7 +339,7 @@ class FuzzGateway:
         """Send one case and apply the oracle; failures are collected, not raised."""
         before = self.store.path(self.own).read_bytes() if self.store.path(self.own).exists() else b""
         calls = self.engine.calls
-        status, body, ctype = self.send(case)
+        status, body, _ = self.send(case)
         tally.bodies += 1
         tally.statuses[status] += 1
         tally.by_route[(case.route, status)] += 1

@@ -26,7 +26,7 @@ from polar_env.proxy.capture import CaptureStore
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 from tests.conftest import SHELL_TOOL
-from tests.proxy.conftest import FakeEngine, Gateway, admin_headers, start_gateway
+from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
 
 CHAT = "/v1/chat/completions"
 
