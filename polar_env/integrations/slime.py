@@ -211,23 +211,27 @@ def grpo_normalize(args: Any, samples: Sequence[Any]) -> tuple[list[float], list
 
 
 def task_row(sample: Any) -> dict[str, Any]:
-    """The Polar task for a slime prompt sample: the row in ``metadata`` (``--metadata-key``),
-    with the prompt as the instruction when the row has none."""
+    """The Polar task for a slime prompt sample: the row in ``metadata`` (``--metadata-key``, or
+    its ``task`` entry). A SWE row (with ``instance_id``) goes to PolarEnv as is: its repo or image
+    becomes the runtime and swebench grades it. Any other row gets the prompt as its instruction."""
     meta = dict(getattr(sample, "metadata", None) or {})
     row = dict(meta.get("task") or meta)
+    if "instance_id" in row:
+        return row
     prompt = sample.prompt
     if isinstance(prompt, list):  # messages (--apply-chat-template off): the last user turn
         users = [m.get("content") for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
         prompt = users[-1] if users else ""
-    instruction = row.get("instruction") or row.get("problem_statement") or prompt
-    task_id = row.get("task_id") or row.get("instance_id") or f"slime-{sample.index}"
-    return {
-        "task_id": str(task_id),
-        "instruction": instruction if isinstance(instruction, str) else str(instruction),
-        "task": row,
-        "metadata": {"slime_index": sample.index, "slime_group_index": sample.group_index,
-                     "slime_rollout_id": rollout_id_of(sample)},
-    }
+    instruction = row.pop("instruction", None) or prompt
+    task_id = row.pop("task_id", None) or f"slime-{sample.index}"
+    return {"task_id": str(task_id), "instruction": instruction if isinstance(instruction, str) else str(instruction),
+            "task": row}
+
+
+def slime_ids(sample: Any) -> dict[str, Any]:
+    """Where a session came from, recorded in its TaskRequest metadata."""
+    return {"slime_index": sample.index, "slime_group_index": sample.group_index,
+            "slime_rollout_id": rollout_id_of(sample), "slime_session_id": getattr(sample, "session_id", None)}
 
 
 def forced_sampling(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
@@ -300,7 +304,7 @@ class SlimeRollout:
         await self._ensure_started()
         max_context = getattr(args, "rollout_max_context_len", None)
         try:
-            group = await self.env.rollout(task_row(sample), n=1)
+            group = await self.env.rollout(task_row(sample), n=1, metadata=slime_ids(sample))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed session must not kill slime's rollout

@@ -120,7 +120,7 @@ class FakePolarEnv:
                  raises: Exception | None = None) -> None:
         self.script = script or {}
         self.raises = raises
-        self.calls: list[tuple[Any, int]] = []
+        self.calls: list[tuple[Any, int, dict[str, Any]]] = []
         self.entered = 0
         self.exited = 0
 
@@ -131,11 +131,14 @@ class FakePolarEnv:
     async def __aexit__(self, *exc: object) -> None:
         self.exited += 1
 
-    async def rollout(self, task: Any, n: int = 1) -> FakeGroup:
-        self.calls.append((task, n))
+    async def rollout(self, task: Any, n: int = 1, **overrides: Any) -> FakeGroup:
+        self.calls.append((task, n, overrides))
         if self.raises is not None:
             raise self.raises
-        task_id = task["task_id"] if isinstance(task, dict) else task.task_id
+        if isinstance(task, dict):
+            task_id = task.get("task_id") or task["instance_id"]
+        else:
+            task_id = getattr(task, "task_id", None) or task.instance_id
         plan = self.script[task_id]
         results = []
         for i in range(n):

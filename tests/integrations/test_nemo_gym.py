@@ -10,8 +10,10 @@ import pytest
 import yaml
 from integration_doubles import FakePolarEnv, multi_turn_trace, trace, trajectory
 
+from polar_env.env import PolarEnvConfig
+from polar_env.env import task_request as polar_task_request
 from polar_env.integrations.nemo_gym import GYM_ROOT
-from polar_env.integrations.nemo_gym.agent import PolarGymAgent, task_request
+from polar_env.integrations.nemo_gym.agent import PolarGymAgent, gym_ids, task_request
 from polar_env.integrations.nemo_gym.convert import check_contiguous, generation_spans, output_items
 
 
@@ -71,12 +73,15 @@ ROW = {
 
 
 def test_task_request_from_a_gym_row() -> None:
-    req = task_request(ROW)
-    assert req["task_id"] == "toy__calc-1" and req["instruction"] == "Fix the failing test."
-    assert req["task"] == {"instance_id": "toy__calc-1", "repo": "toy/calc", "FAIL_TO_PASS": ["t::a"]}
-    assert req["metadata"]["ng_rollout_id"] == "r-17"
+    assert task_request(ROW) == {"instance_id": "toy__calc-1", "repo": "toy/calc", "FAIL_TO_PASS": ["t::a"]}
+    assert gym_ids(ROW) == {"ng_rollout_id": "r-17", "ng_task_index": 3, "ng_rollout_index": 1}
+    plain = task_request({"responses_create_params": {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "Say 42."}]}]}, "expected": "42", "_ng_task_index": 5})
+    assert plain == {"task_id": "gym-5", "instruction": "Say 42.", "task": {"expected": "42"}}
     nested = task_request({**ROW, "task": {"task_id": "x", "problem_statement": "Do X."}})
-    assert nested["task_id"] == "x" and nested["instruction"] == "Do X."
+    assert nested == {"task_id": "x", "instruction": "Do X.", "task": {"problem_statement": "Do X."}}
+    toy = task_request({"responses_create_params": {"input": []}, "toy_task": "toy__calc-1"})
+    assert toy.instance_id == "toy__calc-1" and toy.repo_dir is not None
 
 
 async def test_agent_run_multi_chain_session() -> None:
@@ -129,7 +134,29 @@ def test_gym_tree_is_complete_and_consistent() -> None:
         rows = (GYM_ROOT / ds["jsonl_fpath"]).read_text().splitlines()
         assert rows
         for line in rows:
-            row = yaml.safe_load(line)
-            assert task_request(row)["instruction"]
+            request = polar_task_request(task_request(yaml.safe_load(line)), PolarEnvConfig())
+            assert request.instruction and request.evaluator is not None and request.evaluator.name == "swebench"
     env_server = next(v for v in config.values() if "environment_servers" in v)
     assert env_server["environment_servers"]["legacy_agent"]["agent_server"]["name"] == manifest["agent_server"]
+
+
+async def test_agent_runs_a_real_polar_session(tmp_path: Any) -> None:
+    from integration_env import env_config, require_sandbox
+
+    from polar_env import PolarEnv
+    from polar_env.tasks.toy import toy_tasks
+
+    require_sandbox()
+    (calc,) = toy_tasks(ids=["toy__calc-1"])
+    agent = PolarGymAgent(PolarEnv(env_config(tmp_path, calc)), model="polar-tiny-qwen3")
+    row = {"responses_create_params": {"input": [{"role": "user", "content": calc.problem_statement}]},
+           "toy_task": "toy__calc-1", "_ng_rollout_id": "r-1", "_ng_task_index": 0}
+    try:
+        out = await agent.run(row)
+    finally:
+        await agent.close()
+    assert out["reward"] == 1.0 and out["mask_sample"] is False, out.get("failure_reason")
+    assert out["polar"]["evaluation"]["resolved"] is True
+    log = nemo_rl_message_log(out)
+    assert len(log) == 4  # two assistant turns (tool call, answer) with the tool result between
+    assert out["toy_task"] == "toy__calc-1"

@@ -192,8 +192,9 @@ def test_forced_sampling_and_task_row() -> None:
     row = task_row(SampleDouble(index=4, group_index=1, prompt=[{"role": "system", "content": "x"},
                                                                {"role": "user", "content": "do it"}], metadata={}))
     assert row["task_id"] == "slime-4" and row["instruction"] == "do it"
-    row = task_row(base_sample())
-    assert row["task_id"] == "toy__calc-1" and row["task"] == {"instance_id": "toy__calc-1"}
+    assert task_row(base_sample()) == {"instance_id": "toy__calc-1"}  # a SWE row goes to PolarEnv as is
+    row = task_row(SampleDouble(index=1, prompt="p", metadata={"task": {"task_id": "t", "expected": "42"}}))
+    assert row == {"task_id": "t", "instruction": "p", "task": {"expected": "42"}}
 
 
 def test_polar_config_points_engine_at_slime_router(tmp_path: Any) -> None:
@@ -219,7 +220,9 @@ async def test_generate_with_fake_polar_env() -> None:
     for s, out in zip(group, outs, strict=True):
         check_contract(out, s, good)
         assert out[0].metadata[POLAR_METADATA_KEY]["evaluation"] == {"reward": 1.0}
-    assert env.calls[0][1] == 1 and env.calls[0][0]["task_id"] == "toy__calc-1"
+    task, n, overrides = env.calls[0]
+    assert n == 1 and task == {"instance_id": "toy__calc-1"}
+    assert overrides["metadata"]["slime_rollout_id"] == 0 and overrides["metadata"]["slime_session_id"] == "route-key"
     (failed,) = await rollout.generate(args, SampleDouble(index=9, group_index=0, metadata={"instance_id": "bad"}), {})
     assert failed.remove_sample and failed.status is SampleDouble.Status.FAILED
     (aborted,) = await rollout.generate(args, SampleDouble(index=9, group_index=0, metadata={"instance_id": "gone"}), {})
@@ -263,3 +266,36 @@ def test_real_slime_samples_pass_slime_validators() -> None:
     flat = [s for r in rollouts for s in r]
     raw, norm = grpo_normalize(ARGS, flat)
     assert raw == [1.0, 1.0, 0.0, 0.0] and norm[0] == norm[1] > 0 > norm[2] and norm[3] == 0.0
+
+
+# --- the real path: PolarEnv with the embedded engine, sandbox and swebench ----------------------
+
+
+async def test_generate_runs_a_real_polar_session(tmp_path: Any) -> None:
+    from integration_env import env_config, require_sandbox
+
+    from polar_env import PolarEnv
+    from polar_env.tasks.toy import toy_tasks
+
+    require_sandbox()
+    (calc,) = toy_tasks(ids=["toy__calc-1"])
+    rollout = SlimeRollout(PolarEnv(env_config(tmp_path, calc, temperature=1.0, top_p=1.0)))
+    group = [SampleDouble(index=i, group_index=0, prompt=calc.problem_statement, session_id=f"r{i}",
+                          metadata=calc.model_dump(mode="json")) for i in range(2)]
+    try:
+        outs = await asyncio.gather(*(rollout.generate(ARGS, s, {"temperature": 1.0, "top_p": 1.0}) for s in group))
+    finally:
+        await rollout.close()
+    for base, out in zip(group, outs, strict=True):
+        meta = out[0].metadata[POLAR_METADATA_KEY]
+        assert meta["session_status"] == "completed" and meta["evaluation"]["resolved"] is True
+        traj_reward = out[0].reward
+        assert traj_reward == 1.0  # the swebench evaluator's verdict on the applied patch
+        for s in out:
+            assert s.rollout_id == base.index and s.status is SampleDouble.Status.COMPLETED
+            assert len(s.tokens) - s.response_length > 0
+            assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
+            assert all(lp < 0 for lp, m in zip(s.rollout_log_probs, s.loss_mask, strict=True) if m)
+            assert s.weight_versions  # the engine's weight version on every call
+    raw, norm = grpo_normalize(ARGS, [s for out in outs for s in out])
+    assert raw == [1.0] * len(raw) and norm == [0.0] * len(norm)  # equal rewards: zero advantage

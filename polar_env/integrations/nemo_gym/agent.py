@@ -46,30 +46,29 @@ def instruction_of(row: Mapping[str, Any], task: Mapping[str, Any]) -> str:
     return ""
 
 
-def task_request(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The PolarEnv task for a Gym row."""
+def task_request(row: Mapping[str, Any]) -> Any:
+    """The PolarEnv task for a Gym row: a SWE row (``instance_id``) as is, so PolarEnv makes its
+    runtime and swebench grades it; polar_env's offline toy task for ``toy_task``; else a
+    ``{task_id, instruction, task}`` row."""
     task = row.get("task")
     if not isinstance(task, Mapping):
         task = {k: v for k, v in row.items() if k not in GYM_KEYS}
-    runtime: dict[str, Any] | None = None
-    if isinstance(row.get("toy_task"), str):  # polar_env's offline toy tasks, built on this machine
+    if isinstance(task.get("toy_task"), str):  # built on this machine (a local git checkout)
         from polar_env.tasks.toy import toy_tasks
 
-        (swe,) = toy_tasks(ids=[row["toy_task"]])
-        task = swe.model_dump(mode="json")
-        runtime = swe.runtime_spec("sandbox").model_dump(mode="json")
-    rollout_id = row.get("_ng_rollout_id") or row.get("capture_rollout_id")
-    task_id = task.get("task_id") or task.get("instance_id") or f"gym-{row.get('_ng_task_index', 0)}"
-    request: dict[str, Any] = {
-        "task_id": str(task_id),
-        "instruction": instruction_of(row, task),
-        "task": dict(task),
-        "metadata": {"ng_rollout_id": rollout_id, "ng_task_index": row.get("_ng_task_index"),
-                     "ng_rollout_index": row.get("_ng_rollout_index")},
-    }
-    if runtime is not None:
-        request["runtime"] = runtime
-    return request
+        (swe,) = toy_tasks(ids=[task["toy_task"]])
+        return swe
+    if "instance_id" in task:
+        return dict(task)
+    task = dict(task)
+    task_id = task.pop("task_id", None) or f"gym-{row.get('_ng_task_index', 0)}"
+    return {"task_id": str(task_id), "instruction": instruction_of(row, task), "task": task}
+
+
+def gym_ids(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a session came from, recorded in its TaskRequest metadata (Gym's rollout id first)."""
+    return {"ng_rollout_id": row.get("_ng_rollout_id") or row.get("capture_rollout_id"),
+            "ng_task_index": row.get("_ng_task_index"), "ng_rollout_index": row.get("_ng_rollout_index")}
 
 
 def build_result(row: Mapping[str, Any], result: Any, *, model: str) -> dict[str, Any]:
@@ -130,9 +129,8 @@ class PolarGymAgent:
 
     async def run(self, row: Mapping[str, Any]) -> dict[str, Any]:
         await self.start()
-        request = task_request(row)
         try:
-            group = await self.env.rollout(request, n=1)
+            group = await self.env.rollout(task_request(row), n=1, metadata=gym_ids(row))
             result = group.results[0]
         except asyncio.CancelledError:
             raise
