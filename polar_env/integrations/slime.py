@@ -335,3 +335,29 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
 
         _DEFAULT = SlimeRollout(PolarEnv(polar_config(args, sampling_params)))
     return await _DEFAULT.generate(args, sample, sampling_params, evaluation)
+
+
+def write_toy_prompts(path: str | Path) -> int:
+    """slime prompt data for polar_env's offline toy SWE tasks (built on this machine): one JSONL row
+    per task, ``prompt`` = the problem statement, ``metadata`` = the SWE row (the smoke recipe)."""
+    import orjson
+
+    from polar_env.tasks.toy import toy_tasks
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tasks = toy_tasks()
+    with open(out, "wb") as f:
+        for task in tasks:
+            f.write(orjson.dumps({"prompt": task.problem_statement, "label": task.instance_id,
+                                  "metadata": task.model_dump(mode="json")}) + b"\n")
+    return len(tasks)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "toy-prompts":
+        print("usage: python -m polar_env.integrations.slime toy-prompts OUT.jsonl", file=sys.stderr)
+        sys.exit(2)
+    print(f"wrote {write_toy_prompts(sys.argv[2])} prompts to {sys.argv[2]}")
