@@ -315,7 +315,9 @@ class SlimeRollout:
         status = str(getattr(result, "status", "completed"))
         if status == "cancelled":
             return [failure_sample(sample, "session cancelled", aborted=True)]
-        failure = None if result.trajectory is not None else (result.error or f"session {status}")
+        # An errored session (runtime, harness or evaluator failure) says nothing about the policy:
+        # train nothing from it. A timed-out one is the policy's doing and keeps its tokens.
+        failure = (result.error or f"session {status}") if status == "error" or result.trajectory is None else None
         samples = trajectory_to_samples(result.trajectory, sample, reward=result.reward,
                                         max_tokens=max_context, failure=failure)
         for s in samples:

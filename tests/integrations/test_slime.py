@@ -210,8 +210,8 @@ def test_polar_config_points_engine_at_slime_router(tmp_path: Any) -> None:
 
 async def test_generate_with_fake_polar_env() -> None:
     good = trajectory([multi_turn_trace(), trace([1, 5], [([20], [])])], reward=1.0)
-    env = FakePolarEnv({"toy__calc-1": [("completed", 1.0, good)], "bad": [("error", 0.0, None)],
-                        "gone": [("cancelled", 0.0, None)]})
+    env = FakePolarEnv({"toy__calc-1": [("completed", 1.0, good)], "bad": [("error", 0.0, good)],
+                        "gone": [("cancelled", 0.0, None)], "slow": [("timeout", 0.0, good)]})
     rollout = SlimeRollout(env)
     args = SimpleNamespace(rollout_max_context_len=None)
     group = [copy.deepcopy(base_sample(index=i)) for i in range(3)]
@@ -225,6 +225,8 @@ async def test_generate_with_fake_polar_env() -> None:
     assert overrides["metadata"]["slime_rollout_id"] == 0 and overrides["metadata"]["slime_session_id"] == "route-key"
     (failed,) = await rollout.generate(args, SampleDouble(index=9, group_index=0, metadata={"instance_id": "bad"}), {})
     assert failed.remove_sample and failed.status is SampleDouble.Status.FAILED
+    slow = await rollout.generate(args, SampleDouble(index=9, group_index=0, metadata={"instance_id": "slow"}), {})
+    assert len(slow) == 2 and not slow[0].remove_sample and slow[0].reward == 0.0  # the policy ran out of time
     (aborted,) = await rollout.generate(args, SampleDouble(index=9, group_index=0, metadata={"instance_id": "gone"}), {})
     assert aborted.remove_sample and aborted.status is SampleDouble.Status.ABORTED
     crashing = SlimeRollout(FakePolarEnv(raises=RuntimeError("node lost")))
