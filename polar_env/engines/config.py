@@ -25,7 +25,9 @@ class EngineConfig(BaseModel):
     model_dir: Path | None = None
     seed: int = 0
     template: str = "qwen3.5"
-    max_tokens_cap: int = 256  # a random tiny model rarely samples EOS: bound each turn
+    # A random tiny model rarely samples EOS: bound each sampled turn. Scripted turns end on their
+    # own (a long patch command can exceed 256 tokens), so the default cap is high for them.
+    max_tokens_cap: int | None = None  # default: 256 sampled, 4096 scripted
     script: Path | None = None  # a scripted policy file ({steps: [...]}) forcing the tokens
     # simulated (a test double: see engines/simulated.py)
     latency_s: float = 0.05
@@ -56,7 +58,8 @@ def build_engine(config: EngineConfig) -> EngineClient:
             raise ConfigError(f"engine model_dir {config.model_dir} is not a directory")
         return EmbeddedEngine(model_dir=config.model_dir, spec=ModelSpec(seed=config.seed),
                               quirks=QUIRKS[config.template], policy=policy, logprobs_mode=config.logprobs_mode,
-                              max_tokens_cap=config.max_tokens_cap, model_name=config.model)
+                              max_tokens_cap=config.max_tokens_cap or (4096 if policy else 256),
+                              model_name=config.model)
     if config.kind == "simulated":
         from polar_env.engines.simulated import SimulatedEngine
 

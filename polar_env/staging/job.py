@@ -151,7 +151,7 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     if note:
         notes.append(note)
     report["notes"] = notes
-    report["files"] = sorted(p.name for p in out.iterdir())
+    report["files"] = sorted({p.name for p in out.iterdir()} | {"report.json"})
     (out / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
     return report
 

@@ -27,6 +27,7 @@ from polar_env.records import Status, Trajectory
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
 from polar_env.trajectory.builders import BUILDERS
+from polar_env.trajectory.outcome import with_outcome, write_outcome
 
 if TYPE_CHECKING:
     from polar_env.staging.node import GatewayNode
@@ -120,7 +121,7 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
             try:
                 async with asyncio.timeout(req.init_timeout_s):
                     await node.open_session(spec, session_metadata(spec, node.node_id))
-                    run.runtime = await node.prepare_runtime(req)
+                    run.runtime = await node.prepare_runtime(spec)
             except TimeoutError:
                 run.status, run.error = SessionStatus.TIMEOUT, f"INIT exceeded {req.init_timeout_s} s"
                 return
@@ -211,9 +212,11 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
         elif req.evaluator is not None:
             evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.error}"}
         await _cleanup(node, run)
-        if trajectory is not None:
-            trajectory = _attach(trajectory, run, reward, evaluation, records, node)
         _enter(node, run, Stage.DONE)
+        outcome = _outcome(run, reward, evaluation, records, node)
+        await asyncio.to_thread(write_outcome, node.store.root, spec.session_id, outcome)
+        if trajectory is not None:
+            trajectory = with_outcome(trajectory, outcome)
     node.pools.occupancy.move(Stage.DONE, None)
     return SessionResult(
         session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
@@ -233,25 +236,11 @@ async def _build(builder: str, records: list[Any], run: Run) -> Trajectory | Non
         return None
 
 
-_TRACE_STATUS = {SessionStatus.COMPLETED: Status.COMPLETED, SessionStatus.TIMEOUT: Status.TIMEOUT,
-                 SessionStatus.ERROR: Status.ERROR, SessionStatus.CANCELLED: Status.ABORTED}
-
-
-def _attach(traj: Trajectory, run: Run, reward: float, evaluation: dict[str, Any], records: list[Any],
-            node: GatewayNode) -> Trajectory:
-    """Reward, status and provenance on the trajectory and each trace: the files are self-describing.
-    A builder ERROR (malformed records) stays an ERROR whatever the session did."""
-    status = traj.status if traj.status is Status.ERROR else _TRACE_STATUS[run.status]
-    meta = {**session_metadata(run.spec, node.node_id), "session_id": run.spec.session_id,
+def _outcome(run: Run, reward: float, evaluation: dict[str, Any], records: list[Any], node: GatewayNode) -> dict[str, Any]:
+    return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, node.node_id),
             "status": run.status.value, "reward": reward, "evaluation": evaluation,
             "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None}),
-            "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "error": run.error,
-            "stats": traj.metadata.get("stats", {}), **{k: v for k, v in traj.metadata.items() if k != "stats"}}
-    traces = [t.model_copy(update={"reward": reward, "status": status if t.status is Status.COMPLETED else t.status,
-                                   "metadata": {**t.metadata, "session_id": run.spec.session_id,
-                                                "group_id": run.spec.group_id}})
-              for t in traj.traces]
-    return traj.model_copy(update={"traces": traces, "reward": reward, "status": status, "metadata": meta})
+            "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "error": run.error}
 
 
 async def _cleanup(node: GatewayNode, run: Run) -> None:

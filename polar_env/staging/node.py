@@ -61,9 +61,17 @@ class MeteredEngine:
         self.errors = 0
         self.sampled_tokens = 0
         self.busy_s = 0.0
+        self.in_flight_area = 0.0  # ∫ in-flight calls dt: divided by capacity × time, the slot utilization
         self._busy_since = 0.0
+        self._last = time.monotonic()
+
+    def _integrate(self) -> None:
+        now = time.monotonic()
+        self.in_flight_area += self.in_flight * (now - self._last)
+        self._last = now
 
     async def generate(self, request: ChatRequest) -> Generation:
+        self._integrate()
         if self.in_flight == 0:
             self._busy_since = time.monotonic()
         self.in_flight += 1
@@ -73,12 +81,17 @@ class MeteredEngine:
             self.errors += 1
             raise
         finally:
+            self._integrate()
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.busy_s += time.monotonic() - self._busy_since
         self.calls += 1
         self.sampled_tokens += len(generation.response_ids)
         return generation
+
+    def slot_seconds(self) -> float:
+        self._integrate()
+        return self.in_flight_area
 
     def busy_seconds(self) -> float:
         extra = time.monotonic() - self._busy_since if self.in_flight else 0.0
@@ -199,6 +212,15 @@ class GatewayNode:
             continuation = Continuation(tokenizer, QUIRKS[self.config.template])
         self._registry().create(spec.session_id, metadata, continuation)
 
+    def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Sessions for harnesses this node does not run (your own agents, load generators): the
+        keys to send and where the gateway listens. Their journals land in this node's store."""
+        out = []
+        for sid in session_ids:
+            session = self._registry().create(sid, dict(metadata or {}), None)
+            out.append({"session_id": sid, "key": session.key, "port": self.port, "socket": str(self.socket)})
+        return out
+
     def session(self, session_id: str) -> Any:
         return self._registry().get(session_id)
 
@@ -213,8 +235,9 @@ class GatewayNode:
             self._harnesses[name] = get_harness(name)
         return self._harnesses[name]
 
-    async def prepare_runtime(self, req: TaskRequest) -> Runtime:
+    async def prepare_runtime(self, session: SessionSpec) -> Runtime:
         """INIT's work: the harness installed and bound in, the gateway socket bridged, prepared."""
+        req = session.request
         spec = req.runtime.model_copy(update={"gateway_socket": self.socket})
         if req.agent.harness != loop.NAME:
             from polar_env.harnesses.launch import with_harness
@@ -227,7 +250,7 @@ class GatewayNode:
         options: dict[str, Any] = {}
         if self.config.runtime_root is not None and spec.kind in ("sandbox", "apptainer"):
             options["root_dir"] = self.config.runtime_root
-        runtime = self.make_runtime(spec, **options)
+        runtime = self.make_runtime(spec, session.session_id, **options)
         try:
             await runtime.prepare()
         except BaseException:
@@ -235,7 +258,7 @@ class GatewayNode:
             raise
         return runtime
 
-    def make_runtime(self, spec: Any, **options: Any) -> Runtime:
+    def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Runtime:
         """The one place a node builds runtimes (tests substitute a test double here)."""
         return make_runtime(spec, **options)
 
@@ -284,6 +307,7 @@ class GatewayNode:
             "running_occupancy": occ.mean(Stage.RUNNING, self.started_at) / self.config.limits.max_running,
             "engine_busy_s": meter.busy_seconds() if meter else 0.0,
             "engine_busy_fraction": (meter.busy_seconds() / elapsed) if meter else 0.0,
+            "engine_slot_utilization": (meter.slot_seconds() / (elapsed * self.config.limits.max_running)) if meter else 0.0,
             "engine_calls": meter.calls if meter else 0,
             "engine_errors": meter.errors if meter else 0,
             "sampled_tokens": meter.sampled_tokens if meter else 0,
@@ -315,6 +339,9 @@ def node_actor() -> Any:
 
         async def cancel(self, session_id: str) -> bool:
             return self.node.cancel(session_id)
+
+        async def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+            return self.node.open_external(session_ids, metadata)
 
         async def stats(self) -> dict[str, Any]:
             return self.node.stats()

@@ -20,8 +20,10 @@ BUILDERS: dict[str, Builder] = {
 
 def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
                        sessions: Sequence[str] | None = None) -> list[Trajectory]:
-    """Trajectories for the sessions of a capture store (all, or ``sessions``), one per session.
-    Session metadata journaled with a session (task id, sample index, ...) is attached when present."""
+    """Trajectories for the sessions of a capture store (all, or ``sessions``), one per session. A
+    session's outcome written by the rollout pipeline (reward, status, provenance) is attached, and
+    so is the session metadata journaled by the gateway, when present."""
+    from polar_env.trajectory.outcome import read_outcome, with_outcome
     from polar_env.errors import ConfigError
     from polar_env.proxy.capture import CaptureStore
 
@@ -34,6 +36,9 @@ def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
     out = []
     for sid in sessions or store.session_ids():
         traj = BUILDERS[builder](store.read(sid))
+        outcome = read_outcome(root, sid)
+        if outcome is not None:
+            traj = with_outcome(traj, outcome)
         read_meta = getattr(store, "read_session_meta", None)
         meta = read_meta(sid) if read_meta is not None else None
         if meta:

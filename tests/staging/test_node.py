@@ -98,8 +98,8 @@ async def test_agent_timeout_keeps_the_partial_trajectory(node_config) -> None: 
 
 async def test_harness_crash_is_an_error_with_the_partial_trajectory(node_config) -> None:  # type: ignore[no-untyped-def]
     class Crashing(FakeRuntimeNode):
-        def make_runtime(self, spec: Any, **options: Any) -> Any:
-            rt = super().make_runtime(spec, **options)
+        def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
+            rt = super().make_runtime(spec, session_id, **options)
 
             async def crash(*args: Any, **kw: Any) -> Any:
                 raise OSError("the harness process died")
@@ -168,3 +168,21 @@ async def test_two_hundred_concurrent_sessions_on_one_node(node_config) -> None:
     assert sum(r.records for r in status.results) == 400
     assert node.pools.occupancy.peak[Stage.RUNNING] > 100  # they really ran concurrently
     assert node.meter is not None and node.meter.errors == 0
+
+
+async def test_the_store_is_self_describing(node_config) -> None:  # type: ignore[no-untyped-def]
+    from polar_env.trajectory.builders import build_trajectories
+
+    node = await started(FakeRuntimeNode(node_config()))
+    server = RolloutServer([LocalNode(node)])
+    try:
+        status = await server.run(loop_task(2, evaluator=EvaluatorSpec(name="output", regex="never matches")))
+    finally:
+        await server.aclose()
+    rebuilt = {t.session_id: t for t in build_trajectories(node.store.root)}
+    for r in status.results:
+        assert r.trajectory is not None
+        again = rebuilt[r.session_id]
+        assert again.reward == r.reward == 0.0 and again.status is r.trajectory.status
+        assert again.metadata["evaluation"]["passed"] is False and again.metadata["task_id"] == "echo"
+        assert again.traces == r.trajectory.traces
