@@ -632,14 +632,9 @@ def cmd_slime_args(args: argparse.Namespace) -> int:
     import os
     import subprocess
 
-    from polar_env.errors import ConfigError
     from polar_env.integrations.slime_recipe import Recipe, render
 
-    try:
-        launch = render(Recipe.from_yaml(args.recipe), Path(args.out))
-    except ConfigError as exc:
-        print(f"polar-env slime-args: {exc}", file=sys.stderr)
-        return 2
+    launch = render(Recipe.from_yaml(args.recipe), Path(args.out))
     launch.write_files()
     script = Path(args.out).resolve() / "launch_slime.sh"
     script.write_text(launch.script)
@@ -658,18 +653,13 @@ def cmd_slime_args(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """Roll tasks out, keep the evaluator-accepted sessions, export SFT rows, print the table."""
-    from polar_env.errors import ConfigError
     from polar_env.integrations.sft import export_job
     from polar_env.staging.job import RolloutJob, load_tasks, run_job
     from polar_env.staging.progress import LiveProgress
 
-    try:
-        job = RolloutJob(env=_env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
-                         samples=args.samples, out=Path(args.out), early_stop_min_usable=args.early_stop)
-        repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in load_tasks(job)}
-    except ConfigError as exc:
-        print(f"polar-env sft: {exc}", file=sys.stderr)
-        return 2
+    job = RolloutJob(env=_env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
+                     samples=args.samples, out=Path(args.out), early_stop_min_usable=args.early_stop)
+    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in load_tasks(job)}
     print(f"polar-env sft: {len(repo_of)} task(s) x {args.samples} sample(s); {job.env.engine.describe()}; "
           f"harness {job.env.harness}; output {job.out}", flush=True)
     live = None if args.no_progress else LiveProgress()
@@ -685,14 +675,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _add_integration_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("slime-args", help="a slime recipe YAML -> the exact slime launch (bash script)")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=_HelpFormatter)
+
+    p = command("slime-args", "a slime recipe YAML -> the exact slime launch (bash script)")
     p.add_argument("recipe", help="recipe YAML (see recipes/)")
     p.add_argument("--out", default="slime_run", help="folder for polar.yaml, the custom config and launch_slime.sh")
     p.add_argument("--argv", action="store_true", help="print the flags as a JSON list instead of the script")
     p.add_argument("--run", action="store_true", help="launch it (needs slime installed, or $SLIME_DIR)")
     p.set_defaults(func=cmd_slime_args)
 
-    p = sub.add_parser("sft", help="offline SFT data: roll out, keep evaluator-accepted sessions, export JSONL + Parquet")
+    p = command("sft", "offline SFT data: roll out, keep evaluator-accepted sessions, export JSONL + Parquet")
     _add_job_options(p, samples=4)
     p.add_argument("--min-reward", type=float, default=1.0,
                    help="acceptance for evaluators without a resolved verdict (swebench: resolved)")

@@ -157,5 +157,5 @@ def test_cli_mistake_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     bad.write_text("args: {a: {rollout-temprature: 1.0}}\n")
     assert main(["slime-args", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["polar-env slime-args: args.a.rollout-temprature: not a slime 624b824a8 flag "
+    assert err == ["polar-env slime-args: error: args.a.rollout-temprature: not a slime 624b824a8 flag "
                    "(did you mean rollout-temperature?); put flags newer than that in extra_args"]
