@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -188,8 +187,8 @@ async def ray_throughput(args: argparse.Namespace) -> list[tuple[int, float]]:
     import subprocess
 
     import ray
-
     from bench_gateway import free_port, wait_port
+
     from polar_env.staging.cluster import ClusterConfig, start_cluster
 
     engine_port = free_port()

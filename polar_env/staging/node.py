@@ -27,7 +27,7 @@ from polar_env.harnesses import HarnessSpec, get_harness, loop
 from polar_env.records import ChatRequest, Generation
 from polar_env.runtimes import Runtime, make_runtime
 from polar_env.staging import lifecycle
-from polar_env.staging.models import SessionResult, SessionSpec, Stage, TaskRequest
+from polar_env.staging.models import SessionResult, SessionSpec, Stage
 from polar_env.staging.pools import PoolLimits, StagePools
 
 

@@ -24,7 +24,14 @@ import orjson
 from aiohttp import web
 
 from polar_env.errors import ConfigError
-from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, TaskRequest, TaskState, TaskStatus
+from polar_env.staging.models import (
+    SessionResult,
+    SessionSpec,
+    SessionStatus,
+    TaskRequest,
+    TaskState,
+    TaskStatus,
+)
 from polar_env.staging.node import GatewayNode
 
 _log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """Test doubles for the staging tests, named as such: ``FakeRuntime`` (the package's
 ``SimulatedRuntime``: prepare, exec and stop take simulated time and run nothing) and
-``FakeRuntimeNode`` (a GatewayNode that builds them). The engine is the ``simulated`` test double. The real path — bwrap sandbox,
-a real harness CLI, the embedded engine and the swebench evaluator — is tested in
-``test_rollout_e2e.py``."""
+``FakeRuntimeNode`` (a GatewayNode that builds them). The engine is the ``simulated`` test
+double. The real path — bwrap sandbox, a real harness CLI, the embedded engine and the swebench
+evaluator — is tested in ``test_rollout_e2e.py``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from polar_env.engines.config import EngineConfig
 from polar_env.runtimes.simulated import SimulatedRuntime
 from polar_env.staging.node import GatewayNode, NodeConfig
 from polar_env.staging.pools import PoolLimits
-
 
 FakeRuntime = SimulatedRuntime  # the package's named test double
 

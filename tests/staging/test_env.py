@@ -3,23 +3,15 @@ turns are deterministic; the logprobs are the model's) with the loop harness in 
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from polar_env import PolarEnv, PolarEnvConfig, TaskRequest
 from polar_env.errors import ConfigError
+from tests.conftest import require_bwrap
 
 pytestmark = pytest.mark.slow
-
-
-def _needs_bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI"):
-            pytest.fail("bubblewrap is not installed (CI must provide it)")
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
 
 
 def config(tmp_path: Path) -> PolarEnvConfig:
@@ -33,7 +25,7 @@ def config(tmp_path: Path) -> PolarEnvConfig:
 
 
 def test_rollout_sync_and_weight_updates(tmp_path: Path) -> None:
-    _needs_bwrap()
+    require_bwrap()
     env = PolarEnv(config(tmp_path))
     try:
         group = env.rollout_sync({"task_id": "mult", "instruction": "What is 6*7? Use bash."}, n=2)

@@ -4,14 +4,13 @@ Simulated engine (a test double) and the loop harness in real bwrap sandboxes.""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from polar_env.cli import main
 from polar_env.staging.job import pass_at_k
+from tests.conftest import require_bwrap
 
 
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
@@ -23,10 +22,7 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
 
 @pytest.mark.slow
 def test_eval_reports_pass_at_k_per_repo(tmp_path: Path) -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI"):
-            pytest.fail("bubblewrap is not installed (CI must provide it)")
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    require_bwrap()
     rows = [
         {"task_id": "alpha__one", "instruction": "run echo hi", "repo": "alpha",
          "evaluator": {"name": "output", "regex": "printed"}},   # the simulated turn always matches

@@ -10,7 +10,13 @@ import pytest
 
 from polar_env.evaluators.base import EvaluatorSpec
 from polar_env.records import Status
-from polar_env.staging.models import AgentSpec, SessionSpec, SessionStatus, Stage, TaskRequest
+from polar_env.staging.models import (
+    AgentSpec,
+    SessionSpec,
+    SessionStatus,
+    Stage,
+    TaskRequest,
+)
 from polar_env.staging.server import LocalNode, RolloutServer
 from tests.staging.conftest import FakeRuntimeNode
 

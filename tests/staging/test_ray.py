@@ -5,8 +5,6 @@ serving on the others. The engine is the simulated test double; runtimes are rea
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,15 +15,10 @@ from polar_env.staging.cluster import ClusterConfig, start_cluster
 from polar_env.staging.models import SessionStatus
 from polar_env.staging.node import NodeConfig
 from polar_env.staging.pools import PoolLimits
+from tests.conftest import require_bwrap, unavailable
 from tests.staging.test_node import loop_task
 
 pytestmark = pytest.mark.slow
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must provide it)")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +26,8 @@ def ray_local() -> Iterator[None]:
     try:
         import ray
     except ImportError:
-        _unavailable("Ray is not installed (pip install -e '.[ray]')")
-    if shutil.which("bwrap") is None:
-        _unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
+        unavailable("Ray is not installed (pip install -e '.[ray]')")
+    require_bwrap()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

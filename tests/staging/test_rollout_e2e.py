@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,31 +23,25 @@ from polar_env.cli import main
 from polar_env.harnesses import get_harness, install_hint, is_installed
 from polar_env.tasks.toy import toy_tasks
 from polar_env.trajectory.export import read_jsonl
+from tests.conftest import require_bwrap, unavailable
 
 pytestmark = pytest.mark.slow
 TOY = "toy__calc-1"
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must provide it)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def ready() -> None:
-    if shutil.which("bwrap") is None:
-        _unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    require_bwrap()
     if shutil.which("node") is None:
-        _unavailable("node is not on PATH")
+        unavailable("node is not on PATH (apt-get install -y nodejs npm)")
     pi = get_harness("pi")
     if not is_installed(pi):
-        _unavailable(f"pi is not installed; run {install_hint(pi)}")
+        unavailable(f"pi is not installed; run {install_hint(pi)}")
     for module, extra in (("swebench.harness.grading", "swebench"), ("pyarrow", "parquet")):
         try:
             __import__(module)
         except ImportError:
-            _unavailable(f"the {extra} extra is not installed (pip install -e '.[{extra}]')")
+            unavailable(f"the {extra} extra is not installed (pip install -e '.[{extra}]')")
 
 
 def script(tmp: Path, steps: list[dict[str, Any]]) -> Path:

@@ -5,8 +5,6 @@ engine test double and the loop harness in real bwrap sandboxes."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import require_bwrap
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_serve_submit_status(tmp_path: Path) -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI"):
-            pytest.fail("bubblewrap is not installed (CI must provide it)")
-        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    require_bwrap()
     port = free_port()
     store = tmp_path / "serve"
     server = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "serve", "--local", "--port", str(port),
