@@ -80,6 +80,9 @@ grep -q " ready " "$WORK/engine.log" || { cat "$WORK/engine.log"; echo "check_ne
 export NEMO_GYM_EXTRA_ROOTS="$GYM_ROOT" PATH="$VENV/bin:$PATH" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 AGENT=polar_swegym_agent.responses_api_agents.polar_agent
 cd "$WORK"
+gym env validate --manifest "$GYM_ROOT/environments/polar_swegym/manifest.yaml" > "$WORK/validate.log" 2>&1 \
+  || { cat "$WORK/validate.log"; echo "check_nemo_gym: gym env validate failed" >&2; exit 1; }
+if grep -q "Warning" "$WORK/validate.log"; then cat "$WORK/validate.log"; exit 1; fi
 rm -f out.jsonl
 setsid ng_run +env=polar_swegym +policy_base_url="http://127.0.0.1:$PORT/v1" +policy_model_name=polar-tiny-qwen3 \
   +policy_api_key=none +skip_venv_if_present=true +uv_venv_dir="$WORK/venvs" \

@@ -126,8 +126,8 @@ def test_gym_tree_is_complete_and_consistent() -> None:
     manifest = yaml.safe_load((env_dir / "manifest.yaml").read_text())
     assert manifest["name"] == "polar_swegym" and manifest["integration_profile"] == "external-agent-loop"
     assert manifest["reward"] == {"range": [0.0, 1.0], "higher_is_better": True}
-    assert manifest["agent_server"] in config
-    agent = config[manifest["agent_server"]]["responses_api_agents"]["polar_agent"]
+    assert manifest["agent_server"] == "polar_agent"  # the implementation folder (Gym checks it)
+    agent = config["polar_swegym_agent"]["responses_api_agents"]["polar_agent"]
     assert agent["entrypoint"] == "app.py" and (agent_dir / "app.py").is_file()
     assert (agent_dir / "requirements.txt").is_file()  # Gym counts a server folder only with one
     for ds in manifest["datasets"]:
@@ -137,7 +137,7 @@ def test_gym_tree_is_complete_and_consistent() -> None:
             request = polar_task_request(task_request(yaml.safe_load(line)), PolarEnvConfig())
             assert request.instruction and request.evaluator is not None and request.evaluator.name == "swebench"
     env_server = next(v for v in config.values() if "environment_servers" in v)
-    assert env_server["environment_servers"]["legacy_agent"]["agent_server"]["name"] == manifest["agent_server"]
+    assert env_server["environment_servers"]["legacy_agent"]["agent_server"]["name"] == "polar_swegym_agent"
 
 
 async def test_agent_runs_a_real_polar_session(tmp_path: Any) -> None:

@@ -2,13 +2,14 @@
 Responses output items (prompt_token_ids / generation_token_ids / generation_log_probs, split so
 NeMo RL's contiguity check passes) with the evaluator's reward. The logic is
 ``polar_env.integrations.nemo_gym.agent``; this file only adapts it to Gym's server classes.
-``/v1/responses`` is not served: a Polar session is a whole harness run, not one model call."""
+``/v1/responses`` raises NotImplementedError (Gym's mark of an external agent loop): a Polar
+session is a whole harness run, not one model call."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Body, HTTPException
+from fastapi import Body
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
@@ -43,7 +44,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
         return self._polar
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
-        raise HTTPException(status_code=501, detail="polar_agent runs whole harness sessions: POST /run")
+        raise NotImplementedError("polar_agent runs whole harness sessions: POST /run")
 
     async def run(self, body: PolarRunRequest = Body()) -> PolarRunResponse:
         row = body.model_dump(mode="json")
