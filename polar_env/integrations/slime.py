@@ -330,13 +330,22 @@ _DEFAULT: SlimeRollout | None = None
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> list[Any]:
-    """``--custom-generate-function-path polar_env.integrations.slime.generate``."""
+    """``--custom-generate-function-path polar_env.integrations.slime.generate``. The first call
+    builds the PolarEnv (from ``args.polar_config`` and these sampling params) and starts it."""
     global _DEFAULT
     if _DEFAULT is None:
-        from polar_env import PolarEnv  # imported late: PolarEnv lands separately on main
+        from polar_env.env import PolarEnv
 
         _DEFAULT = SlimeRollout(PolarEnv(polar_config(args, sampling_params)))
     return await _DEFAULT.generate(args, sample, sampling_params, evaluation)
+
+
+async def shutdown() -> None:
+    """Stop the PolarEnv ``generate`` started (its nodes, runtimes and engine clients)."""
+    global _DEFAULT
+    rollout, _DEFAULT = _DEFAULT, None
+    if rollout is not None:
+        await rollout.close()
 
 
 def write_toy_prompts(path: str | Path) -> int:

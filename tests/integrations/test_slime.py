@@ -301,3 +301,39 @@ async def test_generate_runs_a_real_polar_session(tmp_path: Any) -> None:
             assert s.weight_versions  # the engine's weight version on every call
     raw, norm = grpo_normalize(ARGS, [s for out in outs for s in out])
     assert raw == [1.0] * len(raw) and norm == [0.0] * len(norm)  # equal rewards: zero advantage
+
+
+async def test_generate_as_slime_calls_it(tmp_path: Any) -> None:
+    """The module-level generate, configured the way a recipe configures it (polar_config from
+    --custom-config-path), against a FakeSGLangRouter test double backed by the embedded engine."""
+    import yaml
+    from integration_env import FakeSGLangRouter, env_config, require_sandbox
+
+    from polar_env.engines.config import EngineConfig, build_engine
+    from polar_env.integrations import slime
+    from polar_env.tasks.toy import toy_tasks
+
+    require_sandbox()
+    (calc,) = toy_tasks(ids=["toy__calc-1"])
+    cfg = env_config(tmp_path, calc)
+    router = await FakeSGLangRouter(build_engine(EngineConfig(kind="embedded", script=cfg["engine"]["script"]))).start()
+    polar_file = tmp_path / "polar.yaml"
+    polar_file.write_text(yaml.safe_dump({"harness": "loop", "store": cfg["store"], "engine": {"model": "qwen3.5-4b"}}))
+    host, port = router.url.removeprefix("http://").split(":")
+    args = SimpleNamespace(**vars(ARGS), polar_config=str(polar_file), sglang_router_ip=host,
+                           sglang_router_port=int(port))
+    params = {"temperature": 0.8, "top_p": 1.0, "top_k": -1, "max_new_tokens": 200, "no_stop_trim": True}
+    group = [SampleDouble(index=i, group_index=5, prompt=calc.problem_statement,
+                          metadata=calc.model_dump(mode="json")) for i in range(2)]
+    try:
+        outs = await asyncio.gather(*(slime.generate(args, s, dict(params)) for s in group))
+    finally:
+        await slime.shutdown()
+        await router.stop()
+    for base, out in zip(group, outs, strict=True):
+        assert out[0].reward == 1.0 and out[0].metadata[POLAR_METADATA_KEY]["evaluation"]["resolved"] is True
+        assert [s.rollout_id for s in out] == [base.index] * len(out)
+        assert all(s.weight_versions == ["7"] for s in out)  # the engine's version, per call
+    assert len(router.bodies) == 4  # two sessions, two calls each
+    for body in router.bodies:  # slime's sampling, forced on every call whatever the harness sent
+        assert (body["temperature"], body["top_p"]) == (0.8, 1.0) and body["max_tokens"] <= 200
