@@ -621,6 +621,75 @@ def _add_rollout_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
         p.set_defaults(func=func)
 
 
+# -- trainer integrations: slime-args / sft ---------------------------------------------------
+
+
+def cmd_slime_args(args: argparse.Namespace) -> int:
+    """Print the slime launch a recipe stands for; write the files it names; --run launches it."""
+    import importlib.util
+    import os
+    import subprocess
+
+    from polar_env.integrations.slime_recipe import Recipe, render
+
+    launch = render(Recipe.from_yaml(args.recipe), Path(args.out))
+    launch.write_files()
+    script = Path(args.out).resolve() / "launch_slime.sh"
+    script.write_text(launch.script)
+    print(json.dumps(launch.flags) if args.argv else launch.script, end="" if not args.argv else "\n")
+    if not args.run:
+        print(f"# wrote {script} and {len(launch.files)} file(s) in {Path(args.out).resolve()}", file=sys.stderr)
+        return 0
+    slime_dir = os.environ.get("SLIME_DIR")
+    if importlib.util.find_spec("slime") is None and not (slime_dir and Path(slime_dir, "train.py").is_file()):
+        print("polar-env slime-args --run: slime is not installed here (import slime fails and $SLIME_DIR has no "
+              "train.py); git clone https://github.com/THUDM/slime and pip install -e slime --no-deps, or run "
+              "inside the slimerl/slime image", file=sys.stderr)
+        return 2
+    return subprocess.call(["bash", str(script)])
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Roll tasks out, keep the evaluator-accepted sessions, export SFT rows, print the table."""
+    from polar_env.integrations.sft import export_job
+    from polar_env.staging.job import RolloutJob, load_tasks, run_job
+    from polar_env.staging.progress import LiveProgress
+
+    job = RolloutJob(env=_env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
+                     samples=args.samples, out=Path(args.out), early_stop_min_usable=args.early_stop)
+    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in load_tasks(job)}
+    print(f"polar-env sft: {len(repo_of)} task(s) x {args.samples} sample(s); {job.env.engine.describe()}; "
+          f"harness {job.env.harness}; output {job.out}", flush=True)
+    live = None if args.no_progress else LiveProgress()
+    try:
+        asyncio.run(run_job(job, live))
+    finally:
+        if live is not None:
+            live.stop()
+    summary = export_job(Path(args.out), repo_of, min_reward=args.min_reward)
+    print(summary.table())
+    print(f"wrote {Path(args.out)}/: {', '.join(summary.files)}")
+    return 0 if summary.rows else 1
+
+
+def _add_integration_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=_HelpFormatter)
+
+    p = command("slime-args", "a slime recipe YAML -> the exact slime launch (bash script)")
+    p.add_argument("recipe", help="recipe YAML (see recipes/)")
+    p.add_argument("--out", default="slime_run", help="folder for polar.yaml, the custom config and launch_slime.sh")
+    p.add_argument("--argv", action="store_true", help="print the flags as a JSON list instead of the script")
+    p.add_argument("--run", action="store_true", help="launch it (needs slime installed, or $SLIME_DIR)")
+    p.set_defaults(func=cmd_slime_args)
+
+    p = command("sft", "offline SFT data: roll out, keep evaluator-accepted sessions, export JSONL + Parquet")
+    _add_job_options(p, samples=4)
+    p.add_argument("--min-reward", type=float, default=1.0,
+                   help="acceptance for evaluators without a resolved verdict (swebench: resolved)")
+    p.set_defaults(func=cmd_sft)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar-env", description="Unmodified agent harnesses as token-faithful RL environments.",
                                      formatter_class=_HelpFormatter)
@@ -686,6 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     _add_rollout_commands(sub)
+    _add_integration_commands(sub)
     return parser
 
 
