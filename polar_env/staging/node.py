@@ -119,6 +119,7 @@ class GatewayNode:
         self.port: int | None = None
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
+        self._sandbox_runner: web.AppRunner | None = None
         self._sock_dir: Path | None = None
         self._harnesses: dict[str, HarnessSpec] = {}
         self._install_locks: dict[str, asyncio.Lock] = {}
@@ -127,7 +128,7 @@ class GatewayNode:
 
     # -- lifetime -----------------------------------------------------------------------------
     async def start(self) -> None:
-        from polar_env.proxy.app import GatewayConfig, build_app
+        from polar_env.proxy.app import GatewayConfig, build_app, build_provider_app
         from polar_env.proxy.capture import CaptureStore
         from polar_env.qwen.template import QUIRKS
 
@@ -146,11 +147,15 @@ class GatewayNode:
         self.app = build_app(self.meter, store, gateway)  # type: ignore[arg-type]
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        # unix socket paths are limited to ~107 bytes: keep it short, under the system temp dir
+        # The unix socket is what sandboxes reach (through their relay): it serves the provider
+        # routes only, never the control plane (proxy/app.py build_provider_app). Unix socket
+        # paths are limited to ~107 bytes: keep it short, under the system temp dir.
+        self._sandbox_runner = web.AppRunner(build_provider_app(self.app), access_log=None)
+        await self._sandbox_runner.setup()
         self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-node-"))
         self.socket = self._sock_dir / "gw.sock"
-        await web.UnixSite(self._runner, str(self.socket)).start()
-        if self.config.tcp_port is not None:
+        await web.UnixSite(self._sandbox_runner, str(self.socket)).start()
+        if self.config.tcp_port is not None:  # host loopback only; the control plane needs the admin token
             site = web.TCPSite(self._runner, "127.0.0.1", self.config.tcp_port)
             await site.start()
             self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
@@ -163,6 +168,9 @@ class GatewayNode:
         deadline = time.monotonic() + 60
         while self.runs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if self._sandbox_runner is not None:
+            await self._sandbox_runner.cleanup()
+            self._sandbox_runner = None
         if self._runner is not None:
             await self._runner.cleanup()  # closes the engine client and the store
             self._runner = None

@@ -101,7 +101,7 @@ async def gateway(policy: ScriptedPolicy, capture_dir: Path) -> AsyncIterator[Ga
     from aiohttp import web
 
     from polar_env.engines.embedded.engine import EmbeddedEngine
-    from polar_env.proxy.app import SESSIONS, GatewayConfig, build_app
+    from polar_env.proxy.app import SESSIONS, GatewayConfig, build_app, build_provider_app
     from polar_env.proxy.capture import CaptureStore
 
     engine = EmbeddedEngine(policy=policy)
@@ -110,13 +110,17 @@ async def gateway(policy: ScriptedPolicy, capture_dir: Path) -> AsyncIterator[Ga
     session = app[SESSIONS].create(metadata={"test": "e2e"})
     # unix socket paths are limited to ~107 bytes: pytest's tmp_path can be longer
     sock_dir = Path(tempfile.mkdtemp(prefix="polar-gw-"))
+    # the sandbox's socket serves the provider routes only (as polar-env gateway --unix-socket does)
     runner = web.AppRunner(app, access_log=None)
+    sandbox = web.AppRunner(build_provider_app(app), access_log=None)
     await runner.setup()
+    await sandbox.setup()
     try:
         sock = sock_dir / "gw.sock"
-        await web.UnixSite(runner, str(sock)).start()
+        await web.UnixSite(sandbox, str(sock)).start()
         yield Gateway(sock, session.key, session.id, engine.model_name, store)
     finally:
+        await sandbox.cleanup()
         await runner.cleanup()
         shutil.rmtree(sock_dir, ignore_errors=True)
 

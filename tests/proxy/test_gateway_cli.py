@@ -72,3 +72,75 @@ def test_gateway_process_admin_token_and_sandbox_socket(tmp_path: Path, fake_vll
             p.unlink()
         sock_dir.rmdir()
     assert proc.returncode == 0
+
+
+VLLM_BODY = (b'{"model":"m","prompt_token_ids":[1,2,3],"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},'
+             b'"logprobs":{"content":[{"token":"o","logprob":-0.5},{"token":"k","logprob":-0.25}]},'
+             b'"finish_reason":"stop","stop_reason":null,"token_ids":[4,248046]}]}')
+
+
+async def test_gateway_process_outlives_a_1024_fd_limit(tmp_path: Path) -> None:
+    """Finding 5, end to end: 1,100 undeleted sessions against a gateway started with
+    ``ulimit -n 1024`` (it used to stop accepting at ~1,000). The engine is a test double: a
+    fixed vLLM-shaped answer."""
+    import asyncio
+    import resource
+
+    import aiohttp
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=VLLM_BODY, content_type="application/json")
+
+    async def models(request: web.Request) -> web.Response:  # the gateway's start-up engine check
+        return web.json_response({"object": "list", "data": [{"id": "polar-tiny-qwen3", "object": "model"}]})
+
+    engine_app = web.Application()
+    engine_app.router.add_post("/v1/chat/completions", chat)
+    engine_app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(engine_app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    engine_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    port = _free_port()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polar_env.cli", "gateway", "--port", str(port), "--engine", "vllm", "--engine-url", engine_url,
+         "--store", str(tmp_path / "store"), "--admin-token", "adm"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=limit,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert proc.stdout is not None
+        assert b"ready" in await asyncio.to_thread(proc.stdout.readline)
+        ok = 0
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            sem = asyncio.Semaphore(16)
+
+            async def one() -> None:
+                nonlocal ok
+                async with sem:
+                    async with http.post(f"{base}/sessions", json={}, headers={"Authorization": "Bearer adm"}) as resp:
+                        key = (await resp.json())["key"]
+                    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                    async with http.post(f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
+                        await resp.read()
+                        ok += resp.status == 200
+
+            await asyncio.gather(*(one() for _ in range(1100)))
+            fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+            async with http.get(f"{base}/health") as resp:
+                assert resp.status == 200
+        assert ok == 1100 and fds < 200, (ok, fds)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        await runner.cleanup()

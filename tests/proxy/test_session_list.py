@@ -14,11 +14,12 @@ async def test_admin_lists_sessions_without_keys(tmp_path: Path) -> None:
         assert (await (await client.get("/sessions", headers=admin)).json()) == {"sessions": []}
         keys = []
         for sid in ("b", "a"):
-            keys.append((await (await client.post("/sessions", json={"session_id": sid, "metadata": {"n": sid}})).json())["key"])
+            made = await client.post("/sessions", json={"session_id": sid, "metadata": {"n": sid}}, headers=admin)
+            keys.append((await made.json())["key"])
         resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
                                  headers={"Authorization": f"Bearer {keys[0]}"})
         assert resp.status == 200
-        await client.delete("/sessions/a")
+        await client.delete("/sessions/a", headers=admin)
         resp = await client.get("/sessions", headers=admin)
         assert resp.status == 200
         listed = (await resp.json())["sessions"]
