@@ -192,3 +192,24 @@ async def test_the_store_is_self_describing(node_config) -> None:  # type: ignor
         assert again.reward == r.reward == 0.0 and again.status is r.trajectory.status
         assert again.metadata["evaluation"]["passed"] is False and again.metadata["task_id"] == "echo"
         assert again.traces == r.trajectory.traces
+
+
+async def test_the_sandbox_socket_serves_provider_routes_only(node_config) -> None:  # type: ignore[no-untyped-def]
+    import aiohttp
+
+    from polar_env.proxy.app import CONFIG
+
+    node = await started(FakeRuntimeNode(node_config()))
+    try:
+        admin = {"Authorization": f"Bearer {node.app[CONFIG].admin_token}"}
+        key = node.open_external(["ext-0"])[0]["key"]
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(node.socket))) as http:
+            for method, path in (("POST", "/sessions"), ("GET", "/sessions/ext-0/completions"),
+                                 ("POST", "/admin/pause"), ("GET", "/admin/status")):
+                async with http.request(method, f"http://gw{path}", json={}, headers=admin) as resp:
+                    assert resp.status == 404, path  # not there at all, whatever the credential
+            async with http.post("http://gw/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}) as resp:
+                assert resp.status == 200
+    finally:
+        await node.stop()
