@@ -183,6 +183,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(store_dir=args.store))
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from polar_env.train.command import run_train
+
+    overrides = {"seed": args.seed, "steps": args.steps, "control": True if args.control else None, "out_dir": args.out_dir}
+    return run_train(Path(args.recipe), overrides)
+
+
+def _add_train_command(sub) -> None:  # type: ignore[no-untyped-def]
+    p = sub.add_parser("train", help="reference GRPO loop on CPU: rollouts, step-0 check, update, weight sync")
+    p.add_argument("recipe", help="recipe YAML, e.g. recipes/cpu_grpo_toy.yaml")
+    p.add_argument("--seed", type=int, help="override the recipe's seed")
+    p.add_argument("--steps", type=int, help="override the recipe's number of steps")
+    p.add_argument("--control", action="store_true", help="shuffled-reward control run")
+    p.add_argument("--out-dir", help="report directory (default: the recipe's out_dir)")
+    p.set_defaults(func=cmd_train)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar-env", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="one captured tool-use episode through engine + gateway, then its trajectory")
     p.add_argument("--store", help="capture store directory (default: a temporary one)")
     p.set_defaults(func=cmd_demo)
+
+    _add_train_command(sub)
     return parser
 
 
