@@ -62,18 +62,26 @@ def _read_stream(text: str) -> list[dict[str, Any]]:
     return blocks
 
 
+def fresh_session_id(store: CaptureStore) -> str:
+    """``demo``, or ``demo-2``, ``demo-3``… when earlier runs left theirs in the same store: a
+    rerun must not append its calls to an old session (its trajectory would be two episodes)."""
+    taken = set(store.session_ids())
+    return next(sid for sid in ("demo", *(f"demo-{n}" for n in range(2, len(taken) + 3))) if sid not in taken)
+
+
 async def run_demo(store_dir: str | None = None) -> int:
     started = time.perf_counter()
     engine = EmbeddedEngine(policy=ScriptedPolicy())
     engine_runner, engine_url = await _serve(build_engine_app(engine))
     store = CaptureStore(Path(store_dir or tempfile.mkdtemp(prefix="polar-demo-")))
+    session_id = fresh_session_id(store)
     gateway = build_gateway_app(VLLMClient(engine_url, engine.model_name), store, GatewayConfig(engine_model=engine.model_name))
     gateway_runner, gateway_url = await _serve(gateway)
     print(f"embedded engine {engine_url} + gateway {gateway_url} ready in {time.perf_counter() - started:.1f}s "
           f"({engine.describe()['parameters']:,}-parameter Qwen3, Qwen3.5 tokenizer and template)")
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{gateway_url}/sessions", json={"session_id": "demo"}) as resp:
+            async with http.post(f"{gateway_url}/sessions", json={"session_id": session_id}) as resp:
                 session = await resp.json()
             headers = {"x-api-key": session["key"], "anthropic-version": "2023-06-01"}
             messages: list[dict[str, Any]] = [{"role": "user", "content": "What does `echo hi` print? Use the tool."}]
@@ -98,12 +106,12 @@ async def run_demo(store_dir: str | None = None) -> int:
         await gateway_runner.cleanup()
         await engine_runner.cleanup()
 
-    records = store.read("demo")
+    records = store.read(session_id)
     merged = build_prefix_merged(records)
     per_request = build_per_request(records)
-    (trace,) = merged.traces
+    trace = merged.traces[0]
     stats = merged.metadata["stats"]
-    print(f"\ncaptured {len(records)} calls in {store.root}/demo.jsonl")
+    print(f"\ncaptured {len(records)} calls in {store.path(session_id)}")
     for r in records:
         print(f"  seq {r.seq}: {len(r.prompt_ids)} prompt ids, {len(r.response_ids)} sampled ids "
               f"(logprobs {len(r.response_logprobs)}), finish {r.finish_reason}")
@@ -113,6 +121,6 @@ async def run_demo(store_dir: str | None = None) -> int:
           f"{sum(trace.loss_mask)} trained (mask 1), {len(trace.loss_mask) - sum(trace.loss_mask)} inserted (mask 0)")
     report = verify([merged], engine.model)
     print(f"fidelity (teacher-forced): {report.line()}")
-    ok = len(records) == 2 and stats["chains"] == 1 and report.max_abs_delta <= 1e-4
+    ok = len(records) == 2 and stats["chains"] == 1 and len(merged.traces) == 1 and report.max_abs_delta <= 1e-4
     print("demo ok" if ok else "demo FAILED")
     return 0 if ok else 1

@@ -64,8 +64,12 @@ def run_mock_engine(port: int, engine_ms: float) -> None:
         await asyncio.sleep(engine_ms / 1000)  # fixed, so direct and gateway latencies compare exactly
         return web.Response(body=body, content_type="application/json")
 
+    async def models(request: web.Request) -> web.Response:  # the gateway's start-up check reads it
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=1024)
 
 

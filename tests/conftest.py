@@ -68,7 +68,7 @@ def rootfs() -> Path:
     if not (IN_CI or os.environ.get("POLAR_BUILD_ROOTFS")):
         pytest.skip(f"no cached rootfs at {path}; run scripts/build_rootfs.sh (or set POLAR_BUILD_ROOTFS=1)")
     if os.geteuid() != 0:
-        unavailable("building the rootfs needs root (debootstrap)")
+        unavailable("building the rootfs needs root (debootstrap): run sudo scripts/build_rootfs.sh once")
     proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
     if proc.returncode != 0 or not (path / ".polar-complete").exists():
         unavailable(f"scripts/build_rootfs.sh failed: {proc.stderr[-2000:]}")
@@ -89,7 +89,7 @@ def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         import docker  # noqa: F401
     except ImportError:
-        unavailable("the docker SDK is not installed (pip install 'docker>=7')")
+        unavailable("the docker extra is not installed: pip install -e '.[docker]'")
     started = False
     saved = os.environ.get("DOCKER_HOST")
     from polar_env.runtimes.docker import unix_daemon_problem
@@ -100,7 +100,7 @@ def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
         if not can_start:
             unavailable(f"no Docker daemon ({problem}) and no dockerd; run scripts/start_dockerd.sh")
         if os.geteuid() != 0:
-            unavailable("starting dockerd needs root")
+            unavailable("starting dockerd needs root: run sudo scripts/start_dockerd.sh, or set DOCKER_HOST to a running daemon")
         proc = subprocess.run(["bash", str(START_DOCKERD)], capture_output=True, text=True, timeout=300, check=False)
         if proc.returncode != 0:
             unavailable(f"scripts/start_dockerd.sh failed: {proc.stderr[-2000:]}")

@@ -14,22 +14,33 @@ from polar_env.engines.base import EngineClient
 from polar_env.errors import ConfigError
 from polar_env.records import LogprobsMode
 
-__all__ = ["EngineClient", "make_engine"]
+__all__ = ["EngineClient", "engine_base_url", "make_engine"]
+
+
+def engine_base_url(url: str) -> str:
+    """An engine's base URL as clients join paths onto it. People copy the OpenAI-style base
+    (``http://host:8000/v1``) that harnesses want; the clients add ``/v1/...`` themselves, so a
+    trailing ``/v1`` would make every call a 404. Refuses what is not an http(s) URL."""
+    base = url.strip().rstrip("/")
+    if not base.startswith(("http://", "https://")) or len(base.split("://", 1)[1]) == 0:
+        raise ConfigError(f"engine URL {url!r} is not an http(s) URL; give one like http://127.0.0.1:8000")
+    return base.removesuffix("/v1")
 
 
 def make_engine(kind: str, url: str | None, model: str, *, logprobs_mode: LogprobsMode = "processed") -> EngineClient:
     """An HTTP engine client: ``vllm`` (base URL) or ``sglang`` (comma-separated worker URLs, or a
-    router URL prefixed ``router:``). The embedded engine is built directly (it needs model options)."""
+    router URL prefixed ``router:``). The embedded engine is built directly (it needs model options).
+    A ``/v1`` suffix on any URL is accepted."""
     if not url:
         raise ConfigError(f"engine {kind!r} needs a URL")
     if kind == "vllm":
         from polar_env.engines.vllm import VLLMClient
 
-        return VLLMClient(url, model, logprobs_mode=logprobs_mode)
+        return VLLMClient(engine_base_url(url), model, logprobs_mode=logprobs_mode)
     if kind == "sglang":
         from polar_env.engines.sglang import SGLangClient
 
         if url.startswith("router:"):
-            return SGLangClient(model=model, router_url=url.removeprefix("router:"))
-        return SGLangClient(url.split(","), model)
+            return SGLangClient(model=model, router_url=engine_base_url(url.removeprefix("router:")))
+        return SGLangClient([engine_base_url(u) for u in url.split(",") if u.strip()], model)
     raise ConfigError(f"unknown engine {kind!r}; use vllm, sglang or embedded")

@@ -340,11 +340,23 @@ async def create_session(request: web.Request) -> web.Response:
     }, 201)
 
 
-def _session_info(request: web.Request) -> dict[str, Any]:
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
+def session_summary(session: Session) -> dict[str, Any]:
+    """What the session routes show about a session (never its key)."""
     return {"session_id": session.id, "created_at": session.created_at, "closed": session.closed,
             "continuation": session.continuation is not None,
             "completions": session.next_seq, "errors": session.errors, "metadata": session.metadata}
+
+
+def _session_info(request: web.Request) -> dict[str, Any]:
+    return session_summary(request.app[SESSIONS].get(request.match_info["session_id"]))
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    """Admin: every session this gateway process knows, oldest first."""
+    if not _admin_allowed(request):
+        return _plain_error(401, "admin token required")
+    sessions = sorted(request.app[SESSIONS], key=lambda s: s.created_at)
+    return json_response({"sessions": [session_summary(s) for s in sessions]})
 
 
 async def get_session(request: web.Request) -> web.Response:
@@ -438,6 +450,7 @@ def build_app(engine: EngineClient, store: CaptureStore, config: GatewayConfig) 
     router.add_get("/", root)  # also answers HEAD
     router.add_get("/health", root)
     router.add_post("/sessions", create_session)
+    router.add_get("/sessions", list_sessions)
     router.add_get("/sessions/{session_id}", get_session)
     router.add_get("/sessions/{session_id}/completions", session_completions)
     router.add_delete("/sessions/{session_id}", delete_session)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,3 +102,6 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_id.values()))

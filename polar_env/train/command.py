@@ -1,7 +1,7 @@
 """What ``polar-env train RECIPE`` does: load the recipe, run it, print each step, write the report.
 
-A bad recipe is one line on stderr (exit 2); a step-0 failure is one line naming trace and
-position (exit 1), since it means the data path is broken, not the run unlucky.
+A bad recipe raises ``ConfigError`` (the CLI prints one line, exit 2); a step-0 failure is one line
+naming trace and position (exit 1): the data path is broken, which is not the user's typo.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polar_env.errors import ConfigError
 from polar_env.train.loop import run_recipe, step_line
 from polar_env.train.recipe import Recipe
 from polar_env.train.report import PLOT_HINT, write_run
@@ -19,11 +18,7 @@ from polar_env.train.step0 import Step0Mismatch
 
 
 def run_train(recipe_path: Path, overrides: dict[str, Any]) -> int:
-    try:
-        recipe = Recipe.load(recipe_path, overrides)
-    except ConfigError as exc:
-        print(f"polar-env train: {exc}", file=sys.stderr)
-        return 2
+    recipe = Recipe.load(recipe_path, overrides)
     kind = "shuffled-reward control" if recipe.control else "GRPO"
     print(f"{recipe.name}: {kind}, seed {recipe.seed}, {recipe.steps} steps x {len(recipe.tasks)} tasks x "
           f"{recipe.rollouts_per_task} rollouts; report in {recipe.run_dir()}", flush=True)

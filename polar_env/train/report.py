@@ -1,7 +1,7 @@
 """The run report: ``summary.json``, ``steps.jsonl``, and two PNGs (reward curve; importance ratio
 and step-0 |Δ| histograms). Several runs (seeds, a control) can share one reward figure.
 
-matplotlib is the ``train`` extra; without it the JSON is still written and the PNGs are skipped
+matplotlib is the ``report`` extra; without it the JSON is still written and the PNGs are skipped
 with the install line.
 """
 
@@ -16,7 +16,7 @@ import orjson
 
 from polar_env.train.loop import RunResult
 
-PLOT_HINT = "pip install 'polar-env[train]' (matplotlib) to get the PNGs"
+PLOT_HINT = "pip install 'polar-env[report]' (matplotlib) to get the PNGs"
 
 
 def write_run(result: RunResult, out_dir: Path) -> list[Path]:

@@ -58,7 +58,7 @@ def sandbox_ready() -> None:
     if shutil.which("bwrap") is None:
         _unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
     if not os.access("/usr/bin/python3", os.X_OK):
-        _unavailable("/usr/bin/python3 is missing (the sandbox's gateway relay runs on it)")
+        _unavailable("/usr/bin/python3 is missing (the sandbox's gateway relay runs on it): apt-get install -y python3")
     try:
         import swebench.harness.grading  # noqa: F401
     except ImportError:
@@ -68,7 +68,7 @@ def sandbox_ready() -> None:
 def _harness(name: str) -> HarnessSpec:
     harness = get_harness(name)
     if harness.needs == "node" and shutil.which("node") is None:
-        _unavailable("node is not on PATH")
+        _unavailable("node is not on PATH: apt-get install -y nodejs npm")
     if not is_installed(harness):
         _unavailable(f"{harness.name} is not installed; run {install_hint(harness)}")
     return harness

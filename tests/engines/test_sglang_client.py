@@ -2,14 +2,13 @@
 
 Generate-mode tests come in two sets: ``test_generate_*`` swap in tiny fakes for the Qwen tokenizer,
 template and parser (so they pin the wire contract alone), and ``test_generate_real_qwen_*`` use
-``polar_env.qwen`` for real; those skip, saying so, until that package's modules exist.
+``polar_env.qwen`` for real.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import importlib.util
 import json
 import socket
 import sys
@@ -512,20 +511,6 @@ def test_opens_think() -> None:
 
 # ---- generate mode with the real polar_env.qwen modules ------------------------------------------
 
-_QWEN = ("polar_env.qwen.tokenizer", "polar_env.qwen.template", "polar_env.qwen.parser")
-
-
-def _have_qwen() -> bool:
-    try:
-        return all(importlib.util.find_spec(m) is not None for m in _QWEN)
-    except ImportError:
-        return False
-
-
-real_qwen = pytest.mark.skipif(
-    not _have_qwen(), reason="needs polar_env.qwen.{tokenizer,template,parser}; runs once they exist"
-)
-
 
 def _generate_reply(output_ids: list[int]) -> dict[str, Any]:
     return {
@@ -540,7 +525,6 @@ def _generate_reply(output_ids: list[int]) -> dict[str, Any]:
     }
 
 
-@real_qwen
 async def test_generate_real_qwen_tool_call(worker: Upstream, closing: list[SGLangClient]) -> None:
     from polar_env.qwen.template import render
     from polar_env.qwen.tokenizer import load_tokenizer
@@ -566,7 +550,6 @@ async def test_generate_real_qwen_tool_call(worker: Upstream, closing: list[SGLa
     assert gen.message.reasoning is not None and "weather" in gen.message.reasoning
 
 
-@real_qwen
 async def test_generate_real_qwen_no_thinking(worker: Upstream, closing: list[SGLangClient]) -> None:
     from polar_env.qwen.tokenizer import load_tokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed", exc_type=ImportError)
+pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed: pip install -e '.[swebench]'", exc_type=ImportError)
 
 from polar_env.evaluators import EvalContext, prewarm, run_evaluator
 from polar_env.records import Status

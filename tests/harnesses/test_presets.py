@@ -125,7 +125,7 @@ def test_user_harness_from_json_file(tmp_path: Path) -> None:
 
 
 def test_user_harness_from_yaml_file(tmp_path: Path) -> None:
-    pytest.importorskip("yaml")
+    pytest.importorskip("yaml", reason="pyyaml (a core dependency) is missing: pip install -e .")
     path = tmp_path / "agent.yaml"
     path.write_text(
         "name: yagent\n"

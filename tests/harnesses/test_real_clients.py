@@ -47,7 +47,8 @@ def _unavailable(reason: str) -> None:
 def isolation() -> None:
     problem = isolation_problem()
     if problem:
-        _unavailable(f"no loopback-only network namespace: {problem}")
+        _unavailable(f"no loopback-only network namespace: {problem}; needs unshare (apt-get install -y util-linux) "
+                     "and unprivileged user namespaces (sysctl -w kernel.unprivileged_userns_clone=1) or root")
 
 
 @pytest.mark.parametrize(("name", "api"), CASES, ids=[f"{n}-{a.value}" for n, a in CASES])

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -152,9 +153,16 @@ async def test_launch_mode_binds_before_the_command_runs(http_unix: Path) -> Non
         f"print(urllib.request.urlopen('http://127.0.0.1:{port}/launched', timeout=10).read().decode()); sys.exit(3)"
     )
     proc = await start_relay("--listen", f"127.0.0.1:{port}", "--socket", str(http_unix), "--", sys.executable, "-c", code)
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 3, err
-    assert out.decode() == "hi /launched\n"
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 3, err
+        assert out.decode() == "hi /launched\n"
+    finally:
+        # The forked relay child outlives CMD by design (inside a runtime it ends with the pid
+        # namespace); on the host nothing ends it, so the test must, and prove it is gone.
+        pid = kill_listener(port)
+    assert pid is not None, "the detached relay child was not listening"
+    assert_gone(pid, port)
 
 
 async def test_background_mode_and_standalone_copy(http_unix: Path, tmp_path: Path) -> None:
@@ -168,18 +176,25 @@ async def test_background_mode_and_standalone_copy(http_unix: Path, tmp_path: Pa
     async with ClientSession() as http, http.get(f"http://127.0.0.1:{port}/bg") as r:
         assert await r.text() == "hi /bg"
     # The detached child keeps serving; end it by its listening port's owner.
-    kill_listener(port)
+    pid = kill_listener(port)
+    assert pid is not None, "the detached relay child was not listening"
+    assert_gone(pid, port)
 
 
-def kill_listener(port: int) -> None:
-    """Kill the process that owns 127.0.0.1:<port> (the relay child we started), by pid."""
-    inode = None
+def listener_inode(port: int) -> str | None:
     with open("/proc/net/tcp") as f:
         for line in f.readlines()[1:]:
             parts = line.split()
             if parts[1].endswith(f":{port:04X}") and parts[3] == "0A":
-                inode = parts[9]
-    assert inode is not None
+                return parts[9]
+    return None
+
+
+def kill_listener(port: int) -> int | None:
+    """Kill the process that owns 127.0.0.1:<port> (the relay child we started), by pid; its pid."""
+    inode = listener_inode(port)
+    if inode is None:
+        return None
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
@@ -189,9 +204,25 @@ def kill_listener(port: int) -> None:
             try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
                     os.kill(int(pid), signal.SIGKILL)
-                    return
+                    return int(pid)
             except OSError:
                 continue
+    return None
+
+
+def assert_gone(pid: int, port: int, timeout_s: float = 10.0) -> None:
+    """The killed relay child no longer runs (gone, or a zombie its new parent has yet to reap)
+    and nothing listens on its port."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state in ("gone", "Z", "X") and listener_inode(port) is None:
+            return
+        assert time.monotonic() < deadline, f"relay child {pid} still {state} after SIGKILL"
+        time.sleep(0.05)
 
 
 async def test_port_in_use_is_reported() -> None:

@@ -154,7 +154,7 @@ async def test_missing_bwrap_is_a_config_error_with_the_install_command() -> Non
 
 async def test_sandbox_image_must_be_a_directory(tmp_path: Path) -> None:
     if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
+        pytest.skip("bubblewrap is not installed: apt-get install -y bubblewrap")
     rt = SandboxRuntime(RuntimeSpec(image=str(tmp_path / "nope")))
     with pytest.raises(ConfigError, match="root-filesystem directory"):
         await rt.prepare()
@@ -167,7 +167,7 @@ async def test_missing_apptainer_is_a_config_error() -> None:
 
 
 async def test_absent_docker_daemon_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("docker")
+    pytest.importorskip("docker", reason="the docker extra is not installed: pip install -e '.[docker]'")
     d = tempfile.mkdtemp(prefix="pdk-")
     try:
         monkeypatch.setenv("DOCKER_HOST", f"unix://{d}/docker.sock")
@@ -212,7 +212,7 @@ async def test_docker_limits_and_network_mode(request: pytest.FixtureRequest, tm
 
 async def test_host_paths_refuse_escapes(tmp_path: Path) -> None:
     if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed")
+        pytest.skip("bubblewrap is not installed: apt-get install -y bubblewrap")
     outside = tmp_path / "outside"
     outside.mkdir()
     rt = SandboxRuntime(RuntimeSpec(), root_dir=tmp_path / "roots")

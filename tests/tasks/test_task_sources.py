@@ -19,6 +19,8 @@ from polar_env.tasks import (
     task_image,
 )
 
+PARQUET_MISSING = "the parquet extra is not installed: pip install -e '.[parquet]'"
+
 # Synthetic rows in the published shapes (values invented; field names as the datasets have them).
 SWEGYM_ROW = {
     "instance_id": "getmoto__moto-7365",
@@ -92,8 +94,8 @@ def test_json_object_forms(tmp_path: Path) -> None:
 
 
 def test_skyrl_nested_rows_from_parquet(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow", reason=PARQUET_MISSING)
+    pq = pytest.importorskip("pyarrow.parquet", reason=PARQUET_MISSING)
     rows = [SKYRL_ROW, {**SKYRL_ROW, "instance": {**SKYRL_INSTANCE, "instance_id": "pydantic__pydantic-9000"}}]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -105,8 +107,8 @@ def test_skyrl_nested_rows_from_parquet(tmp_path: Path) -> None:
 
 
 def test_flat_parquet_with_list_columns(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow", reason=PARQUET_MISSING)
+    pq = pytest.importorskip("pyarrow.parquet", reason=PARQUET_MISSING)
     path = tmp_path / "swegym.parquet"
     pq.write_table(pa.Table.from_pylist([SWEGYM_ROW]), path)
     [task] = load_swe_tasks(path)
@@ -147,7 +149,7 @@ def test_optional_fields_and_image_rules() -> None:
 
 
 def test_swebench_instance_dict_builds_a_test_spec() -> None:
-    utils = pytest.importorskip("swebench.harness.utils", exc_type=ImportError)
+    utils = pytest.importorskip("swebench.harness.utils", reason="the swebench extra is not installed: pip install -e '.[swebench]'", exc_type=ImportError)
     task = SweTask.from_row(SKYRL_ROW)
     script = build_eval_script(
         base_commit=task.base_commit, test_patch=task.test_patch, test_command="pytest -rA tests/test_a.py"

@@ -75,7 +75,7 @@ def test_cli_train_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "step   1:" in printed and "updates per-request 12 vs merged 6" in printed
     summary = orjson.loads((out / "summary.json").read_bytes())
     assert summary["seed"] == 3 and summary["steps"] == 2 and summary["step0_max_abs_delta"] <= 1e-4
-    pytest.importorskip("matplotlib", reason="pip install 'polar-env[train]'")
+    pytest.importorskip("matplotlib", reason="pip install -e '.[report]'")
     assert (out / "reward.png").stat().st_size > 0 and (out / "ratio_delta.png").stat().st_size > 0
 
 

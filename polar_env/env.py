@@ -1,0 +1,232 @@
+"""``PolarEnv``: the Python API for trainers — roll a task out N times, get the group back with
+rewards; update the engine's weights between steps.
+
+    env = PolarEnv.from_yaml("env.yaml")            # or PolarEnv(PolarEnvConfig(...)) / PolarEnv({...})
+    async with env:
+        group = await env.rollout(task, n=8)         # TaskRequest, SweTask or a dict row
+        trajs = group.trajectories                   # each with reward, status and provenance
+        await env.update_weights(state_dict, version="1")   # pause → load → resume
+
+``rollout_sync`` and ``close`` are the same for code without an event loop. The config is read once
+here and passed down; nothing imports torch, slime or nemo-gym at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.engines.config import EngineConfig
+from polar_env.errors import ConfigError
+from polar_env.evaluators.base import EvaluatorSpec
+from polar_env.records import ProviderAPI, Trajectory
+from polar_env.runtimes.base import RuntimeSpec
+from polar_env.staging.cluster import Cluster, ClusterConfig, start_cluster
+from polar_env.staging.models import AgentSpec, SessionResult, TaskRequest, TaskStatus
+from polar_env.staging.node import NodeConfig
+from polar_env.staging.pools import PoolLimits
+from polar_env.tasks.swe import SweTask
+
+T = TypeVar("T")
+
+
+class PolarEnvConfig(BaseModel):
+    """Everything a rollout needs, as data (YAML-loadable). Per-task values in a TaskRequest win."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    harness: str = "pi"
+    api: ProviderAPI | None = None
+    agent_settings: dict[str, Any] = Field(default_factory=dict)
+    agent_env: dict[str, str] = Field(default_factory=dict)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    builder: str = "prefix_merge"
+    evaluator: EvaluatorSpec | None = None  # default: swebench for SWE tasks, none otherwise
+    continuation: bool = True  # token-in continuation: append-only chains (canonical: False)
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    timeout_s: float = 600.0
+    init_timeout_s: float = 300.0
+    limits: PoolLimits = Field(default_factory=PoolLimits)
+    store: Path = Path("polar_rollouts/capture")
+    nodes: int = 1
+    ray: bool = False
+    ray_address: str | None = None
+    harness_cache: Path | None = None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PolarEnvConfig:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        try:
+            return cls.model_validate(data)
+        except ValueError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+
+    def cluster(self) -> ClusterConfig:
+        node = NodeConfig(engine=self.engine, limits=self.limits, store=self.store, template=self.engine.template,
+                          temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                          harness_cache=self.harness_cache)
+        return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node)
+
+
+@dataclass
+class RolloutGroup:
+    """One task's samples: a GRPO group."""
+
+    task_id: str
+    group_id: str
+    results: list[SessionResult]
+    early_stopped: bool = False
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [r.trajectory for r in self.results if r.trajectory is not None]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in self.results]
+
+    @classmethod
+    def from_status(cls, status: TaskStatus) -> RolloutGroup:
+        return cls(status.task_id, status.group_id, list(status.results), status.early_stopped)
+
+
+def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None = None,
+                 **overrides: Any) -> TaskRequest:
+    """A TaskRequest from what the user has: a TaskRequest (kept), a SweTask or SWE row (the repo or
+    image becomes the runtime, the problem statement the instruction, swebench the default
+    evaluator), or a plain row with ``task_id`` and ``instruction`` (the rest is the task row)."""
+    agent = AgentSpec(harness=config.harness, api=config.api, env=config.agent_env, settings=config.agent_settings)
+    common: dict[str, Any] = {"agent": agent, "builder": config.builder, "continuation": config.continuation,
+                              "timeout_s": config.timeout_s, "init_timeout_s": config.init_timeout_s,
+                              "evaluator": config.evaluator}
+    if isinstance(task, TaskRequest):
+        req = task
+    elif isinstance(task, SweTask) or (isinstance(task, Mapping) and "instance_id" in task):
+        swe = SweTask.from_row(task)
+        runtime = swe.runtime_spec(config.runtime.kind, **{k: v for k, v in config.runtime.model_dump().items()
+                                                          if k not in ("kind", "source_dir", "image")})
+        if config.runtime.image is not None:
+            runtime = runtime.model_copy(update={"image": config.runtime.image})
+        req = TaskRequest(task_id=swe.instance_id, instruction=swe.problem_statement, runtime=runtime,
+                          task=swe.model_dump(mode="json"),
+                          **{**common, "evaluator": config.evaluator or EvaluatorSpec(name="swebench")})
+    elif isinstance(task, Mapping):
+        row = dict(task)
+        try:
+            task_id, instruction = str(row.pop("task_id")), str(row.pop("instruction"))
+        except KeyError as exc:
+            raise ConfigError(f"a task row needs 'task_id' and 'instruction' (or be a SWE row); missing {exc}") from None
+        fields = {k: row.pop(k) for k in list(row) if k in TaskRequest.model_fields}
+        req = TaskRequest.model_validate({**common, "runtime": config.runtime, **fields, "task_id": task_id,
+                                          "instruction": instruction, "task": {**row, **fields.get("task", {})}})
+    else:
+        raise ConfigError(f"cannot roll out a {type(task).__name__}; give a TaskRequest, a SweTask or a dict row")
+    update = dict(overrides)
+    if n is not None:
+        update["num_samples"] = n
+    return req.model_copy(update=update) if update else req
+
+
+class PolarEnv:
+    def __init__(self, config: PolarEnvConfig | Mapping[str, Any] | None = None, *, engine: Any | None = None) -> None:
+        """``engine``: an in-process engine client to share instead of building one from the config
+        (e.g. an EmbeddedEngine your trainer also holds)."""
+        self.config = config if isinstance(config, PolarEnvConfig) else PolarEnvConfig.model_validate(config or {})
+        self._engine = engine
+        self._cluster: Cluster | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PolarEnv:
+        return cls(PolarEnvConfig.from_yaml(path))
+
+    # -- lifetime -------------------------------------------------------------------------------
+    async def start(self) -> PolarEnv:
+        if self._cluster is None:
+            self._cluster = await start_cluster(self.config.cluster(), engine=self._engine)
+        return self
+
+    async def aclose(self) -> None:
+        if self._cluster is not None:
+            await self._cluster.aclose()
+            self._cluster = None
+
+    async def __aenter__(self) -> PolarEnv:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            raise ConfigError("PolarEnv is not started: use 'async with env:' or 'await env.start()'")
+        return self._cluster
+
+    @property
+    def engine(self) -> Any:
+        """The in-process engine client (the first node's), when the nodes run in this process."""
+        if self._engine is not None:
+            return self._engine
+        nodes = self.cluster.local_nodes
+        return nodes[0].engine if nodes else None
+
+    # -- rollouts -------------------------------------------------------------------------------
+    async def rollout(self, task: TaskRequest | SweTask | Mapping[str, Any], n: int | None = None,
+                      **overrides: Any) -> RolloutGroup:
+        await self.start()
+        status = await self.cluster.server.run(task_request(task, self.config, n, **overrides))
+        return RolloutGroup.from_status(status)
+
+    async def rollout_many(self, tasks: Iterable[TaskRequest | SweTask | Mapping[str, Any]], n: int | None = None,
+                           **overrides: Any) -> list[RolloutGroup]:
+        return list(await asyncio.gather(*(self.rollout(t, n, **overrides) for t in tasks)))
+
+    async def update_weights(self, weights: Any, version: str | int | None = None) -> str:
+        """Pause every node's gateway, load ``weights`` (a state dict, or a folder of safetensors)
+        into its engine, resume under ``version``; returns the version now served."""
+        await self.start()
+        versions = await self.cluster.server.update_weights(weights, None if version is None else str(version))
+        return versions[0]
+
+    # -- sync forms -------------------------------------------------------------------------------
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="polar-env", daemon=True)
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def rollout_sync(self, task: TaskRequest | SweTask | Mapping[str, Any], n: int | None = None,
+                     **overrides: Any) -> RolloutGroup:
+        return self._sync(self.rollout(task, n, **overrides))
+
+    def update_weights_sync(self, weights: Any, version: str | int | None = None) -> str:
+        return self._sync(self.update_weights(weights, version))
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        self._sync(self.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._loop.close()
+        self._loop = None

@@ -1,0 +1,170 @@
+"""Starting gateway nodes and the rollout server: in this process, or as Ray actors.
+
+``start_cluster(config)`` gives a ``Cluster`` whose ``server`` (a RolloutServer) dispatches to
+``config.nodes`` nodes. With ``ray=False`` the nodes are GatewayNodes on this event loop (small
+local runs, tests, a trainer holding the embedded engine in-process); with ``ray=True`` each node
+is a Ray actor in its own process with its own engine client and gateway (``ray.init()`` locally,
+or an existing cluster by ``ray_address``). The code path per session is the same either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.engines.base import EngineClient
+from polar_env.errors import ConfigError
+from polar_env.staging.node import GatewayNode, NodeConfig, node_actor
+from polar_env.staging.server import LocalNode, NodeHandle, RayNode, RolloutServer
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(default=1, ge=1, le=256)
+    ray: bool = False
+    ray_address: str | None = None  # an existing cluster ("auto", "ray://host:port"); None: start one here
+    node: NodeConfig = Field(default_factory=NodeConfig)
+
+
+@dataclass
+class Cluster:
+    server: RolloutServer
+    handles: list[NodeHandle]
+    local_nodes: list[GatewayNode] = field(default_factory=list)
+    actors: list[Any] = field(default_factory=list)
+
+    async def aclose(self) -> None:
+        await self.server.aclose()
+        if self.actors:
+            import ray
+
+            for actor in self.actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+
+
+def init_ray(address: str | None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("Ray is not installed; install the extra: pip install -e '.[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, ignore_reinit_error=True)
+
+
+async def start_cluster(config: ClusterConfig, engine: EngineClient | None = None) -> Cluster:
+    """Start the nodes (and their engines) and a RolloutServer over them. ``engine``: an in-process
+    client every local node shares (not possible with Ray nodes, which build their own)."""
+    configs = [config.node.model_copy(update={"node_id": f"node-{i}"}) for i in range(config.nodes)]
+    if not config.ray:
+        nodes = [GatewayNode(c, engine=engine) for c in configs]
+        await asyncio.gather(*(n.start() for n in nodes))
+        handles: list[NodeHandle] = [LocalNode(n) for n in nodes]
+        return Cluster(RolloutServer(handles), handles, local_nodes=nodes)
+    if engine is not None:
+        raise ConfigError("Ray nodes build their own engine clients; pass an engine config, not a client")
+    init_ray(config.ray_address)
+    actor_cls = node_actor()
+    # num_cpus=0: nodes are mostly I/O (HTTP, subprocesses); do not let Ray's CPU count cap them
+    actors = [actor_cls.options(num_cpus=0, max_concurrency=10_000).remote(c.model_dump_json()) for c in configs]
+    handles = [RayNode(c.node_id, a) for c, a in zip(configs, actors, strict=True)]
+    await asyncio.gather(*(a.start.remote() for a in actors))
+    return Cluster(RolloutServer(handles), handles, actors=actors)
+
+
+def server_actor() -> Any:
+    """The rollout server as a Ray actor: it dispatches to node actors and serves the task API."""
+    import ray
+
+    @ray.remote
+    class ServerActor:
+        def __init__(self, node_ids: list[str], actors: list[Any], host: str, port: int, token: str) -> None:
+            self.args = (node_ids, actors, host, port, token)
+            self.runner: Any = None
+
+        async def start(self) -> str:
+            from aiohttp import web
+
+            from polar_env.staging.server import build_server_app
+
+            node_ids, actors, host, port, token = self.args
+            server = RolloutServer([RayNode(i, a) for i, a in zip(node_ids, actors, strict=True)])
+            self.runner = web.AppRunner(build_server_app(server, token), access_log=None)
+            await self.runner.setup()
+            await web.TCPSite(self.runner, host, port).start()
+            return f"http://{host}:{port}"
+
+        async def stop(self) -> None:
+            if self.runner is not None:
+                await self.runner.cleanup()
+
+    return ServerActor
+
+
+def write_token(path: Any, token: str | None) -> tuple[str, Any]:
+    """The server's bearer token: the given one, else the one in ``path``, else a new one written
+    there readable by this user only."""
+    import os
+    import secrets
+    from pathlib import Path
+
+    path = Path(path)
+    if token:
+        return token, None
+    if path.exists():
+        return path.read_text().strip(), path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(new + "\n")
+    return new, path
+
+
+async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -> int:
+    """``polar-env serve``: the nodes, the rollout server and its task API, until SIGINT/SIGTERM."""
+    import signal
+    import time
+    from pathlib import Path
+
+    from aiohttp import web
+
+    from polar_env.staging.server import build_server_app
+
+    started = time.perf_counter()
+    token, token_path = write_token(Path(store) / "rollout_token", token)
+    cluster = await start_cluster(env.cluster())
+    runner = None
+    actor = None
+    try:
+        if env.ray:
+            ids = [h.node_id for h in cluster.handles]
+            actor = server_actor().options(num_cpus=0).remote(ids, cluster.actors, host, port, token)
+            url = await actor.start.remote()
+        else:
+            runner = web.AppRunner(build_server_app(cluster.server, token), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, host, port).start()
+            url = f"http://{host}:{port}"
+        where = f"token in {token_path}" if token_path else "token as given"
+        print(f"polar-env serve ready in {time.perf_counter() - started:.1f}s on {url} "
+              f"({len(cluster.handles)} node(s){' on Ray' if env.ray else ''}; {where})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        if actor is not None:
+            await actor.stop.remote()
+        if runner is not None:
+            await runner.cleanup()
+        await cluster.aclose()
+    return 0

@@ -1,0 +1,180 @@
+"""The main job: roll a task set out through the staged pipeline and write what training needs.
+
+``rollout(job)`` (``polar-env rollout``) loads the tasks (the offline toy SWE set by default, or a
+JSONL/JSON/Parquet file), starts the nodes, submits one TaskRequest per task with ``samples``
+sessions, shows live progress, and writes to ``out``: ``capture/`` (the journals),
+``trajectories.jsonl`` and ``.parquet`` (rewarded, self-describing), ``sessions.jsonl`` (one
+SessionResult per line, without the token data), ``report.json`` and ``timeline.png``. ``mode="eval"``
+(``polar-env eval``) is the same pipeline reporting pass@1 / pass@k per repo and the engine cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.env import PolarEnv, PolarEnvConfig, task_request
+from polar_env.errors import ConfigError
+from polar_env.staging.models import SessionResult, TaskRequest
+from polar_env.staging.report import build_report, write_timeline
+from polar_env.trajectory.export import write_jsonl, write_parquet
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class RolloutJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    env: PolarEnvConfig = Field(default_factory=PolarEnvConfig)
+    tasks: str = "toy"  # "toy" (offline toy SWE set) or a .jsonl/.json/.parquet file of task rows
+    task_ids: list[str] | None = None
+    limit: int | None = None
+    samples: int = Field(default=2, ge=1)
+    out: Path = Path("polar_rollouts")
+    mode: Literal["rollout", "eval"] = "rollout"
+    pass_k: list[int] = Field(default_factory=lambda: [1])
+    early_stop_min_usable: int | None = None
+
+
+def load_tasks(job: RolloutJob) -> list[TaskRequest]:
+    """TaskRequests for the job's task set (SWE rows become sandboxed SWE tasks graded by swebench)."""
+    from polar_env.tasks.sources import read_rows
+
+    rows: list[Any]
+    if job.tasks == "toy":
+        from polar_env.tasks.toy import toy_tasks
+
+        rows = list(toy_tasks(ids=job.task_ids))
+    else:
+        path = Path(job.tasks)
+        if not path.exists():
+            raise ConfigError(f"task file {path} does not exist (give 'toy' or a .jsonl/.json/.parquet file)")
+        rows = list(read_rows(path))
+        if job.task_ids is not None:
+            wanted = set(job.task_ids)
+            rows = [r for r in rows if (r.get("instance_id") or r.get("task_id")) in wanted]
+    if job.limit is not None:
+        rows = rows[: job.limit]
+    if not rows:
+        raise ConfigError(f"no tasks selected from {job.tasks!r}")
+    return [task_request(row, job.env, job.samples, early_stop_min_usable=job.early_stop_min_usable) for row in rows]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_tables(results: list[SessionResult], reqs: list[TaskRequest], ks: list[int]) -> dict[str, Any]:
+    repo_of = {r.task_id: (r.task.get("repo") or r.task_id.split("__")[0]) for r in reqs}
+    by_task: dict[str, list[SessionResult]] = {}
+    for r in results:
+        by_task.setdefault(r.task_id, []).append(r)
+    per_task: dict[str, dict[str, float]] = {}
+    for task_id, rs in by_task.items():
+        n, c = len(rs), sum(1 for r in rs if r.reward >= 1.0)
+        per_task[task_id] = {f"pass@{k}": pass_at_k(n, c, k) for k in ks if k <= n} | {"n": n, "correct": c}
+    per_repo: dict[str, dict[str, float]] = {}
+    for task_id, scores in per_task.items():
+        per_repo.setdefault(repo_of.get(task_id, task_id), {}).setdefault("tasks", 0)
+        entry = per_repo[repo_of.get(task_id, task_id)]
+        entry["tasks"] += 1
+        for key, value in scores.items():
+            if key.startswith("pass@"):
+                entry.setdefault(key, 0.0)
+                entry[key] += value
+    for entry in per_repo.values():
+        for key in [k for k in entry if k.startswith("pass@")]:
+            entry[key] = round(entry[key] / entry["tasks"], 4)
+    overall = {f"pass@{k}": round(statistics.fmean([s[f"pass@{k}"] for s in per_task.values() if f"pass@{k}" in s]), 4)
+               for k in ks if any(f"pass@{k}" in s for s in per_task.values())}
+    return {"overall": overall, "per_repo": per_repo, "per_task": per_task}
+
+
+async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: Any | None = None) -> dict[str, Any]:
+    out = Path(job.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create output folder {out}: {exc}") from None
+    env_config = job.env.model_copy(update={"store": out / "capture"})
+    reqs = load_tasks(job.model_copy(update={"env": env_config}))
+    total = sum(r.num_samples for r in reqs)
+    started = time.monotonic()
+    results: list[SessionResult] = []
+    async with PolarEnv(env_config, engine=engine) as env:
+        server = env.cluster.server
+        for req in reqs:
+            server.submit(req)
+        watcher = asyncio.create_task(_watch(server, results, total, started, progress)) if progress else None
+        try:
+            while len(results) < total and any(not t.done.is_set() for t in server.tasks.values()):
+                await asyncio.sleep(0.2)
+                results[:] = [r for t in server.tasks.values() for r in t.status.results]
+            for t in server.tasks.values():
+                if t.runner is not None:
+                    await t.runner
+            results[:] = [r for t in server.tasks.values() for r in t.status.results]
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+        node_stats = await server.node_stats()
+    wall = time.monotonic() - started
+    trajectories = [r.trajectory for r in results if r.trajectory is not None]
+    write_jsonl(trajectories, out / "trajectories.jsonl")
+    notes = []
+    try:
+        write_parquet(trajectories, out / "trajectories.parquet")
+    except ConfigError as exc:
+        notes.append(str(exc))
+    with open(out / "sessions.jsonl", "wb") as f:
+        for r in results:
+            f.write(orjson.dumps(r.model_dump(mode="json", exclude={"trajectory"})) + b"\n")
+    report = build_report(results, node_stats, wall, config=job.model_dump(mode="json"))
+    if job.mode == "eval":
+        report["eval"] = eval_tables(results, reqs, job.pass_k)
+        busy = [s.get("engine_busy_s", 0.0) for s in node_stats if "dead" not in s]
+        report["cost"] = {"engine_seconds": round(sum(busy), 2), "sampled_tokens": report["sampled_tokens"],
+                          "prompt_tokens": sum(len(t.prompt_ids) for tr in trajectories for t in tr.traces)}
+    note = write_timeline(results, out / "timeline.png", title=f"stage occupancy ({len(results)} sessions)")
+    if note:
+        notes.append(note)
+    report["notes"] = notes
+    report["files"] = sorted({p.name for p in out.iterdir()} | {"report.json"})
+    (out / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
+    return report
+
+
+async def _watch(server: Any, results: list[SessionResult], total: int, started: float, progress: Progress) -> None:
+    while True:
+        stats = await server.node_stats()
+        counts: dict[str, int] = {}
+        for s in stats:
+            for stage, n in s.get("counts", {}).items():
+                counts[stage] = counts.get(stage, 0) + n
+        done = list(results)
+        rewards = [r.reward for r in done]
+        progress({"elapsed_s": time.monotonic() - started, "total": total, "done": len(done), "stages": counts,
+                  "statuses": {s: sum(1 for r in done if r.status.value == s) for s in
+                               ("completed", "timeout", "error", "cancelled")},
+                  "mean_reward": statistics.fmean(rewards) if rewards else None,
+                  "engine_busy": statistics.fmean([s["engine_busy_fraction"] for s in stats if "dead" not in s] or [0]),
+                  "dead_nodes": [s["node_id"] for s in stats if "dead" in s]})
+        await asyncio.sleep(0.5)
+
+
+def rollout(job: RolloutJob | dict[str, Any] | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the main job to completion (see the module docstring); returns the report."""
+    job = job if isinstance(job, RolloutJob) else RolloutJob.model_validate(job or {})
+    return asyncio.run(run_job(job, progress))

@@ -1,0 +1,265 @@
+"""One session's way through a gateway node: QUEUED → INIT → READY → RUNNING → POSTRUN → DONE.
+
+INIT registers the gateway session (its metadata journaled with it), installs the harness if the
+cache lacks it and prepares the runtime, under ``init_timeout_s``. RUNNING runs the harness under
+the agent budget ``timeout_s`` while the evaluator's fresh runtime is pre-warmed. POSTRUN always
+runs — after success, timeout, crash or cancellation — so whatever was captured becomes a
+trajectory with an explicit status: it builds with the session's builder (in a thread), evaluates
+(only a session whose agent finished), attaches reward and provenance, and stops every runtime.
+Failures are data here: ``run_session`` returns a ``SessionResult`` and never raises, except when
+the node itself is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from polar_env.errors import ConfigError
+from polar_env.evaluators import EvalContext, EvaluatorSpec, prewarm, run_evaluator
+from polar_env.harnesses import loop
+from polar_env.records import Status, Trajectory
+from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
+from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
+from polar_env.trajectory.builders import BUILDERS
+from polar_env.trajectory.outcome import with_outcome, write_outcome
+
+if TYPE_CHECKING:
+    from polar_env.staging.node import GatewayNode
+
+_log = logging.getLogger(__name__)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+EVAL_TIMEOUT_S = 600.0
+
+
+@dataclass(slots=True)
+class Run:
+    """Mutable state of one session while it runs; turned into a SessionResult at the end."""
+
+    spec: SessionSpec
+    stage: Stage | None = None
+    stage_times: dict[str, float] = field(default_factory=dict)
+    status: SessionStatus = SessionStatus.COMPLETED
+    error: str | None = None
+    runtime: Runtime | None = None
+    eval_ctx: EvalContext | None = None
+    prewarm_task: asyncio.Task[Any] | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    final_answer: str | None = None
+
+
+def session_metadata(spec: SessionSpec, node_id: str) -> dict[str, Any]:
+    """Provenance journaled with the gateway session and copied onto its trajectory."""
+    req = spec.request
+    return {**req.metadata, "task_id": req.task_id, "group_id": spec.group_id, "sample_index": spec.sample_index,
+            "harness": req.agent.harness, "api": req.agent.api.value if req.agent.api else None,
+            "runtime": req.runtime.kind, "builder": req.builder,
+            "evaluator": req.evaluator.name if req.evaluator else None, "node_id": node_id}
+
+
+def evaluation_runtime_spec(runtime: RuntimeSpec) -> RuntimeSpec:
+    """A fresh runtime for grading: the task's repo with no network. In the sandbox, this
+    interpreter's prefix is bound read-only and first on PATH, so the task's tests find pytest."""
+    update: dict[str, Any] = {"gateway_socket": None, "network": "none"}
+    if runtime.kind == "sandbox":
+        prefixes = sorted({sys.base_prefix, sys.prefix})
+        known = {dst for _src, dst in runtime.binds}
+        update["binds"] = [*runtime.binds, *((Path(p), p) for p in prefixes if p not in known)]
+        base_path = runtime.env.get("PATH", DEFAULT_PATH)
+        update["env"] = {**runtime.env, "PATH": f"{Path(sys.executable).parent}:{base_path}"}
+    return runtime.model_copy(update=update)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+
+
+async def run_session(node: GatewayNode, spec: SessionSpec) -> SessionResult:
+    run = Run(spec)
+    node.runs[spec.session_id] = run
+    try:
+        work = asyncio.ensure_future(_until_postrun(node, run))
+        node.work[spec.session_id] = work
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():  # the node itself is being cancelled: stop the work, still clean up
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                await asyncio.shield(_postrun(node, run, cancelled=True))
+                raise
+        if work.cancelled():
+            run.status, run.error = SessionStatus.CANCELLED, run.error or "cancelled"
+        return await asyncio.shield(_postrun(node, run))
+    finally:
+        node.runs.pop(spec.session_id, None)
+        node.work.pop(spec.session_id, None)
+
+
+def _enter(node: GatewayNode, run: Run, stage: Stage) -> None:
+    node.pools.occupancy.move(run.stage, stage)
+    run.stage = stage
+    run.stage_times[stage.value] = time.time()
+
+
+async def _until_postrun(node: GatewayNode, run: Run) -> None:
+    """QUEUED → INIT → READY → RUNNING. Errors and timeouts become the run's status."""
+    spec, req, pools = run.spec, run.spec.request, node.pools
+    _enter(node, run, Stage.QUEUED)
+    await pools.prepared.acquire(req.priority)
+    holds_place = True
+    try:
+        async with pools.init:
+            _enter(node, run, Stage.INIT)
+            try:
+                async with asyncio.timeout(req.init_timeout_s):
+                    await node.open_session(spec, session_metadata(spec, node.node_id))
+                    run.runtime = await node.prepare_runtime(spec)
+            except TimeoutError:
+                run.status, run.error = SessionStatus.TIMEOUT, f"INIT exceeded {req.init_timeout_s} s"
+                return
+            except Exception as exc:  # noqa: BLE001 - the task boundary: a failed INIT is an ERROR result
+                run.status, run.error = SessionStatus.ERROR, f"INIT failed: {_one_line(exc)}"
+                return
+        _enter(node, run, Stage.READY)
+        async with pools.running:
+            pools.prepared.release()
+            holds_place = False
+            _enter(node, run, Stage.RUNNING)
+            run.eval_ctx = _eval_context(req.evaluator, req.task, req.runtime, run)
+            if run.eval_ctx is not None and req.evaluator is not None:
+                run.prewarm_task = asyncio.create_task(prewarm(req.evaluator.name, run.eval_ctx))
+            try:
+                async with asyncio.timeout(req.timeout_s):
+                    await _run_agent(node, run)
+            except TimeoutError:
+                run.status, run.error, run.timed_out = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s", True
+            except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
+                run.status, run.error = SessionStatus.ERROR, f"harness failed: {_one_line(exc)}"
+            finally:
+                _enter(node, run, Stage.POSTRUN)  # off the engine: the RUNNING slot frees now
+    finally:
+        if holds_place:
+            pools.prepared.release()
+
+
+async def _run_agent(node: GatewayNode, run: Run) -> None:
+    req = run.spec.request
+    session = node.session(run.spec.session_id)
+    assert run.runtime is not None
+    if req.agent.harness == loop.NAME:
+        outcome = await loop.run_loop_agent(
+            run.runtime, socket=node.socket, base_url="http://gateway", key=session.key, model=node.model,
+            prompt=req.instruction, settings=loop.LoopSettings.from_dict(req.agent.settings))
+        run.exit_code, run.final_answer = outcome.exit_code, outcome.final_answer
+        if outcome.exit_code == 1:
+            run.status, run.error = SessionStatus.ERROR, f"loop agent stopped: {outcome.output[-300:]}"
+        return
+    from polar_env.harnesses.launch import run_harness
+
+    harness = node.harness(req.agent.harness)
+    result = await run_harness(run.runtime, harness, key=session.key, model=node.model, prompt=req.instruction,
+                               api=req.agent.api, env=req.agent.env, timeout_s=req.timeout_s + 5,
+                               cache_dir=node.harness_cache)
+    run.exit_code = result.exit_code
+    if result.timed_out:
+        run.status, run.error, run.timed_out = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s", True
+    elif result.exit_code != 0:
+        run.status = SessionStatus.ERROR
+        run.error = f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}"
+
+
+def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime: RuntimeSpec, run: Run) -> EvalContext | None:
+    if evaluator is None:
+        return None
+    fresh = evaluation_runtime_spec(runtime)
+    return EvalContext(task=task, params=dict(evaluator.params), runtime=run.runtime,
+                       runtime_factory=lambda: make_runtime(fresh))
+
+
+async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> SessionResult:
+    spec, req = run.spec, run.spec.request
+    if cancelled:
+        run.status, run.error = SessionStatus.CANCELLED, "node shutting down"
+    if run.stage is not Stage.POSTRUN:
+        _enter(node, run, Stage.POSTRUN)
+    async with node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
+        records = await asyncio.to_thread(node.store.read, spec.session_id)
+        if run.final_answer is None and records:
+            run.final_answer = records[-1].message.content
+        reward, evaluation = 0.0, {}
+        trajectory = await _build(req.builder, records, run) if records else None
+        if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
+            run.eval_ctx.final_answer = run.final_answer
+            run.eval_ctx.exit_code = run.exit_code
+            if run.prewarm_task is not None:
+                await asyncio.gather(run.prewarm_task, return_exceptions=True)
+            result = await run_evaluator(req.evaluator.name, run.eval_ctx, timeout_s=req.evaluator.timeout_s or EVAL_TIMEOUT_S)
+            evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
+            evaluation["status"] = result.status.value
+            reward = result.reward
+            if result.status is Status.TIMEOUT:
+                run.status, run.error = SessionStatus.TIMEOUT, f"evaluation: {result.report.get('reason')}"
+            elif result.status is Status.ERROR:
+                run.status, run.error = SessionStatus.ERROR, f"evaluation failed: {result.report.get('error')}"
+        elif req.evaluator is not None:
+            evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.error}"}
+        await _cleanup(node, run)
+        _enter(node, run, Stage.DONE)
+        outcome = _outcome(run, reward, evaluation, records, node)
+        await asyncio.to_thread(write_outcome, node.store.root, spec.session_id, outcome)
+        if trajectory is not None:
+            trajectory = with_outcome(trajectory, outcome)
+    node.pools.occupancy.move(Stage.DONE, None)
+    return SessionResult(
+        session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
+        node_id=node.node_id, status=run.status, reward=reward, evaluation=evaluation, trajectory=trajectory,
+        stage_times=run.stage_times, records=len(records), harness_exit_code=run.exit_code, error=run.error)
+
+
+async def _build(builder: str, records: list[Any], run: Run) -> Trajectory | None:
+    build = BUILDERS.get(builder)
+    if build is None:
+        run.status, run.error = SessionStatus.ERROR, f"unknown builder {builder!r}; known: {sorted(BUILDERS)}"
+        return None
+    try:
+        return await asyncio.to_thread(build, records)
+    except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the session's result
+        run.status, run.error = SessionStatus.ERROR, f"builder {builder} failed: {_one_line(exc)}"
+        return None
+
+
+def _outcome(run: Run, reward: float, evaluation: dict[str, Any], records: list[Any], node: GatewayNode) -> dict[str, Any]:
+    return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, node.node_id),
+            "status": run.status.value, "reward": reward, "evaluation": evaluation,
+            "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None}),
+            "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "error": run.error}
+
+
+async def _cleanup(node: GatewayNode, run: Run) -> None:
+    if run.prewarm_task is not None and not run.prewarm_task.done():
+        run.prewarm_task.cancel()
+        await asyncio.gather(run.prewarm_task, return_exceptions=True)
+    if run.eval_ctx is not None:
+        try:
+            await run.eval_ctx.aclose()
+        except Exception as exc:  # noqa: BLE001 - cleanup must reach the agent runtime too
+            _log.warning("session %s: stopping the grading runtime failed: %s", run.spec.session_id, exc)
+    if run.runtime is not None:
+        try:
+            await run.runtime.stop()
+        except Exception as exc:  # noqa: BLE001
+            _log.warning("session %s: stopping the runtime failed: %s", run.spec.session_id, exc)
+    node.close_session(run.spec.session_id)
+
+
+def check_builder(name: str) -> None:
+    if name not in BUILDERS:
+        raise ConfigError(f"unknown builder {name!r}; known: {', '.join(sorted(BUILDERS))}")

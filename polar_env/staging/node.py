@@ -1,0 +1,360 @@
+"""A gateway node: one gateway (its own engine client, capture store and sessions), the runtimes
+and harness runs of its sessions, and the stage pools that schedule them.
+
+Sessions are sharded by node: each node serves only the sessions dispatched to it, on its own unix
+socket (bridged into its sandboxes) and an optional loopback TCP port, so several nodes are also how
+the gateway scales past one Python process. ``GatewayNode`` runs in-process (local runs, tests);
+``node_actor()`` wraps the same object as a Ray actor, exchanging JSON so nothing but plain data
+crosses the process line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.engines.base import EngineClient
+from polar_env.engines.config import EngineConfig, build_engine
+from polar_env.errors import ConfigError
+from polar_env.harnesses import HarnessSpec, get_harness, loop
+from polar_env.records import ChatRequest, Generation
+from polar_env.runtimes import Runtime, make_runtime
+from polar_env.staging import lifecycle
+from polar_env.staging.models import SessionResult, SessionSpec, Stage
+from polar_env.staging.pools import PoolLimits, StagePools
+
+
+class NodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = "node-0"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    limits: PoolLimits = Field(default_factory=PoolLimits)
+    store: Path = Path("polar_rollouts/capture")
+    template: str = "qwen3.5"
+    temperature: float | None = None  # trainer-owned sampling: overrides what harnesses send
+    top_p: float | None = None
+    max_tokens: int | None = None
+    tcp_port: int | None = 0  # loopback listener (0: any free port; None: unix socket only)
+    harness_cache: Path | None = None  # default: polar_env's shared harness cache
+    install_harnesses: bool = True  # install a missing harness preset during INIT
+    runtime_root: Path | None = None  # where sandboxes keep their writable trees
+    fsync: bool = False
+
+
+class MeteredEngine:
+    """Wraps the node's engine client to measure how busy it is: seconds with at least one call in
+    flight (the engine-busy fraction in the report), calls and sampled tokens."""
+
+    def __init__(self, inner: EngineClient) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.in_flight = 0
+        self.calls = 0
+        self.errors = 0
+        self.sampled_tokens = 0
+        self.busy_s = 0.0
+        self.in_flight_area = 0.0  # ∫ in-flight calls dt: divided by capacity × time, the slot utilization
+        self._busy_since = 0.0
+        self._last = time.monotonic()
+
+    def _integrate(self) -> None:
+        now = time.monotonic()
+        self.in_flight_area += self.in_flight * (now - self._last)
+        self._last = now
+
+    async def generate(self, request: ChatRequest) -> Generation:
+        self._integrate()
+        if self.in_flight == 0:
+            self._busy_since = time.monotonic()
+        self.in_flight += 1
+        try:
+            generation = await self.inner.generate(request)
+        except BaseException:
+            self.errors += 1
+            raise
+        finally:
+            self._integrate()
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.busy_s += time.monotonic() - self._busy_since
+        self.calls += 1
+        self.sampled_tokens += len(generation.response_ids)
+        return generation
+
+    def slot_seconds(self) -> float:
+        self._integrate()
+        return self.in_flight_area
+
+    def busy_seconds(self) -> float:
+        extra = time.monotonic() - self._busy_since if self.in_flight else 0.0
+        return self.busy_s + extra
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class GatewayNode:
+    def __init__(self, config: NodeConfig, engine: EngineClient | None = None) -> None:
+        """``engine``: an already-built client to use instead of ``config.engine`` (an in-process
+        embedded engine a trainer also updates, or a test double)."""
+        lifecycle.check_builder("prefix_merge")
+        self.config = config
+        self.node_id = config.node_id
+        self.engine: EngineClient | None = engine
+        self.meter: MeteredEngine | None = None
+        self.model = config.engine.model
+        self.pools = StagePools(config.limits)
+        self.runs: dict[str, lifecycle.Run] = {}
+        self.work: dict[str, asyncio.Future[None]] = {}
+        self.harness_cache = config.harness_cache
+        self.socket: Path | None = None
+        self.port: int | None = None
+        self.app: web.Application | None = None
+        self._runner: web.AppRunner | None = None
+        self._sock_dir: Path | None = None
+        self._harnesses: dict[str, HarnessSpec] = {}
+        self._install_locks: dict[str, asyncio.Lock] = {}
+        self.started_at = time.monotonic()
+        self.completed = 0
+
+    # -- lifetime -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        from polar_env.proxy.app import GatewayConfig, build_app
+        from polar_env.proxy.capture import CaptureStore
+        from polar_env.qwen.template import QUIRKS
+
+        if self.config.template not in QUIRKS:
+            raise ConfigError(f"unknown template {self.config.template!r}; known: {sorted(QUIRKS)}")
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(build_engine, self.config.engine)
+        model = getattr(self.engine, "model_name", None)
+        if isinstance(model, str) and model:
+            self.model = model
+        self.meter = MeteredEngine(self.engine)
+        store = CaptureStore(Path(self.config.store) / self.node_id, fsync=self.config.fsync)
+        gateway = GatewayConfig(engine_model=self.model, temperature=self.config.temperature,
+                                top_p=self.config.top_p, max_tokens_cap=self.config.max_tokens,
+                                template=QUIRKS[self.config.template])
+        self.app = build_app(self.meter, store, gateway)  # type: ignore[arg-type]
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        # unix socket paths are limited to ~107 bytes: keep it short, under the system temp dir
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-node-"))
+        self.socket = self._sock_dir / "gw.sock"
+        await web.UnixSite(self._runner, str(self.socket)).start()
+        if self.config.tcp_port is not None:
+            site = web.TCPSite(self._runner, "127.0.0.1", self.config.tcp_port)
+            await site.start()
+            self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        self.started_at = time.monotonic()
+
+    async def stop(self) -> None:
+        """Cancel running sessions (each still goes through POSTRUN), then close the gateway."""
+        for work in list(self.work.values()):
+            work.cancel()
+        deadline = time.monotonic() + 60
+        while self.runs and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._runner is not None:
+            await self._runner.cleanup()  # closes the engine client and the store
+            self._runner = None
+        if self._sock_dir is not None:
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+    # -- sessions -----------------------------------------------------------------------------
+    async def run(self, spec: SessionSpec) -> SessionResult:
+        if self.app is None:
+            raise ConfigError("the node is not started (await node.start() first)")
+        result = await lifecycle.run_session(self, spec)
+        self.completed += 1
+        return result
+
+    def cancel(self, session_id: str) -> bool:
+        """Cancel a session at any stage; it still reaches POSTRUN and reports CANCELLED."""
+        work = self.work.get(session_id)
+        if work is None or work.done():
+            return False
+        work.cancel()
+        return True
+
+    def load(self) -> int:
+        return len(self.runs)
+
+    @property
+    def store(self) -> Any:
+        from polar_env.proxy.app import STORE
+
+        assert self.app is not None
+        return self.app[STORE]
+
+    def _registry(self) -> Any:
+        from polar_env.proxy.app import SESSIONS
+
+        assert self.app is not None
+        return self.app[SESSIONS]
+
+    async def open_session(self, spec: SessionSpec, metadata: dict[str, Any]) -> None:
+        from polar_env.proxy.continuation import Continuation
+        from polar_env.qwen.template import QUIRKS
+        from polar_env.qwen.tokenizer import load_tokenizer
+
+        continuation = None
+        if spec.request.continuation:
+            tokenizer = await asyncio.to_thread(load_tokenizer)
+            continuation = Continuation(tokenizer, QUIRKS[self.config.template])
+        self._registry().create(spec.session_id, metadata, continuation)
+
+    def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Sessions for harnesses this node does not run (your own agents, load generators): the
+        keys to send and where the gateway listens. Their journals land in this node's store."""
+        out = []
+        for sid in session_ids:
+            session = self._registry().create(sid, dict(metadata or {}), None)
+            out.append({"session_id": sid, "key": session.key, "port": self.port, "socket": str(self.socket)})
+        return out
+
+    def session(self, session_id: str) -> Any:
+        return self._registry().get(session_id)
+
+    def close_session(self, session_id: str) -> None:
+        try:
+            self._registry().close(session_id)
+        except Exception:  # noqa: BLE001 - never opened (INIT failed early) or already closed
+            pass
+
+    def harness(self, name: str) -> HarnessSpec:
+        if name not in self._harnesses:
+            self._harnesses[name] = get_harness(name)
+        return self._harnesses[name]
+
+    async def prepare_runtime(self, session: SessionSpec) -> Runtime:
+        """INIT's work: the harness installed and bound in, the gateway socket bridged, prepared."""
+        req = session.request
+        spec = req.runtime.model_copy(update={"gateway_socket": self.socket})
+        if req.agent.harness != loop.NAME:
+            from polar_env.harnesses.launch import with_harness
+
+            harness = self.harness(req.agent.harness)
+            lock = self._install_locks.setdefault(harness.name, asyncio.Lock())
+            async with lock:
+                spec = await asyncio.to_thread(with_harness, spec, harness, self.harness_cache,
+                                               install=self.config.install_harnesses)
+        options: dict[str, Any] = {}
+        if self.config.runtime_root is not None and spec.kind in ("sandbox", "apptainer"):
+            options["root_dir"] = self.config.runtime_root
+        runtime = self.make_runtime(spec, session.session_id, **options)
+        try:
+            await runtime.prepare()
+        except BaseException:
+            await runtime.stop()
+            raise
+        return runtime
+
+    def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Runtime:
+        """The one place a node builds runtimes (tests substitute a test double here)."""
+        return make_runtime(spec, **options)
+
+    # -- weights --------------------------------------------------------------------------------
+    def gate(self) -> Any:
+        from polar_env.proxy.app import GATE
+
+        assert self.app is not None
+        return self.app[GATE]
+
+    async def pause(self, timeout_s: float = 600.0) -> bool:
+        return bool(await self.gate().pause(timeout_s))
+
+    async def resume(self, weight_version: str | None = None) -> None:
+        await self.gate().resume(weight_version)
+
+    async def update_weights(self, source: Any, version: str | None = None, timeout_s: float = 600.0) -> str:
+        """Pause the gateway (in-flight calls drain), load new weights into the engine, resume under
+        the new version; every record sampled afterwards carries it."""
+        reload = getattr(self.engine, "reload_weights", None)
+        if reload is None:
+            raise ConfigError(f"engine {getattr(self.engine, 'name', '?')} cannot load weights from the node; "
+                              "update the inference server directly, then resume with the version")
+        if not await self.pause(timeout_s):
+            await self.resume()
+            raise ConfigError(f"in-flight engine calls did not drain within {timeout_s} s; weights not updated")
+        try:
+            loaded = await asyncio.to_thread(reload, Path(source) if isinstance(source, str) else source)
+        except BaseException:
+            await self.resume()
+            raise
+        new_version = version if version is not None else str(loaded)
+        await self.resume(new_version)
+        return new_version
+
+    # -- metrics --------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        occ = self.pools.occupancy
+        elapsed = max(time.monotonic() - self.started_at, 1e-9)
+        meter = self.meter
+        return {
+            "node_id": self.node_id,
+            "active": self.load(),
+            "completed": self.completed,
+            **self.pools.stats(),
+            "running_occupancy": occ.mean(Stage.RUNNING, self.started_at) / self.config.limits.max_running,
+            "engine_busy_s": meter.busy_seconds() if meter else 0.0,
+            "engine_busy_fraction": (meter.busy_seconds() / elapsed) if meter else 0.0,
+            "engine_slot_utilization": (meter.slot_seconds() / (elapsed * self.config.limits.max_running)) if meter else 0.0,
+            "engine_calls": meter.calls if meter else 0,
+            "engine_errors": meter.errors if meter else 0,
+            "sampled_tokens": meter.sampled_tokens if meter else 0,
+            "elapsed_s": elapsed,
+            "port": self.port,
+            "socket": str(self.socket) if self.socket else None,
+        }
+
+
+def node_actor() -> Any:
+    """The Ray actor class wrapping a GatewayNode (imported lazily: Ray is an optional extra)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("Ray is not installed; install the extra: pip install 'polar-env[ray]'") from None
+
+    @ray.remote
+    class NodeActor:
+        def __init__(self, config_json: str) -> None:
+            self.node = GatewayNode(NodeConfig.model_validate_json(config_json))
+
+        async def start(self) -> dict[str, Any]:
+            await self.node.start()
+            return self.node.stats()
+
+        async def run(self, spec_json: str) -> str:
+            result = await self.node.run(SessionSpec.model_validate_json(spec_json))
+            return result.model_dump_json()
+
+        async def cancel(self, session_id: str) -> bool:
+            return self.node.cancel(session_id)
+
+        async def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+            return self.node.open_external(session_ids, metadata)
+
+        async def stats(self) -> dict[str, Any]:
+            return self.node.stats()
+
+        async def update_weights(self, source: str, version: str | None) -> str:
+            return await self.node.update_weights(source, version)
+
+        async def stop(self) -> None:
+            await self.node.stop()
+
+        def pid(self) -> int:
+            import os
+
+            return os.getpid()
+
+    return NodeActor

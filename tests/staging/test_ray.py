@@ -1,0 +1,79 @@
+"""Gateway nodes as Ray actors (a local Ray started by the test): sessions run in the node
+processes, and a node actor that dies has its sessions reported as errors while the server keeps
+serving on the others. The engine is the simulated test double; runtimes are real bwrap sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from polar_env.engines.config import EngineConfig
+from polar_env.staging.cluster import ClusterConfig, start_cluster
+from polar_env.staging.models import SessionStatus
+from polar_env.staging.node import NodeConfig
+from polar_env.staging.pools import PoolLimits
+from tests.conftest import require_bwrap, unavailable
+from tests.staging.test_node import loop_task
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    try:
+        import ray
+    except ImportError:
+        unavailable("Ray is not installed (pip install -e '.[ray]')")
+    require_bwrap()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def cluster_config(tmp_path: Path, latency_s: float) -> ClusterConfig:
+    node = NodeConfig(engine=EngineConfig(kind="simulated", latency_s=latency_s), store=tmp_path / "store",
+                      limits=PoolLimits(max_running=8), tcp_port=None)
+    return ClusterConfig(nodes=2, ray=True, node=node)
+
+
+async def test_sessions_run_in_node_actors(ray_local: None, tmp_path: Path) -> None:
+    cluster = await start_cluster(cluster_config(tmp_path, 0.02))
+    try:
+        status = await asyncio.wait_for(cluster.server.run(loop_task(4)), 120)
+        stats = await cluster.server.node_stats()
+    finally:
+        await cluster.aclose()
+    assert [r.status for r in status.results] == [SessionStatus.COMPLETED] * 4, [r.error for r in status.results]
+    assert {r.node_id for r in status.results} == {"node-0", "node-1"}
+    assert all(r.reward == 1.0 and r.trajectory is not None for r in status.results)
+    assert sorted(s["completed"] for s in stats) == [2, 2]
+    # each node wrote its own shard of the store
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["node-0", "node-1"]
+
+
+async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp_path: Path) -> None:
+    import ray
+
+    cluster = await start_cluster(cluster_config(tmp_path, 1.5))  # slow engine: sessions are mid-run
+    try:
+        running = asyncio.create_task(cluster.server.run(loop_task(4, evaluator=None)))
+        await asyncio.sleep(1.0)
+        ray.kill(cluster.actors[0])
+        status = await asyncio.wait_for(running, 120)
+        by_node: dict[str, list[SessionStatus]] = {}
+        for r in status.results:
+            by_node.setdefault(r.node_id, []).append(r.status)
+        assert by_node["node-0"] == [SessionStatus.ERROR] * 2
+        assert all("node node-0 died" in (r.error or "") for r in status.results if r.node_id == "node-0")
+        assert by_node["node-1"] == [SessionStatus.COMPLETED] * 2
+        # the server keeps serving, on the live node only
+        again = await asyncio.wait_for(cluster.server.run(loop_task(2, evaluator=None)), 120)
+        assert [r.status for r in again.results] == [SessionStatus.COMPLETED] * 2
+        assert {r.node_id for r in again.results} == {"node-1"}
+        stats = await cluster.server.node_stats()
+        assert "dead" in stats[0] and stats[1]["completed"] == 4
+    finally:
+        await cluster.aclose()

@@ -1,0 +1,143 @@
+"""The rollout server: dispatch, early stop, callbacks with retries, the authenticated HTTP task API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from polar_env.staging.models import SessionStatus, TaskRequest, TaskState, TaskStatus
+from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
+from tests.staging.conftest import FakeRuntimeNode
+from tests.staging.test_node import loop_task
+
+
+async def two_nodes(node_config, **runtime: Any) -> list[FakeRuntimeNode]:  # type: ignore[no-untyped-def]
+    nodes = [FakeRuntimeNode(node_config(max_running=2).model_copy(update={"node_id": f"n{i}"}), **runtime)
+             for i in range(2)]
+    await asyncio.gather(*(n.start() for n in nodes))
+    return nodes
+
+
+async def test_least_loaded_dispatch_spreads_a_group_over_nodes(node_config) -> None:  # type: ignore[no-untyped-def]
+    nodes = await two_nodes(node_config)
+    server = RolloutServer([LocalNode(n) for n in nodes])
+    try:
+        status = await server.run(loop_task(8))
+    finally:
+        await server.aclose()
+    per_node = {n.node_id: sum(1 for r in status.results if r.node_id == n.node_id) for n in nodes}
+    assert per_node == {"n0": 4, "n1": 4}
+    assert status.state is TaskState.DONE and status.finished_at is not None
+    # each node journaled only its own sessions
+    assert set(nodes[0].store.session_ids()).isdisjoint(nodes[1].store.session_ids())
+
+
+async def test_early_stop_cancels_the_stragglers(node_config) -> None:  # type: ignore[no-untyped-def]
+    slow = {"t-x-3", "t-x-4", "t-x-5"}  # stragglers: their tool calls never come back in time
+    node = FakeRuntimeNode(node_config(max_running=6), per_session={s: {"exec_s": 30.0} for s in slow})
+    await node.start()
+    server = RolloutServer([LocalNode(node)])
+    try:
+        status = await asyncio.wait_for(server.run(loop_task(6, group_id="t-x", early_stop_min_usable=3)), 20)
+    finally:
+        await server.aclose()
+    by_status = {r.session_id: r.status for r in status.results}
+    assert status.early_stopped is True
+    assert sum(s is SessionStatus.COMPLETED for s in by_status.values()) >= 3
+    assert {sid for sid, s in by_status.items() if s is SessionStatus.CANCELLED} == slow
+    assert len(status.results) == 6  # stragglers still report
+
+
+async def test_callback_is_retried_until_it_is_accepted(node_config) -> None:  # type: ignore[no-untyped-def]
+    received: list[dict[str, Any]] = []
+
+    async def callback(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        return web.Response(status=503 if len(received) < 3 else 200)
+
+    app = web.Application()
+    app.router.add_post("/done", callback)
+    async with TestServer(app, host="127.0.0.1") as sink:
+        node = FakeRuntimeNode(node_config())
+        await node.start()
+        server = RolloutServer([LocalNode(node)], callback_backoff_s=0.01)
+        try:
+            await server.run(loop_task(2, callback_url=str(sink.make_url("/done"))))
+        finally:
+            await server.aclose()
+    assert len(received) == 3  # two refusals, then accepted
+    status = TaskStatus.model_validate(received[-1])
+    assert status.state is TaskState.DONE and len(status.results) == 2
+    assert all(r.trajectory is not None and r.reward == 1.0 for r in status.results)
+
+
+async def test_callback_gives_up_after_its_retries_and_status_stays_pollable(node_config) -> None:  # type: ignore[no-untyped-def]
+    node = FakeRuntimeNode(node_config())
+    await node.start()
+    server = RolloutServer([LocalNode(node)], callback_retries=2, callback_backoff_s=0.01)
+    try:
+        # nothing listens on port 9 of loopback: every attempt is refused at once
+        status = await server.run(loop_task(1, group_id="g", callback_url="http://127.0.0.1:9/done"))
+        assert server.tasks["g"].callback_attempts == 2 and server.tasks["g"].callback_error
+        assert server.get("g") is status and server.get("echo") is status
+    finally:
+        await server.aclose()
+
+
+async def test_http_task_api_requires_the_token(node_config) -> None:  # type: ignore[no-untyped-def]
+    node = FakeRuntimeNode(node_config())
+    await node.start()
+    server = RolloutServer([LocalNode(node)])
+    app = build_server_app(server, "s3cret")
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        body = loop_task(2).model_dump_json()
+        for method, path in (("POST", "/rollout/task/submit"), ("GET", "/rollout/status"), ("GET", "/rollout/task/x"),
+                             ("DELETE", "/rollout/task/x")):
+            resp = await client.request(method, path, data=body, headers={"Authorization": "Bearer wrong"})
+            assert resp.status == 401, path
+        assert (await client.get("/health")).status == 200
+        auth = {"Authorization": "Bearer s3cret"}
+        resp = await client.post("/rollout/task/submit", data=body, headers=auth)
+        assert resp.status == 202
+        group = (await resp.json())["group_id"]
+        bad = await client.post("/rollout/task/submit", data=b'{"task_id": 5}', headers=auth)
+        assert bad.status == 400 and "invalid TaskRequest" in (await bad.json())["error"]["message"]
+        for _ in range(200):
+            summary = await (await client.get(f"/rollout/task/{group}?results=0", headers=auth)).json()
+            if summary["state"] == "done":
+                break
+            await asyncio.sleep(0.05)
+        assert summary["done"] == 2 and summary["statuses"] == {"completed": 2} and summary["mean_reward"] == 1.0
+        full = TaskStatus.model_validate(await (await client.get(f"/rollout/task/{group}", headers=auth)).json())
+        assert all(r.trajectory is not None for r in full.results)
+        overview = await (await client.get("/rollout/status", headers=auth)).json()
+        assert overview["nodes"][0]["completed"] == 2 and overview["tasks"][0]["group_id"] == group
+    await server.aclose()
+
+
+async def test_cancel_a_running_task_over_http(node_config) -> None:  # type: ignore[no-untyped-def]
+    node = FakeRuntimeNode(node_config(), exec_s=30.0)
+    await node.start()
+    server = RolloutServer([LocalNode(node)])
+    async with TestClient(TestServer(build_server_app(server, "t"), host="127.0.0.1")) as client:
+        auth = {"Authorization": "Bearer t"}
+        group = (await (await client.post("/rollout/task/submit", data=loop_task(2).model_dump_json(),
+                                          headers=auth)).json())["group_id"]
+        for _ in range(200):
+            if node.made and all(rt.commands for rt in node.made) and len(node.made) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert (await client.delete(f"/rollout/task/{group}", headers=auth)).status == 200
+        await asyncio.wait_for(server.tasks[group].done.wait(), 10)
+    status = server.get(group)
+    assert status is not None and status.state is TaskState.CANCELLED
+    assert [r.status for r in status.results] == [SessionStatus.CANCELLED] * 2
+    await server.aclose()
+
+
+def test_task_request_json_round_trip() -> None:
+    req = loop_task(3, priority=90, metadata={"policy_version": 2})
+    assert TaskRequest.model_validate_json(req.model_dump_json()) == req
