@@ -20,9 +20,11 @@ import torch
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.model import ModelSpec
+from polar_env.records import Trajectory
 from polar_env.train.grpo import shuffle_rewards
 from polar_env.train.recipe import Recipe
-from polar_env.train.rollout import LocalGateway, RolloutSource, flatten
+from polar_env.env import PolarEnv, PolarEnvConfig
+from polar_env.train.rollout import LocalGateway, PolarEnvSource, RolloutSource, flatten
 from polar_env.train.trainer import GRPOTrainer
 
 
@@ -89,6 +91,28 @@ class RunResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateCost:
+    per_request_traces: int
+    merged_traces: int
+    per_request_tokens: int  # ids a trainer forwards when every call is its own row
+    merged_tokens: int
+
+
+def update_cost(traj: Trajectory) -> UpdateCost:
+    """What training on this rollout costs merged vs one row per call, for the same data.
+
+    In a prefix-merged trace each call's sampled ids are one mask-1 run, and the call's prompt is
+    everything before it; so a per-request row for call i is ``prompt + response[:end_i]``."""
+    per_traces = per_tokens = 0
+    for trace in traj.traces:
+        ends = [i + 1 for i, m in enumerate(trace.loss_mask) if m and (i + 1 == len(trace.loss_mask) or not trace.loss_mask[i + 1])]
+        per_traces += len(ends)
+        per_tokens += sum(len(trace.prompt_ids) + end for end in ends)
+    merged_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in traj.traces)
+    return UpdateCost(per_traces, len(traj.traces), per_tokens, merged_tokens)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)  # the engine draws each request's sampling seed from here
     torch.manual_seed(seed)
@@ -119,6 +143,12 @@ async def train_with(
         if step == 0:
             result.step0_deltas = list(stats.step0.deltas)
         result.ratios.extend(stats.ratios)
+        for traj in batch:
+            cost = update_cost(traj)
+            result.per_request_traces += cost.per_request_traces
+            result.merged_traces += cost.merged_traces
+            result.per_request_tokens += cost.per_request_tokens
+            result.merged_tokens += cost.merged_tokens
         record = StepRecord(
             step=step, reward_mean=true_mean, rollouts=stats.rollouts, traces=stats.traces,
             sampled_tokens=stats.tokens, rollout_s=t1 - t0, train_s=t2 - t1, sync_s=t3 - t2,
@@ -135,20 +165,32 @@ async def train_with(
 
 
 async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | None = None) -> RunResult:
-    """The default backend: embedded engine + gateway + toy chat loop, all in this process."""
+    """Build the recipe's rollout source and trainer, then run it. The trainer holds its own copy
+    of the engine's initial weights; the engine only ever sees weights through the sync."""
     seed_everything(recipe.seed)
     model_seed = recipe.seed if recipe.engine.model_seed is None else recipe.engine.model_seed
-    engine = EmbeddedEngine(spec=ModelSpec(seed=model_seed), logprobs_mode=recipe.engine.logprobs_mode,
-                            max_tokens_cap=recipe.sampling.max_tokens)
-    # The trainer owns its own copy; the engine only ever sees weights through the sync.
-    trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
+    sampling = recipe.sampling
     store = recipe.run_dir() / "capture"
-    async with LocalGateway(engine, temperature=recipe.sampling.temperature, max_tokens=recipe.sampling.max_tokens,
+    if recipe.source == "polar_env":
+        env = PolarEnv(PolarEnvConfig.model_validate({
+            "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode,
+                       "max_tokens_cap": sampling.max_tokens},
+            "harness": "loop",
+            # no tools (a random model never writes a valid call), one answer, no reasoning block
+            "agent_settings": {"tools": False, "max_turns": 1, "max_tokens": sampling.max_tokens, "thinking": False},
+            "builder": recipe.builder, "temperature": sampling.temperature, "top_p": 1.0,
+            "max_tokens": sampling.max_tokens, "store": str(store),
+            "limits": {"max_running": recipe.rollouts_per_task * len(recipe.tasks)},
+        }))
+        async with env:
+            trainer = GRPOTrainer(copy.deepcopy(env.engine.model), recipe.trainer.config())
+            return await train_with(recipe, PolarEnvSource(env), trainer, on_step)
+    engine = EmbeddedEngine(spec=ModelSpec(seed=model_seed), logprobs_mode=recipe.engine.logprobs_mode,
+                            max_tokens_cap=sampling.max_tokens)
+    trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
+    async with LocalGateway(engine, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                             builder=recipe.builder, store_dir=store) as source:
-        result = await train_with(recipe, source, trainer, on_step)
-        result.per_request_traces, result.merged_traces = source.per_request_traces, source.merged_traces
-        result.per_request_tokens, result.merged_tokens = source.per_request_tokens, source.merged_tokens
-    return result
+        return await train_with(recipe, source, trainer, on_step)
 
 
 def step_line(record: StepRecord) -> str:

@@ -8,10 +8,10 @@ permuted within each group, so nothing the policy does changes its reward).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators import EvaluatorSpec
@@ -60,11 +60,20 @@ class Recipe(_Section):
     tasks: list[TaskRow]
     evaluator: EvaluatorSpec
     builder: str = "prefix_merge_strict"  # every merged trace is exactly a context the model saw
+    # polar_env: the staged pipeline (sandboxed sessions, the loop harness; one call per session);
+    # local: gateway + a multi-turn chat loop in this process (follow_ups make sessions multi-call)
+    source: Literal["polar_env", "local"] = "polar_env"
     control: bool = False
     engine: EngineSection = Field(default_factory=EngineSection)
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     out_dir: str = "runs/{name}-seed{seed}"  # relative to the working directory
+
+    @model_validator(mode="after")
+    def _follow_ups_need_local(self) -> Self:
+        if self.source == "polar_env" and any(t.follow_ups for t in self.tasks):
+            raise ValueError("follow_ups need source: local (the loop harness ends a session at its first answer)")
+        return self
 
     def toy_tasks(self) -> list[ToyTask]:
         return [ToyTask(**row.model_dump(), evaluator=self.evaluator) for row in self.tasks]

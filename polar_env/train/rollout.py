@@ -1,8 +1,9 @@
 """Where the trainer's data comes from: ``RolloutSource`` (``rollout(task, n)`` and
-``update_weights``), and ``LocalGateway``, the in-process implementation used until ``PolarEnv``
-drives rollouts through a node.
+``update_weights``), with two implementations.
 
-``LocalGateway`` runs the real pieces in one process: the embedded engine (in-process
+``PolarEnvSource`` is the staged pipeline (``PolarEnv``: a gateway node, a bubblewrap sandbox per
+session, the built-in ``loop`` harness over OpenAI Chat); a random tiny model never writes a tool
+call, so each of its sessions is a single call. ``LocalGateway`` runs the real pieces in one process: the embedded engine (in-process
 EngineClient), the gateway on 127.0.0.1 with token-in continuation, the capture journal, the
 prefix-merge builder and the ``output`` evaluator. The agent is a small built-in chat loop over the
 Anthropic Messages API (thinking disabled, no tools: a random tiny model never writes a valid tool
@@ -27,12 +28,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
+from polar_env.env import PolarEnv
 from polar_env.evaluators import EvalContext, EvaluatorSpec, run_evaluator
 from polar_env.proxy.app import GatewayConfig, build_app
 from polar_env.proxy.capture import CaptureStore
 from polar_env.records import Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS
-from polar_env.trajectory.per_request import build_per_request
 
 ADMIN_TOKEN = "polar-train-admin"  # the gateway listens on 127.0.0.1 only; the token keeps harnesses off /admin
 
@@ -56,6 +57,24 @@ class RolloutSource(Protocol):
     async def update_weights(self, state: dict[str, torch.Tensor]) -> str: ...
 
 
+class PolarEnvSource:
+    """Rollouts through ``PolarEnv`` (started by the caller); weights through its pause → load → resume."""
+
+    def __init__(self, env: PolarEnv) -> None:
+        self.env = env
+        self.version = 0
+
+    async def rollout(self, task: ToyTask, n: int) -> list[Trajectory]:
+        row = {"task_id": task.task_id, "instruction": task.instruction,
+               "evaluator": task.evaluator.model_dump(mode="json")}
+        group = await self.env.rollout(row, n)
+        return group.trajectories
+
+    async def update_weights(self, state: dict[str, torch.Tensor]) -> str:
+        self.version += 1
+        return await self.env.update_weights(state, version=str(self.version))
+
+
 class LocalGateway:
     """Embedded engine + gateway + chat loop in this process. Use as ``async with``."""
 
@@ -73,10 +92,6 @@ class LocalGateway:
         self.max_tokens = max_tokens
         self.builder = BUILDERS[builder]
         self.store = CaptureStore(store_dir or Path(tempfile.mkdtemp(prefix="polar-train-")))
-        self.per_request_traces = 0  # what a per-request builder would have emitted for the same calls
-        self.merged_traces = 0
-        self.per_request_tokens = 0  # prompt + response ids a per-request trainer would forward
-        self.merged_tokens = 0
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self.url = ""
@@ -137,12 +152,6 @@ class LocalGateway:
 
         records = self.store.read(session_id)
         trajectory = self.builder(records)
-        per_request = build_per_request(records)
-        self.per_request_traces += len(per_request.traces)
-        self.merged_traces += len(trajectory.traces)
-        self.per_request_tokens += sum(len(t.prompt_ids) + len(t.response_ids) for t in per_request.traces)
-        self.merged_tokens += sum(len(t.prompt_ids) + len(t.response_ids) for t in trajectory.traces)
-
         if error is None:
             result = await run_evaluator(task.evaluator.name, EvalContext(task=task.model_dump(), params=task.evaluator.params,
                                                                           final_answer=answer), timeout_s=task.evaluator.timeout_s)

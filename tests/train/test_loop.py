@@ -19,9 +19,10 @@ from polar_env.train.loop import run_recipe
 from polar_env.train.recipe import Recipe
 from polar_env.train.rollout import LocalGateway, ToyTask
 from polar_env.train.trainer import GRPOTrainer, TrainerConfig
+from tests.conftest import require_bwrap
 
 TINY = {
-    "name": "tiny", "steps": 3, "rollouts_per_task": 3,
+    "name": "tiny", "steps": 3, "rollouts_per_task": 3, "source": "local",
     "tasks": [{"task_id": "k", "instruction": "Say a word with a k.", "follow_ups": ["Again."]}],
     "evaluator": {"name": "output", "regex": "k", "ignore_case": True},
     "sampling": {"temperature": 0.1, "max_tokens": 3},
@@ -30,6 +31,7 @@ TINY = {
 
 
 def test_records_carry_the_weight_version_of_each_step(tmp_path: Path) -> None:
+    """Local source: multi-call sessions (instruction + follow-up), merged into one trace each."""
     recipe = Recipe.model_validate({**TINY, "out_dir": str(tmp_path / "run")})
     result = asyncio.run(run_recipe(recipe))
     assert [s.weight_versions for s in result.steps] == [["0"], ["1"], ["2"]]
@@ -39,7 +41,25 @@ def test_records_carry_the_weight_version_of_each_step(tmp_path: Path) -> None:
     versions = {orjson.loads(line)["weight_version"] for j in journals for line in j.read_bytes().splitlines()}
     assert versions == {"0", "1", "2"}
     assert all(s.step0_max_abs_delta <= 1e-4 for s in result.steps)  # every batch, not just the first
-    assert result.per_request_traces == 2 * result.merged_traces  # two calls per session, one merged trace
+    assert result.per_request_traces == 2 * result.merged_traces == 2 * 3 * 3  # two calls per session, one trace
+    assert result.per_request_tokens > result.merged_tokens
+
+
+def test_polar_env_source_trains_and_advances_versions(tmp_path: Path) -> None:
+    """The staged pipeline: PolarEnv, one bwrap sandbox per session, the loop harness."""
+    require_bwrap()
+    tasks = [{"task_id": "k", "instruction": "Say a word with a k."}]
+    recipe = Recipe.model_validate({**TINY, "source": "polar_env", "tasks": tasks, "out_dir": str(tmp_path / "run")})
+    result = asyncio.run(run_recipe(recipe))
+    assert [s.weight_versions for s in result.steps] == [["0"], ["1"], ["2"]]
+    assert [s.rollouts for s in result.steps] == [3, 3, 3]
+    assert all(s.step0_max_abs_delta <= 1e-4 and s.sampled_tokens == 3 * 3 for s in result.steps)
+    assert result.per_request_traces == result.merged_traces == 9  # one call per session
+
+
+def test_follow_ups_need_the_local_source() -> None:
+    with pytest.raises(ValueError, match="follow_ups need source: local"):
+        Recipe.model_validate({**TINY, "source": "polar_env"})
 
 
 def test_update_weights_pauses_reloads_and_resumes(task: ToyTask) -> None:

@@ -87,6 +87,15 @@ def _tools(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _template_kwargs(value: Any) -> dict[str, Any]:
+    """vLLM's and SGLang's ``chat_template_kwargs`` extension (e.g. ``{"enable_thinking": false}``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError("'chat_template_kwargs' must be an object")
+    return dict(value)
+
+
 def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
     messages = require(body, "messages", list, "a list of messages")
     if not messages:
@@ -102,6 +111,7 @@ def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
         stop=stop_list(body.get("stop"), "stop"),
         seed=body.get("seed") if isinstance(body.get("seed"), int) else None,
         response_format=body.get("response_format") if isinstance(body.get("response_format"), dict) else None,
+        chat_template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
     )
     options = {"include_usage": bool((body.get("stream_options") or {}).get("include_usage"))}
     return Inbound(chat=chat, stream=bool(body.get("stream")), model=str(body.get("model") or ""), notes=notes, options=options)
