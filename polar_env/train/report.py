@@ -45,7 +45,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 def _label(result: RunResult) -> str:
     kind = "shuffled-reward control" if result.recipe["control"] else "GRPO"
-    return f"{kind}, seed {result.recipe['seed']} (Δ5 {result.improvement():+.2f})"
+    return f"{result.recipe['name']}: {kind}, seed {result.recipe['seed']} (last5 - first5 {result.improvement():+.2f})"
 
 
 def plot_rewards(results: Sequence[RunResult], path: Path) -> Path:
@@ -57,7 +57,7 @@ def plot_rewards(results: Sequence[RunResult], path: Path) -> Path:
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward of the step's rollouts")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title(results[0].recipe["name"] if results else "")
+    ax.set_title("reward per step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -70,10 +70,10 @@ def plot_histograms(result: RunResult, path: Path) -> Path:
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     ratios = result.ratios or [1.0]
-    left.hist(ratios, bins=50, color="tab:blue")
-    left.set_title(f"importance ratio exp(train - rollout), {len(ratios)} tokens\n"
+    left.hist([r - 1.0 for r in ratios], bins=50, color="tab:blue")
+    left.set_title(f"importance ratio exp(train - rollout), all steps, {len(ratios)} tokens\n"
                    f"min {min(ratios):.6f}  max {max(ratios):.6f}", fontsize=9)
-    left.set_xlabel("ratio")
+    left.set_xlabel("ratio - 1")
     deltas = [max(d, 1e-12) for d in result.step0_deltas] or [1e-12]
     right.hist([math.log10(d) for d in deltas], bins=40, color="tab:green")
     right.axvline(-4, color="tab:red", linestyle="--", label="tolerance 1e-4")

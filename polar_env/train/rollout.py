@@ -2,15 +2,15 @@
 ``update_weights``), with two implementations.
 
 ``PolarEnvSource`` is the staged pipeline (``PolarEnv``: a gateway node, a bubblewrap sandbox per
-session, the built-in ``loop`` harness over OpenAI Chat); a random tiny model never writes a tool
-call, so each of its sessions is a single call. ``LocalGateway`` runs the real pieces in one process: the embedded engine (in-process
-EngineClient), the gateway on 127.0.0.1 with token-in continuation, the capture journal, the
-prefix-merge builder and the ``output`` evaluator. The agent is a small built-in chat loop over the
-Anthropic Messages API (thinking disabled, no tools: a random tiny model never writes a valid tool
-call), which asks ``turns`` times — the instruction, then follow-ups — so each rollout is a
-multi-call session whose merged trace holds template tokens between turns (mask 0). The reward is
-the evaluator's verdict on the final answer. Weight sync goes through the gateway: pause (drain) →
-engine reload from a state dict → resume with the engine's new version.
+session, the built-in ``loop`` harness over OpenAI Chat). A random tiny model never writes a valid
+tool call, so each of its sessions is one call.
+
+``LocalGateway`` runs the pieces in this process: the embedded engine, the gateway on 127.0.0.1
+with token-in continuation, the capture journal, a prefix-merge builder and the evaluator. Its
+agent is a small chat loop over the Anthropic Messages API (thinking disabled, no tools) that
+asks the instruction, then each follow-up, so every rollout is a multi-call session whose merged
+trace holds the template's tokens between turns (mask 0). Its weight sync goes through the
+gateway: pause (drain) → engine reload from a state dict → resume under the engine's new version.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Per step: advantages per prompt group (``grpo.group_advantages``) → for each trace one forward
 over prompt + response (the same teacher-forced computation the fidelity check uses) → the
 step-0 check on those logprobs, before anything is updated → the trace's share of the token-mean
-loss, backpropagated trace by trace (only response logits are held, one trace at a time) → one
-clipped Adam step. Weight sync to the engine is the caller's (``sync.py``).
+loss, backpropagated a few hundred response positions at a time (only response logits are
+materialised) → one clipped Adam step. Weight sync to the engine is the caller's (``rollout.py``).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ class GRPOTrainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas)
         self.steps = 0
 
-    def step(self, trajectories: Sequence[Trajectory], *, check: bool = True) -> StepStats:
-        """Check and train on one batch. ``check=False`` skips the step-0 check, for batches known
-        to be off-policy (sampled before the last weight sync); the default loop never needs it."""
+    def step(self, trajectories: Sequence[Trajectory]) -> StepStats:
+        """Check and train on one batch sampled with the trainer's current weights (the loop syncs
+        after every step, so every batch is on-policy and must pass the step-0 check)."""
         started = time.perf_counter()
         advantages = group_advantages(trajectories, std_normalize=self.config.std_normalize)
         items = trainable_traces(trajectories)
@@ -101,13 +101,12 @@ class GRPOTrainer:
                 chunk, positions = [], 0
         if chunk:
             torch.stack(chunk).sum().backward()
-        if check:
-            try:
-                stats.step0 = check_step0([(label, trace) for label, trace, _ in items], recomputed,
-                                          tolerance=self.config.step0_tolerance)
-            except Step0Mismatch:
-                self.optimizer.zero_grad(set_to_none=True)
-                raise
+        try:
+            stats.step0 = check_step0([(label, trace) for label, trace, _ in items], recomputed,
+                                      tolerance=self.config.step0_tolerance)
+        except Step0Mismatch:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
         params = [p for p in self.model.parameters() if p.grad is not None]
         stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)) if params else 0.0
         if params and stats.tokens:
