@@ -20,10 +20,10 @@ import torch
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.model import ModelSpec
+from polar_env.env import PolarEnv, PolarEnvConfig
 from polar_env.records import Trajectory
 from polar_env.train.grpo import shuffle_rewards
 from polar_env.train.recipe import Recipe
-from polar_env.env import PolarEnv, PolarEnvConfig
 from polar_env.train.rollout import LocalGateway, PolarEnvSource, RolloutSource, flatten
 from polar_env.train.trainer import GRPOTrainer
 

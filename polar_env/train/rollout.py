@@ -20,7 +20,7 @@ import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import aiohttp
 import torch
@@ -96,7 +96,7 @@ class LocalGateway:
         self._http: aiohttp.ClientSession | None = None
         self.url = ""
 
-    async def __aenter__(self) -> LocalGateway:
+    async def __aenter__(self) -> Self:
         config = GatewayConfig(
             engine_model=self.engine.model_name,
             temperature=self.temperature,  # the trainer owns sampling: harness values are overridden

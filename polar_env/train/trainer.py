@@ -19,7 +19,12 @@ import torch
 from polar_env.engines.embedded.model import response_logprobs
 from polar_env.records import Trace, Trajectory
 from polar_env.train.grpo import LossConfig, group_advantages, rollout_key, trace_loss
-from polar_env.train.step0 import STEP0_TOLERANCE, Step0Mismatch, Step0Report, check_step0
+from polar_env.train.step0 import (
+    STEP0_TOLERANCE,
+    Step0Mismatch,
+    Step0Report,
+    check_step0,
+)
 from polar_env.trajectory.fidelity import scoring_temperature
 
 

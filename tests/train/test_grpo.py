@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from polar_env.records import Trace, Trajectory
-from polar_env.train.grpo import LossConfig, group_advantages, shuffle_rewards, trace_loss
+from polar_env.train.grpo import (
+    LossConfig,
+    group_advantages,
+    shuffle_rewards,
+    trace_loss,
+)
 
 
 def _traj(session: str, group: str, reward: float, traces: int = 1) -> Trajectory:

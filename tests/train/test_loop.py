@@ -15,6 +15,7 @@ import yaml
 
 from polar_env.cli import main
 from polar_env.engines.embedded.engine import EmbeddedEngine
+from polar_env.proxy.app import GATE
 from polar_env.train.loop import run_recipe
 from polar_env.train.recipe import Recipe
 from polar_env.train.rollout import LocalGateway, ToyTask
@@ -65,21 +66,27 @@ def test_follow_ups_need_the_local_source() -> None:
 def test_update_weights_pauses_reloads_and_resumes(task: ToyTask) -> None:
     engine = EmbeddedEngine(max_tokens_cap=3)
     trainer = GRPOTrainer(copy.deepcopy(engine.model), TrainerConfig(lr=0.05))
+    seen: dict[str, object] = {}
 
     async def run() -> None:
         async with LocalGateway(engine, temperature=0.1, max_tokens=3) as gateway:
+            assert gateway._runner is not None
+            gate = gateway._runner.app[GATE]
+            reload = engine.reload_weights
+
+            def watched_reload(state):  # type: ignore[no-untyped-def]
+                seen.update(paused=gate.paused, in_flight=gate.in_flight)
+                return reload(state)
+
+            engine.reload_weights = watched_reload  # type: ignore[method-assign]
             batch = await gateway.rollout(task, 3)
             batch[0] = batch[0].model_copy(update={"reward": 1.0})  # make sure the step moves weights
             await asyncio.to_thread(trainer.step, batch)
-            # a rollout started while the sync runs waits behind the pause and samples under v1
-            sync = asyncio.create_task(gateway.update_weights(trainer.state_dict()))
-            late = asyncio.create_task(gateway.rollout(task, 1))
-            assert await sync == "1"
-            assert await gateway.weight_version() == "1"
-            (traj,) = await late
-            assert traj.metadata["weight_versions"] in (["0"], ["1"])  # never a mix within a call
-            after = await gateway.rollout(task, 1)
-            assert after[0].metadata["weight_versions"] == ["1"]
+            assert await gateway.update_weights(trainer.state_dict()) == "1"
+            assert seen == {"paused": True, "in_flight": 0}  # reloaded only behind a drained gate
+            assert not gate.paused and await gateway.weight_version() == "1"
+            after = await gateway.rollout(task, 2)
+            assert all(t.metadata["weight_versions"] == ["1"] for t in after)
 
     asyncio.run(run())
     for name, value in trainer.model.state_dict().items():

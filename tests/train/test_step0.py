@@ -33,7 +33,7 @@ def _shift_mask(trace: Trace) -> Trace:
 
 def _drop_interstitial(trace: Trace) -> Trace:
     i = _interstitial(trace)
-    cut = lambda xs: xs[:i] + xs[i + 1 :]  # noqa: E731
+    cut = lambda xs: xs[:i] + xs[i + 1 :]
     return trace.model_copy(update={"response_ids": cut(trace.response_ids), "loss_mask": cut(trace.loss_mask),
                                     "response_logprobs": cut(trace.response_logprobs)})
 
