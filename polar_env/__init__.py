@@ -45,7 +45,7 @@ _LAZY = {
     "RuntimeSpec": "polar_env.runtimes.base",
     "rollout": "polar_env.staging.job",
     "RolloutJob": "polar_env.staging.job",
-    "build_trajectories": "polar_env.trajectory.builders",
+    "build_trajectories": "polar_env.trajectory.reader",
     "run_evaluator": "polar_env.evaluators",
 }
 

@@ -211,19 +211,6 @@ async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[
     return engine, model, f"{kind} {', '.join(served)}"
 
 
-def _admin_token(store: Path, token: str | None) -> tuple[str | None, Path | None]:
-    """The admin token and the file it is kept in (shown in the ready line)."""
-    # HOOK (issue 9, part A): part A's always-on admin token (polar_env.proxy.admin) is used once it
-    # is merged; until then --admin-token stays optional. Delete the fallback after the merge.
-    try:
-        from polar_env.proxy.admin import load_or_create_admin_token  # type: ignore[import-not-found]
-    except ModuleNotFoundError as exc:
-        if exc.name != "polar_env.proxy.admin":
-            raise
-        return token, None
-    return load_or_create_admin_token(store, token)  # type: ignore[no-any-return]
-
-
 def cmd_gateway(args: argparse.Namespace) -> int:
     kind = resolve_engine_kind(args)
     store_root = store_to_write(args.store)
@@ -232,12 +219,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
-    from polar_env.proxy.app import GatewayConfig, build_app
+    from polar_env.proxy.admin import load_or_create_admin_token
+    from polar_env.proxy.app import GatewayConfig, build_app, build_provider_app
     from polar_env.proxy.capture import CaptureStore
 
     started = time.perf_counter()
     engine, model, engine_text = await _gateway_engine(args, kind)
-    token, token_path = _admin_token(store_root, args.admin_token)
+    store = CaptureStore(store_root, fsync=args.fsync)
+    token, token_path = load_or_create_admin_token(store.root, args.admin_token)
     config = GatewayConfig(
         engine_model=model,
         public_url=args.public_url,
@@ -247,11 +236,14 @@ async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) ->
         admin_token=token,
         template=QUIRKS[args.template],
         continuation=args.continuation,
+        engine_timeout_s=args.engine_timeout,
     )
-    app = build_app(engine, CaptureStore(store_root, fsync=args.fsync), config)
-    where = f"; store {store_root}" + (f"; admin token in {token_path}" if token_path else "")
+    app = build_app(engine, store, config)
+    where = f"; store {store_root}; " + (f"admin token in {token_path}" if token_path else "admin token from --admin-token")
     what = f"polar-env gateway (engine: {engine_text}, model {model!r})"
-    await _serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket, suffix=where)
+    # sandboxes get the provider routes only (runtimes/relay.py)
+    sandbox = build_provider_app(app) if args.unix_socket else None
+    await _serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket, unix_app=sandbox, suffix=where)
 
 
 # -- serving -----------------------------------------------------------------------------------
@@ -269,7 +261,7 @@ def _tune_gc() -> None:
 
 
 async def _serve(app, host: str, port: int, what: str, started: float, *,  # type: ignore[no-untyped-def]
-                 unix_socket: str | None = None, suffix: str = "") -> None:
+                 unix_socket: str | None = None, unix_app=None, suffix: str = "") -> None:  # type: ignore[no-untyped-def]
     from aiohttp import web
 
     from polar_env.access_log import LOGGER, AccessLogger
@@ -277,6 +269,7 @@ async def _serve(app, host: str, port: int, what: str, started: float, *,  # typ
     _tune_gc()
     runner = web.AppRunner(app, access_log=LOGGER, access_log_class=AccessLogger)
     await runner.setup()
+    runners = [runner]
     try:
         try:
             await web.TCPSite(runner, host, port).start()
@@ -284,8 +277,12 @@ async def _serve(app, host: str, port: int, what: str, started: float, *,  # typ
             raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
                               "pick another --port or --host, or stop the process that holds it") from exc
         if unix_socket:  # what sandboxes reach through their relay (runtimes/base.py)
+            unix_runner = web.AppRunner(unix_app, access_log=None) if unix_app is not None else runner
+            if unix_runner is not runner:
+                await unix_runner.setup()
+                runners.insert(0, unix_runner)
             try:
-                await web.UnixSite(runner, unix_socket).start()
+                await web.UnixSite(unix_runner, unix_socket).start()
             except OSError as exc:
                 raise ConfigError(f"cannot listen on --unix-socket {unix_socket} ({exc.strerror or exc}); "
                                   "give a path in an existing, writable folder") from exc
@@ -297,7 +294,8 @@ async def _serve(app, host: str, port: int, what: str, started: float, *,  # typ
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        for r in runners:
+            await r.cleanup()
 
 
 # -- trajectories ------------------------------------------------------------------------------
@@ -305,7 +303,7 @@ async def _serve(app, host: str, port: int, what: str, started: float, *,  # typ
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.proxy.capture import CaptureStore
-    from polar_env.trajectory.builders import build_trajectories
+    from polar_env.trajectory.reader import build_trajectories
 
     root = existing_dir(args.store, "--store", "pass the folder polar-env gateway --store wrote")
     store = CaptureStore(root)
@@ -623,6 +621,75 @@ def _add_rollout_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
         p.set_defaults(func=func)
 
 
+# -- trainer integrations: slime-args / sft ---------------------------------------------------
+
+
+def cmd_slime_args(args: argparse.Namespace) -> int:
+    """Print the slime launch a recipe stands for; write the files it names; --run launches it."""
+    import importlib.util
+    import os
+    import subprocess
+
+    from polar_env.integrations.slime_recipe import Recipe, render
+
+    launch = render(Recipe.from_yaml(args.recipe), Path(args.out))
+    launch.write_files()
+    script = Path(args.out).resolve() / "launch_slime.sh"
+    script.write_text(launch.script)
+    print(json.dumps(launch.flags) if args.argv else launch.script, end="" if not args.argv else "\n")
+    if not args.run:
+        print(f"# wrote {script} and {len(launch.files)} file(s) in {Path(args.out).resolve()}", file=sys.stderr)
+        return 0
+    slime_dir = os.environ.get("SLIME_DIR")
+    if importlib.util.find_spec("slime") is None and not (slime_dir and Path(slime_dir, "train.py").is_file()):
+        print("polar-env slime-args --run: slime is not installed here (import slime fails and $SLIME_DIR has no "
+              "train.py); git clone https://github.com/THUDM/slime and pip install -e slime --no-deps, or run "
+              "inside the slimerl/slime image", file=sys.stderr)
+        return 2
+    return subprocess.call(["bash", str(script)])
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Roll tasks out, keep the evaluator-accepted sessions, export SFT rows, print the table."""
+    from polar_env.integrations.sft import export_job
+    from polar_env.staging.job import RolloutJob, load_tasks, run_job
+    from polar_env.staging.progress import LiveProgress
+
+    job = RolloutJob(env=_env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
+                     samples=args.samples, out=Path(args.out), early_stop_min_usable=args.early_stop)
+    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in load_tasks(job)}
+    print(f"polar-env sft: {len(repo_of)} task(s) x {args.samples} sample(s); {job.env.engine.describe()}; "
+          f"harness {job.env.harness}; output {job.out}", flush=True)
+    live = None if args.no_progress else LiveProgress()
+    try:
+        asyncio.run(run_job(job, live))
+    finally:
+        if live is not None:
+            live.stop()
+    summary = export_job(Path(args.out), repo_of, min_reward=args.min_reward)
+    print(summary.table())
+    print(f"wrote {Path(args.out)}/: {', '.join(summary.files)}")
+    return 0 if summary.rows else 1
+
+
+def _add_integration_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=_HelpFormatter)
+
+    p = command("slime-args", "a slime recipe YAML -> the exact slime launch (bash script)")
+    p.add_argument("recipe", help="recipe YAML (see recipes/)")
+    p.add_argument("--out", default="slime_run", help="folder for polar.yaml, the custom config and launch_slime.sh")
+    p.add_argument("--argv", action="store_true", help="print the flags as a JSON list instead of the script")
+    p.add_argument("--run", action="store_true", help="launch it (needs slime installed, or $SLIME_DIR)")
+    p.set_defaults(func=cmd_slime_args)
+
+    p = command("sft", "offline SFT data: roll out, keep evaluator-accepted sessions, export JSONL + Parquet")
+    _add_job_options(p, samples=4)
+    p.add_argument("--min-reward", type=float, default=1.0,
+                   help="acceptance for evaluators without a resolved verdict (swebench: resolved)")
+    p.set_defaults(func=cmd_sft)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from polar_env.train.command import run_train
 
@@ -670,7 +737,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="override every request's temperature")
     p.add_argument("--top-p", type=float, help="override every request's top_p")
     p.add_argument("--gateway-max-tokens", type=int, help="cap every request's max_tokens")
-    p.add_argument("--admin-token", help="require this bearer token on /admin/*")
+    p.add_argument("--admin-token", help="bearer token for /sessions and /admin/* (default: read or create "
+                   "<store>/admin_token, mode 0600)")
+    p.add_argument("--engine-timeout", type=float, default=1800.0,
+                   help="seconds one engine call may take before the harness gets a 504")
     p.add_argument("--continuation", action="store_true",
                    help="token-in continuation mode for every session (append-only prompts)")
     _add_engine_options(p, gateway=True)
@@ -703,6 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     _add_rollout_commands(sub)
+    _add_integration_commands(sub)
     _add_train_command(sub)
     return parser
 

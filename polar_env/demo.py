@@ -24,7 +24,7 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.engines.embedded.server import build_app as build_engine_app
 from polar_env.engines.vllm import VLLMClient
-from polar_env.proxy.app import GatewayConfig, build_app as build_gateway_app
+from polar_env.proxy.app import CONFIG, GatewayConfig, build_app as build_gateway_app
 from polar_env.proxy.capture import CaptureStore
 from polar_env.trajectory.fidelity import verify
 from polar_env.trajectory.per_request import build_per_request
@@ -81,7 +81,8 @@ async def run_demo(store_dir: str | None = None) -> int:
           f"({engine.describe()['parameters']:,}-parameter Qwen3, Qwen3.5 tokenizer and template)")
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{gateway_url}/sessions", json={"session_id": session_id}) as resp:
+            admin = {"Authorization": f"Bearer {gateway[CONFIG].admin_token}"}
+            async with http.post(f"{gateway_url}/sessions", json={"session_id": session_id}, headers=admin) as resp:
                 session = await resp.json()
             headers = {"x-api-key": session["key"], "anthropic-version": "2023-06-01"}
             messages: list[dict[str, Any]] = [{"role": "user", "content": "What does `echo hi` print? Use the tool."}]

@@ -78,7 +78,13 @@ class PolarEnvConfig(BaseModel):
             raise ConfigError(f"config file {path}: {exc}") from None
 
     def cluster(self) -> ClusterConfig:
-        node = NodeConfig(engine=self.engine, limits=self.limits, store=self.store, template=self.engine.template,
+        engine = self.engine
+        if engine.script is not None and engine.script_finish_command is None and self.harness != "loop":
+            from polar_env.harnesses import get_harness
+
+            finish = get_harness(self.harness).finish_command  # mini-swe-agent ends only by a command
+            engine = engine.model_copy(update={"script_finish_command": finish})
+        node = NodeConfig(engine=engine, limits=self.limits, store=self.store, template=self.engine.template,
                           temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
                           harness_cache=self.harness_cache)
         return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node)

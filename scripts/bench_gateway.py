@@ -117,12 +117,16 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+ADMIN_TOKEN = "polar-bench-admin"
+
+
 async def main_async(args: argparse.Namespace) -> None:
     engine_port, gateway_port = free_port(), free_port()
     store = tempfile.mkdtemp(prefix="polar-bench-")
     procs = [
         subprocess.Popen([sys.executable, __file__, "--serve-engine", str(engine_port), "--engine-ms", str(args.engine_ms)]),
         subprocess.Popen([sys.executable, "-m", "polar_env.cli", "gateway", "--port", str(gateway_port), "--engine", "vllm",
+                          "--admin-token", ADMIN_TOKEN,
                           "--engine-url", f"http://127.0.0.1:{engine_port}", "--store", store], stdout=subprocess.DEVNULL),
     ]
     try:
@@ -133,7 +137,7 @@ async def main_async(args: argparse.Namespace) -> None:
         request = {"model": "bench", "messages": [{"role": "user", "content": "go " * 200}],
                    "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]}
         async with aiohttp.ClientSession() as s:
-            async with s.post(f"{gateway_url}/sessions", json={}) as r:
+            async with s.post(f"{gateway_url}/sessions", json={}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
                 key = (await r.json())["key"]
         auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         print(f"mock engine: {PROMPT_IDS} prompt ids, {RESPONSE_IDS} response ids + logprobs, {len(engine_body()) / 1e3:.0f} kB, "

@@ -238,9 +238,11 @@ def test_gateway_process_infers_engine_and_model_and_logs_requests(tmp_path: Pat
         assert proc.stdout is not None
         ready = proc.stdout.readline()
         assert f"engine: vllm {fake_vllm}, model '{MODEL}'" in ready, ready
-        assert ready.rstrip().endswith(f"on http://127.0.0.1:{port}; store {store}"), ready
+        token_file = store / "admin_token"
+        assert ready.rstrip().endswith(f"on http://127.0.0.1:{port}; store {store}; admin token in {token_file}"), ready
         base = f"http://127.0.0.1:{port}"
-        status, session = _post(f"{base}/sessions", {"session_id": "s1"})
+        admin = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        status, session = _post(f"{base}/sessions", {"session_id": "s1"}, admin)
         assert status == 201, session
         status, reply = _post(f"{base}/v1/chat/completions", {"model": "any", "messages": [{"role": "user", "content": "hi"}]},
                               {"Authorization": f"Bearer {session['key']}"})

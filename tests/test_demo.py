@@ -28,7 +28,7 @@ def two_demo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_rerunning_the_demo_on_one_store(two_demo_runs: Path) -> None:
-    assert sorted(p.name for p in two_demo_runs.iterdir()) == ["demo-2.jsonl", "demo.jsonl"]
+    assert sorted(p.name for p in two_demo_runs.glob("*.jsonl")) == ["demo-2.jsonl", "demo.jsonl"]
     from polar_env.proxy.capture import CaptureStore
 
     store = CaptureStore(two_demo_runs)

@@ -61,7 +61,7 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         import polar_env
         from polar_env.engines import make_engine
         from polar_env.evaluators import EvalContext, run_evaluator
-        from polar_env.proxy.app import GatewayConfig, build_app
+        from polar_env.proxy.app import CONFIG, GatewayConfig, build_app
         from polar_env.proxy.capture import CaptureStore
         from polar_env.runtimes import RuntimeSpec, make_runtime
         from polar_env.tasks import toy
@@ -72,10 +72,12 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
             await engine_server.start_server()
             store = CaptureStore(Path({str(tmp_path / "capture")!r}))
             engine = make_engine("vllm", str(engine_server.make_url("/v1")), MODEL)
-            gateway = TestClient(TestServer(build_app(engine, store, GatewayConfig(engine_model=MODEL))))
+            app = build_app(engine, store, GatewayConfig(engine_model=MODEL))
+            admin = {{"Authorization": f"Bearer {{app[CONFIG].admin_token}}"}}
+            gateway = TestClient(TestServer(app))
             await gateway.start_server()
             try:
-                session = await (await gateway.post("/sessions", json={{"session_id": "nt"}})).json()
+                session = await (await gateway.post("/sessions", json={{"session_id": "nt"}}, headers=admin)).json()
                 resp = await gateway.post("/v1/messages", json={{"model": "claude", "max_tokens": 64,
                     "messages": [{{"role": "user", "content": "weather?"}}]}}, headers={{"x-api-key": session["key"]}})
                 assert resp.status == 200, await resp.text()

@@ -29,6 +29,8 @@ class EngineConfig(BaseModel):
     # own (a long patch command can exceed 256 tokens), so the default cap is high for them.
     max_tokens_cap: int | None = None  # default: 256 sampled, 4096 scripted
     script: Path | None = None  # a scripted policy file ({steps: [...]}) forcing the tokens
+    # harnesses that end only by a command (mini-swe-agent): scripted answers also run it
+    script_finish_command: str | None = None
     # simulated (a test double: see engines/simulated.py)
     latency_s: float = 0.05
     jitter: float = 0.0
@@ -47,6 +49,12 @@ def build_engine(config: EngineConfig) -> EngineClient:
     policy = None
     if config.script is not None:
         policy = _policy(config.script)
+        if config.script_finish_command is not None:
+            from polar_env.harnesses.scripted import FinishingPolicy
+
+            policy = FinishingPolicy(steps=policy.steps, shell_tools=policy.shell_tools,
+                                     command_params=policy.command_params,
+                                     finish_command=config.script_finish_command)
     if config.kind == "embedded":
         from polar_env.engines.embedded.engine import EmbeddedEngine
         from polar_env.engines.embedded.model import ModelSpec

@@ -14,6 +14,13 @@ Self-contained and stdlib-only on purpose: it is copied as a single file into im
     python3 relay.py --listen 127.0.0.1:8100 --socket /run/polar/gw.sock -- CMD ARGS  # bind, relay in a
                                                              # forked child, exec CMD in this process
 
+What the relay does *not* do: filter paths. It runs inside the runtime with the agent's own
+privileges, next to the unix socket it forwards to (bound read-write at ``/run/polar/gw.sock``), so
+an allow-list here would be bypassed by connecting to the socket directly. The boundary is on the
+gateway side instead: the socket bound into runtimes is served by ``build_provider_app`` (provider
+routes only; no session or admin routes exist there), and every provider route checks the
+session key. ``tests/runtimes/test_isolation.py`` probes both roads from inside a real sandbox.
+
 In the last two forms the listening socket is bound before this process returns or execs, so the
 command can connect at once (the kernel queues connections until the child's loop accepts them).
 The forked child detaches (new session, stdio on /dev/null); it ends with the runtime's pid

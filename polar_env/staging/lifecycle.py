@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polar_env.errors import ConfigError
+from polar_env.errors import ConfigError, PolarError
 from polar_env.evaluators import EvalContext, EvaluatorSpec, prewarm, run_evaluator
 from polar_env.harnesses import loop
 from polar_env.records import Status, Trajectory
@@ -191,7 +191,11 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
     if run.stage is not Stage.POSTRUN:
         _enter(node, run, Stage.POSTRUN)
     async with node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
-        records = await asyncio.to_thread(node.store.read, spec.session_id)
+        try:
+            records = await asyncio.to_thread(node.store.read, spec.session_id)
+        except PolarError as exc:  # a journal line that is not a record: nothing trustworthy to build
+            records = []
+            run.status, run.error = SessionStatus.ERROR, f"journal unreadable: {exc}"
         if run.final_answer is None and records:
             run.final_answer = records[-1].message.content
         reward, evaluation = 0.0, {}

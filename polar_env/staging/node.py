@@ -273,6 +273,9 @@ class GatewayNode:
         return bool(await self.gate().pause(timeout_s))
 
     async def resume(self, weight_version: str | None = None) -> None:
+        set_version = getattr(self.engine, "set_weight_version", None)
+        if weight_version is not None and callable(set_version):
+            set_version(weight_version)  # engines that stamp records themselves carry the trainer's version
         await self.gate().resume(weight_version)
 
     async def update_weights(self, source: Any, version: str | None = None, timeout_s: float = 600.0) -> str:

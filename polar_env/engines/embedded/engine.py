@@ -8,6 +8,7 @@ weight reload waits for the running generation and bumps ``weight_version``. The
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class EmbeddedEngine:
         self.max_tokens_cap = max_tokens_cap
         self.model_name = model_name
         self.weight_version = 0
+        self.version_label: str | None = None  # the trainer's name for the weights (gateway resume)
         self._lock = threading.Lock()
 
     # -- EngineClient -------------------------------------------------------------------------
@@ -124,7 +126,9 @@ class EmbeddedEngine:
         forced = self._scripted_ids(request) if self.policy is not None else None
         with self._lock:
             decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced)
-            version = str(self.weight_version)
+            version = self.version_label or str(self.weight_version)
+        if not all(map(math.isfinite, decoded.logprobs)):
+            raise RequestError("sampling produced non-finite logprobs (check logit_bias and temperature)")
         message = parse_output(decoded.text, tools=request.tools, thinking=self._thinking(request))
         finish = decoded.finish_reason
         if finish == "stop" and message.tool_calls:
@@ -158,6 +162,11 @@ class EmbeddedEngine:
         return self.tokenizer.encode(body) + [IM_END_ID]
 
     # -- weights ------------------------------------------------------------------------------
+    def set_weight_version(self, label: str) -> None:
+        """Name the current weights (what a trainer passes to the gateway's resume); records carry it
+        until the next ``reload_weights``."""
+        self.version_label = label
+
     def reload_weights(self, source: Path | dict[str, torch.Tensor]) -> int:
         """Load new weights (a HF folder or a state dict) between generations; returns the new version."""
         if isinstance(source, Path):
@@ -178,6 +187,7 @@ class EmbeddedEngine:
             if missing or unexpected:
                 raise RequestError(f"state dict does not fit the model: missing={missing[:5]} unexpected={unexpected[:5]}")
             self.weight_version += 1
+            self.version_label = None
             return self.weight_version
 
     def describe(self) -> dict[str, Any]:

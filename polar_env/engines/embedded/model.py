@@ -85,6 +85,11 @@ def save_model(model: torch.nn.Module, path: Path) -> None:
     export_hf_tokenizer(path)
 
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this decode greedily, as vLLM does (``_SAMPLING_EPS``): dividing logits by
+1e-45 or 1e-310 overflows to inf and the log-softmax to NaN."""
+
+
 @dataclass(slots=True)
 class DecodeParams:
     max_tokens: int
@@ -134,7 +139,7 @@ def decode(
     stop_ids = set(params.stop_token_ids)
     bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
     bias_vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
-    greedy = params.temperature <= 0.0
+    greedy = params.temperature < GREEDY_BELOW
     limit = params.max_tokens if forced_ids is None else min(params.max_tokens, len(forced_ids))
 
     ids: list[int] = []

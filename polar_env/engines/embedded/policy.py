@@ -57,14 +57,19 @@ class ScriptedPolicy:
         return {"role": "assistant", "content": text, "reasoning_content": step.reasoning}
 
     def _shell_call(self, command: str, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-        declared = {fn.get("name"): fn for fn in (t.get("function", t) for t in tools)}
+        declared = {fn.get("name"): fn for fn in (t.get("function", t) for t in tools)
+                    if isinstance(fn, Mapping) and isinstance(fn.get("name"), str)}
         name = next((n for n in self.shell_tools if n in declared), None)
         if name is None:
             return None
-        props = (declared[name].get("parameters") or {}).get("properties", {})
+        params = declared[name].get("parameters")
+        props = params.get("properties") if isinstance(params, Mapping) else None
+        props = props if isinstance(props, Mapping) else {}
         param = next((p for p in self.command_params if p in props), self.command_params[0])
+        schema = props.get(param)
         # Codex's `shell` tool takes an argv array; everything else a command string.
-        value: Any = ["bash", "-lc", command] if props.get(param, {}).get("type") == "array" else command
+        is_array = isinstance(schema, Mapping) and schema.get("type") == "array"
+        value: Any = ["bash", "-lc", command] if is_array else command
         return {"type": "function", "function": {"name": name, "arguments": {param: value}}}
 
 

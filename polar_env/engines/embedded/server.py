@@ -85,7 +85,8 @@ def _chat_request(body: dict[str, Any], engine: EmbeddedEngine) -> tuple[ChatReq
             top_logprobs=int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0,
             stop_token_ids=[int(t) for t in body.get("stop_token_ids") or []],
             ignore_eos=bool(body.get("ignore_eos", False)),
-            logit_bias={int(k): float(v) for k, v in (body.get("logit_bias") or {}).items()},
+            # vLLM clamps biases to [-100, 100]; an infinite one would make logprobs non-finite
+            logit_bias={int(k): min(100.0, max(-100.0, float(v))) for k, v in (body.get("logit_bias") or {}).items()},
         )
     except (ValidationError, TypeError, ValueError) as exc:
         raise RequestError(f"invalid request: {exc}") from exc

@@ -231,6 +231,8 @@ def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
     if choice is None:
         return None
     kind = choice.get("type") if isinstance(choice, Mapping) else None
+    if not isinstance(kind, str):
+        raise RequestError("'tool_choice' must be an object with type auto, any, tool or none")
     if kind in _TOOL_CHOICES:
         return _TOOL_CHOICES[kind]
     if kind == "tool":

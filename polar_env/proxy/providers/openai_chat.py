@@ -40,9 +40,10 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 def _message(msg: Any, index: int) -> dict[str, Any]:
     if not isinstance(msg, Mapping):
         raise RequestError(f"messages[{index}] must be an object")
-    role = _ROLES.get(msg.get("role"))  # type: ignore[arg-type]
+    given = msg.get("role")
+    role = _ROLES.get(given) if isinstance(given, str) else None
     if role is None:
-        raise RequestError(f"messages[{index}].role {msg.get('role')!r} is not one of {sorted(_ROLES)}")
+        raise RequestError(f"messages[{index}].role {str(given)[:50]!r} is not one of {sorted(_ROLES)}")
     out: dict[str, Any] = {"role": role, "content": msg.get("content")}
     if role == "tool":
         # Qwen Code sends tool results as [{"type": "text", "text": ...}].
@@ -87,6 +88,19 @@ def _tools(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+_TOOL_CHOICES = ("auto", "none", "required")
+
+
+def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
+    if choice is None or (isinstance(choice, str) and choice in _TOOL_CHOICES):
+        return choice
+    if isinstance(choice, Mapping):
+        fn = choice.get("function")
+        if choice.get("type", "function") == "function" and isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            return {"type": "function", "function": {"name": fn["name"]}}
+    raise RequestError(f"'tool_choice' must be one of {list(_TOOL_CHOICES)} or {{type: function, function: {{name}}}}")
+
+
 def _template_kwargs(value: Any) -> dict[str, Any]:
     """vLLM's and SGLang's ``chat_template_kwargs`` extension (e.g. ``{"enable_thinking": false}``)."""
     if value is None:
@@ -104,7 +118,7 @@ def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
     chat = ChatRequest(
         messages=[_message(m, i) for i, m in enumerate(messages)],
         tools=_tools(body.get("tools"), notes),
-        tool_choice=body.get("tool_choice"),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         temperature=as_float(body.get("temperature"), "temperature"),
         top_p=as_float(body.get("top_p"), "top_p"),
         max_tokens=as_int(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens"),
@@ -113,7 +127,10 @@ def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
         response_format=body.get("response_format") if isinstance(body.get("response_format"), dict) else None,
         chat_template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
     )
-    options = {"include_usage": bool((body.get("stream_options") or {}).get("include_usage"))}
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, Mapping):
+        raise RequestError("'stream_options' must be an object")
+    options = {"include_usage": bool((stream_options or {}).get("include_usage"))}
     return Inbound(chat=chat, stream=bool(body.get("stream")), model=str(body.get("model") or ""), notes=notes, options=options)
 
 

@@ -18,7 +18,7 @@ from polar_env.proxy.providers.base import Reply
 from polar_env.qwen.template import render
 from polar_env.records import AssistantMessage, Generation, ToolCall
 
-from tests.proxy.conftest import start_gateway
+from tests.proxy.conftest import admin_headers, start_gateway
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "providers" / "openai_responses"
 ENGINE_CALL_ID = "chatcmpl-tool-8f3c2a1b9d7e4f60a1b2c3d4"  # what vLLM names a tool call
@@ -493,7 +493,7 @@ async def test_codex_round_trip_through_the_gateway_is_an_exact_token_append(
     monkeypatch.setitem(PROVIDERS, responses.API, responses)  # routes are built from the table
     client, store = await start_gateway(scripted_engine, tmp_path)
     try:
-        session = await (await client.post("/sessions", json={})).json()
+        session = await (await client.post("/sessions", json={}, headers=admin_headers(client))).json()
         headers = {"Authorization": f"Bearer {session['key']}"}
         body = fixture("codex_turn1.json")
         first = await client.post("/v1/responses", json=body, headers=headers)

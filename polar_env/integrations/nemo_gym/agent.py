@@ -1,0 +1,150 @@
+"""One NeMo Gym ``/run`` row → one Polar session → the row's result (response items + reward).
+
+The row is Gym's: ``responses_create_params`` (the prompt, as Responses ``input``), task fields
+passed through (a SWE-Gym row for ``polar_swegym``), and ``_ng_rollout_id``. The Polar task is the
+row's ``task`` field if it has one, else the row itself without Gym's own keys; the instruction is
+the row's ``instruction``/``problem_statement`` or the last user message of the input. The result
+carries the real evaluator reward; ``mask_sample`` is set when the environment, not the policy,
+failed (the session errored or was cancelled, the evaluation failed, nothing was sampled).
+No nemo_gym import: Gym's ``app.py`` wraps this in its server classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from collections.abc import Mapping
+from typing import Any
+
+from polar_env.integrations.nemo_gym.convert import main_trace, output_items, response_object
+
+GYM_KEYS = ("responses_create_params", "_ng_rollout_id", "_ng_task_index", "_ng_rollout_index", "agent_ref",
+            "capture_rollout_id")
+FAILURE_KIND_PREFIX = "polar_agent"
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def instruction_of(row: Mapping[str, Any], task: Mapping[str, Any]) -> str:
+    for key in ("instruction", "problem_statement"):
+        if isinstance(task.get(key), str) and task[key]:
+            return task[key]
+    params = row.get("responses_create_params") or {}
+    items = params.get("input") if isinstance(params, Mapping) else None
+    if isinstance(items, str):
+        return items
+    for item in reversed(items or []):
+        if isinstance(item, Mapping) and item.get("role") == "user":
+            return _text(item.get("content"))
+    return ""
+
+
+def task_request(row: Mapping[str, Any]) -> Any:
+    """The PolarEnv task for a Gym row: a SWE row (``instance_id``) as is, so PolarEnv makes its
+    runtime and swebench grades it; polar_env's offline toy task for ``toy_task``; else a
+    ``{task_id, instruction, task}`` row."""
+    task = row.get("task")
+    if not isinstance(task, Mapping):
+        task = {k: v for k, v in row.items() if k not in GYM_KEYS}
+    if isinstance(task.get("toy_task"), str):  # built on this machine (a local git checkout)
+        from polar_env.tasks.toy import toy_tasks
+
+        (swe,) = toy_tasks(ids=[task["toy_task"]])
+        return swe
+    if "instance_id" in task:
+        return dict(task)
+    task = dict(task)
+    task_id = task.pop("task_id", None) or f"gym-{row.get('_ng_task_index', 0)}"
+    return {"task_id": str(task_id), "instruction": instruction_of(row, task), "task": task}
+
+
+def gym_ids(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a session came from, recorded in its TaskRequest metadata (Gym's rollout id first)."""
+    return {"ng_rollout_id": row.get("_ng_rollout_id") or row.get("capture_rollout_id"),
+            "ng_task_index": row.get("_ng_task_index"), "ng_rollout_index": row.get("_ng_rollout_index")}
+
+
+def build_result(row: Mapping[str, Any], result: Any, *, model: str) -> dict[str, Any]:
+    """The ``/run`` result for one finished Polar session (a ``SessionResult`` or its shape)."""
+    status = str(result.status)
+    traj = result.trajectory
+    chosen = main_trace(traj) if traj is not None else None
+    items = output_items(traj.traces[chosen]) if chosen is not None else []
+    evaluation = dict(result.evaluation or {})
+    eval_failed = evaluation.get("status") in ("error", "timeout")
+    failure: tuple[str, str] | None = None
+    if status in ("error", "cancelled"):
+        failure = (f"{FAILURE_KIND_PREFIX}:session_{status}", result.error or f"session {status}")
+    elif eval_failed:
+        failure = (f"{FAILURE_KIND_PREFIX}:evaluation_{evaluation['status']}", str(evaluation.get("reason") or ""))
+    elif not items:
+        failure = (f"{FAILURE_KIND_PREFIX}:no_tokens", "the session sampled no tokens")
+    out = {k: v for k, v in row.items() if k not in ("_ng_rollout_id", "capture_rollout_id")}
+    out.update({
+        "response": response_object(items, model=model, created_at=time.time(), incomplete=status != "completed"),
+        "reward": float(result.reward),
+        "mask_sample": failure is not None,
+        "polar": {
+            "session_id": result.session_id,
+            "status": status,
+            "evaluation": evaluation,
+            "delivered_trace": chosen,
+            "traces": len(traj.traces) if traj is not None else 0,
+            "trainable_tokens": [sum(t.loss_mask) for t in traj.traces] if traj is not None else [],
+        },
+    })
+    if failure is not None:
+        out["failure_kind"], out["failure_reason"] = failure
+    return out
+
+
+class PolarGymAgent:
+    """Runs ``/run`` rows through one ``PolarEnv`` (anything with its ``rollout`` coroutine and
+    async context), started on first use."""
+
+    def __init__(self, env: Any, *, model: str = "policy") -> None:
+        self.env = env
+        self.model = model
+        self._started = False
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        async with self._lock:
+            if not self._started:
+                await self.env.__aenter__()
+                self._started = True
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._started:
+                self._started = False
+                await self.env.__aexit__(None, None, None)
+
+    async def run(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        await self.start()
+        try:
+            group = await self.env.rollout(task_request(row), n=1, metadata=gym_ids(row))
+            result = group.results[0]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Gym gets a masked sample, not a 500
+            result = SimpleNamespace(session_id="", status="error", trajectory=None, reward=0.0, evaluation={},
+                                     error=f"{type(exc).__name__}: {exc}")
+        return build_result(row, result, model=self.model)
+
+
+def polar_env_config(polar: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent config's ``polar`` block as a PolarEnv config. Gym's ``policy_base_url`` ends in
+    ``/v1`` (an OpenAI base URL); Polar's vLLM client takes the server root."""
+    config = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in polar.items()}
+    engine = config.get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("url"), str):
+        engine["url"] = engine["url"].rstrip("/").removesuffix("/v1")
+    return config

@@ -1,0 +1,50 @@
+"""Store → trajectories, one session at a time: a session whose journal cannot be read becomes an
+ERROR trajectory naming the bad line, and every other session is still built. The session's
+metadata (from its persisted state) and, for sessions the rollout pipeline ran, its outcome
+(reward, status, evaluation, provenance; ``outcome.py``) are attached, so a store rebuilt later
+gives the same rewarded trajectories the pipeline returned."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from polar_env.errors import ConfigError, PolarError
+from polar_env.proxy.capture import CaptureStore
+from polar_env.records import Trajectory
+from polar_env.trajectory.builders import BUILDERS, Builder
+from polar_env.trajectory.checks import error_trajectory
+from polar_env.trajectory.outcome import read_outcome, with_outcome
+
+
+def build_session(store: CaptureStore, session_id: str, build: Builder) -> Trajectory:
+    """One session's trajectory, with the session's metadata (from its persisted state) attached
+    as ``metadata["session"]`` when the store has it."""
+    try:
+        records = store.read(session_id)
+    except PolarError as exc:  # JournalError: a line that is not a record (not the torn last one)
+        return error_trajectory([], session_id, str(exc))
+    trajectory = build(records)
+    try:
+        meta = store.read_session_meta(session_id)
+    except PolarError:
+        meta = None
+    if meta is not None:
+        trajectory.metadata["session"] = meta["metadata"]
+    outcome = read_outcome(store.root, session_id)
+    return with_outcome(trajectory, outcome) if outcome is not None else trajectory
+
+
+def build_store(store: CaptureStore, build: Builder, session_ids: Iterable[str] | None = None) -> list[Trajectory]:
+    return [build_session(store, sid, build) for sid in (store.session_ids() if session_ids is None else session_ids)]
+
+
+def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
+                       sessions: Sequence[str] | None = None) -> list[Trajectory]:
+    """The trajectories of a capture store folder (all sessions, or ``sessions``), by builder name."""
+    if builder not in BUILDERS:
+        raise ConfigError(f"unknown builder {builder!r}; known: {', '.join(sorted(BUILDERS))}")
+    root = Path(store_dir)
+    if not root.is_dir():
+        raise ConfigError(f"capture store {root} does not exist")
+    return build_store(CaptureStore(root), BUILDERS[builder], sessions or None)
