@@ -35,7 +35,7 @@ from polar_env.proxy.capture import CaptureStore
 from polar_env.records import Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 
-ADMIN_TOKEN = "polar-train-admin"  # the gateway listens on 127.0.0.1 only; the token keeps harnesses off /admin
+ADMIN_TOKEN = "polar-train-admin"  # the gateway listens on 127.0.0.1 only; the token keeps the agent off the control plane
 
 
 class ToyTask(BaseModel):
@@ -128,7 +128,8 @@ class LocalGateway:
     async def _session(self, task: ToyTask, group_id: str, index: int) -> Trajectory:
         http = self._client()
         session_id = f"{group_id}-{index}"
-        async with http.post(f"{self.url}/sessions", json={"session_id": session_id}) as resp:
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # opening and closing sessions is the trainer's
+        async with http.post(f"{self.url}/sessions", json={"session_id": session_id}, headers=admin) as resp:
             resp.raise_for_status()
             key = (await resp.json())["key"]
         headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
@@ -147,7 +148,7 @@ class LocalGateway:
             messages.append({"role": "assistant", "content": blocks})
             if follow_up is not None:
                 messages.append({"role": "user", "content": follow_up})
-        async with http.delete(f"{self.url}/sessions/{session_id}"):
+        async with http.delete(f"{self.url}/sessions/{session_id}", headers=admin):
             pass
 
         records = self.store.read(session_id)
@@ -190,7 +191,8 @@ class LocalGateway:
         return version
 
     async def weight_version(self) -> str:
-        async with self._client().get(f"{self.url}/admin/status") as resp:
+        async with self._client().get(f"{self.url}/admin/status", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+            resp.raise_for_status()
             return str((await resp.json())["weight_version"])
 
     def _client(self) -> aiohttp.ClientSession:
