@@ -3,12 +3,16 @@ fails, naming trace and position, on each corruption that silently poisons train
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import re
 
 import pytest
 import torch
 
+from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.records import Trace, Trajectory
+from polar_env.train.rollout import LocalGateway
 from polar_env.train.step0 import Step0Mismatch, check_step0
 from polar_env.train.trainer import GRPOTrainer, TrainerConfig
 
@@ -86,3 +90,26 @@ def test_check_names_the_first_failure_and_counts_all() -> None:
     assert report.tokens == 2 and report.max_abs_delta == pytest.approx(1e-5, rel=1e-3)  # mask-0 ignored
     with pytest.raises(Step0Mismatch, match=r"2 of 2 mask-1 tokens; first: trace s/0 response position 0 \(token id 5\)"):
         check_step0([("s/0", trace)], [[-1.5, 0.0, float("nan")]])
+
+
+def test_raw_logprobs_are_scored_at_temperature_one(task) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's default ``raw_logprobs``: the engine reports the unscaled log-softmax even when it
+    samples at 0.1, so the trainer must not divide by the temperature to reproduce them."""
+    engine = EmbeddedEngine(max_tokens_cap=4, logprobs_mode="raw")
+
+    async def run() -> list[Trajectory]:
+        async with LocalGateway(engine, temperature=0.1, max_tokens=4) as gateway:
+            return await gateway.rollout(task, 2)
+
+    trajectories = asyncio.run(run())
+    assert trajectories[0].traces[0].metadata["logprobs_mode"] == "raw"
+    stats = GRPOTrainer(copy.deepcopy(engine.model)).step(trajectories)
+    assert stats.step0.tokens > 0 and stats.step0.max_abs_delta <= 1e-4
+
+
+def test_kl_to_the_frozen_start_is_zero_on_the_first_step(captured, policy) -> None:  # type: ignore[no-untyped-def]
+    _, trajectories = captured
+    trainer = GRPOTrainer(policy, TrainerConfig(kl_coef=0.1))
+    assert trainer.reference is not None and trainer.reference is not policy
+    stats = trainer.step(trajectories)
+    assert stats.kl == pytest.approx(0.0, abs=1e-6)
