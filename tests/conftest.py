@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from fake_vllm import fake_vllm_app
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy
@@ -134,3 +138,27 @@ def require_bwrap() -> None:
         unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
 
 
+@pytest.fixture(scope="session")
+def fake_vllm() -> Iterator[str]:
+    """FakeVLLM (a named test double, tests/fake_vllm.py) on 127.0.0.1, served from a thread so
+    that synchronous ``main()`` calls, which run their own event loop, can reach it."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    state: dict[str, object] = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(fake_vllm_app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        state["runner"], state["port"] = runner, runner.addresses[0][1]
+        started.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield f"http://127.0.0.1:{state['port']}"
+    asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop).result(10)  # type: ignore[attr-defined]
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()

@@ -4,23 +4,20 @@ URL, infers ``--engine`` and the model, shows its store in the ready line and lo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from fake_vllm import MODEL, fake_vllm_app
+from fake_vllm import MODEL
 
 from polar_env import __version__
 from polar_env.cli import build_parser, main
@@ -35,32 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def fake_vllm() -> Iterator[str]:
-    """FakeVLLM (a named test double, tests/fake_vllm.py) on 127.0.0.1, served from a thread so
-    that synchronous ``main()`` calls, which run their own event loop, can reach it."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    state: dict[str, object] = {}
-
-    async def start() -> None:
-        runner = web.AppRunner(fake_vllm_app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        state["runner"], state["port"] = runner, runner.addresses[0][1]
-        started.set()
-
-    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
-    thread.start()
-    assert started.wait(10)
-    yield f"http://127.0.0.1:{state['port']}"
-    asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop).result(10)  # type: ignore[attr-defined]
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], *expected: str) -> str:

@@ -33,14 +33,14 @@ def _unix_get(path: str, url: str, headers: dict[str, str]) -> int:
         return int(s.recv(4096).split(b" ", 2)[1])
 
 
-def test_gateway_process_admin_token_and_sandbox_socket(tmp_path: Path) -> None:
+def test_gateway_process_admin_token_and_sandbox_socket(tmp_path: Path, fake_vllm: str) -> None:
     port = _free_port()
     sock_dir = Path(tempfile.mkdtemp(prefix="polar-gw-"))
     sock = sock_dir / "gw.sock"
     store = tmp_path / "store"
     proc = subprocess.Popen(
         [sys.executable, "-m", "polar_env.cli", "gateway", "--port", str(port), "--engine", "vllm",
-         "--engine-url", "http://127.0.0.1:9", "--store", str(store), "--unix-socket", str(sock), "--engine-timeout", "5"],
+         "--engine-url", fake_vllm, "--store", str(store), "--unix-socket", str(sock), "--engine-timeout", "5"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
