@@ -690,6 +690,24 @@ def _add_integration_commands(sub: argparse._SubParsersAction) -> None:  # type:
     p.set_defaults(func=cmd_sft)
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from polar_env.train.command import run_train
+
+    overrides = {"seed": args.seed, "steps": args.steps, "control": True if args.control else None, "out_dir": args.out_dir}
+    return run_train(Path(args.recipe), overrides)
+
+
+def _add_train_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    text = "reference GRPO loop on CPU: rollouts, step-0 check, update, weight sync, run report"
+    p = sub.add_parser("train", help=text, description=text, formatter_class=_HelpFormatter)
+    p.add_argument("recipe", help="recipe YAML, e.g. recipes/cpu_grpo_toy.yaml")
+    p.add_argument("--seed", type=int, help="override the recipe's seed")
+    p.add_argument("--steps", type=int, help="override the recipe's number of steps")
+    p.add_argument("--control", action="store_true", help="shuffled-reward control run")
+    p.add_argument("--out-dir", help="report directory (default: the recipe's out_dir)")
+    p.set_defaults(func=cmd_train)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar-env", description="Unmodified agent harnesses as token-faithful RL environments.",
                                      formatter_class=_HelpFormatter)
@@ -756,6 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_rollout_commands(sub)
     _add_integration_commands(sub)
+    _add_train_command(sub)
     return parser
 
 

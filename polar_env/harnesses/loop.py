@@ -41,6 +41,7 @@ class LoopSettings:
     command_timeout_s: float = 60.0
     system: str = DEFAULT_SYSTEM
     tools: bool = True  # False: a single-turn answer with no tools offered
+    thinking: bool = True  # False: ask the template for no reasoning block (chat_template_kwargs)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopSettings:
@@ -78,6 +79,8 @@ async def run_loop_agent(runtime: Runtime | None, *, socket: Path | None, base_u
                 body["tools"] = [BASH_TOOL]
             if settings.max_tokens is not None:
                 body["max_tokens"] = settings.max_tokens
+            if not settings.thinking:
+                body["chat_template_kwargs"] = {"enable_thinking": False}
             async with http.post(f"{base_url}/v1/chat/completions", json=body, headers=headers) as resp:
                 reply = await resp.json(content_type=None)
                 if resp.status != 200:

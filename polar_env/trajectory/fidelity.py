@@ -14,7 +14,17 @@ from dataclasses import dataclass, field
 import torch
 
 from polar_env.engines.embedded.model import teacher_forced_logprobs
-from polar_env.records import Trajectory
+from polar_env.records import Trace, Trajectory
+
+
+def scoring_temperature(trace: Trace) -> float:
+    """The temperature a recomputation must divide logits by to reproduce the captured logprobs:
+    the sampling temperature for ``processed`` logprobs (greedy reports the temperature-1
+    distribution), 1 for ``raw`` ones (log-softmax of the unscaled logits)."""
+    temperature = trace.metadata.get("temperature")
+    if trace.metadata.get("logprobs_mode") == "raw" or temperature is None or temperature <= 0:
+        return 1.0
+    return float(temperature)
 
 
 @dataclass(slots=True)
@@ -38,11 +48,7 @@ def verify(trajectories: Sequence[Trajectory], model: torch.nn.Module, *, top: i
         for tr_index, trace in enumerate(traj.traces):
             if not trace.response_ids:
                 continue
-            temperature = trace.metadata.get("temperature")
-            temperature = 1.0 if temperature is None or temperature <= 0 else float(temperature)
-            if trace.metadata.get("logprobs_mode") == "raw":
-                temperature = 1.0
-            recomputed = teacher_forced_logprobs(model, trace.prompt_ids, trace.response_ids, temperature)
+            recomputed = teacher_forced_logprobs(model, trace.prompt_ids, trace.response_ids, scoring_temperature(trace))
             report.traces += 1
             for pos, (mask, captured, mine) in enumerate(zip(trace.loss_mask, trace.response_logprobs, recomputed, strict=True)):
                 if not mask:

@@ -188,14 +188,23 @@ def decode(
     return Decoded(ids, logprobs, top, tokenizer.decode(text_ids), finish, stop_reason)
 
 
+def response_logprobs(
+    model: torch.nn.Module, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """Logprobs of ``response_ids`` after ``prompt_ids`` in one forward pass, with autograd: the
+    trainer's forward. Only the response positions' logits are materialised (248k columns each)."""
+    full = torch.tensor([prompt_ids + response_ids])
+    logits = model(input_ids=full, logits_to_keep=len(response_ids) + 1).logits[0, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    lp = torch.log_softmax(logits, dim=-1)
+    return lp.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
+
+
 def teacher_forced_logprobs(
     model: torch.nn.Module, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
 ) -> list[float]:
-    """Logprobs of ``response_ids`` after ``prompt_ids`` in one forward pass (the fidelity check)."""
+    """``response_logprobs`` without autograd, as floats (the fidelity check)."""
     with torch.inference_mode():
-        full = torch.tensor([prompt_ids + response_ids])
-        logits = model(input_ids=full, logits_to_keep=len(response_ids) + 1).logits[0, :-1].float()
-        if temperature > 0:
-            logits = logits / temperature
-        lp = torch.log_softmax(logits, dim=-1)
-        return lp.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1).tolist()
+        values: list[float] = response_logprobs(model, prompt_ids, response_ids, temperature).tolist()
+        return values

@@ -101,6 +101,15 @@ def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
     raise RequestError(f"'tool_choice' must be one of {list(_TOOL_CHOICES)} or {{type: function, function: {{name}}}}")
 
 
+def _template_kwargs(value: Any) -> dict[str, Any]:
+    """vLLM's and SGLang's ``chat_template_kwargs`` extension (e.g. ``{"enable_thinking": false}``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError("'chat_template_kwargs' must be an object")
+    return dict(value)
+
+
 def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
     messages = require(body, "messages", list, "a list of messages")
     if not messages:
@@ -116,6 +125,7 @@ def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
         stop=stop_list(body.get("stop"), "stop"),
         seed=body.get("seed") if isinstance(body.get("seed"), int) else None,
         response_format=body.get("response_format") if isinstance(body.get("response_format"), dict) else None,
+        chat_template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
     )
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, Mapping):

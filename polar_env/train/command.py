@@ -1,0 +1,39 @@
+"""What ``polar-env train RECIPE`` does: load the recipe, run it, print each step, write the report.
+
+A bad recipe raises ``ConfigError`` (the CLI prints one line, exit 2); a step-0 failure is one line
+naming trace and position (exit 1): the data path is broken, which is not the user's typo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from polar_env.train.loop import run_recipe, step_line
+from polar_env.train.recipe import Recipe
+from polar_env.train.report import PLOT_HINT, write_run
+from polar_env.train.step0 import Step0Mismatch
+
+
+def run_train(recipe_path: Path, overrides: dict[str, Any]) -> int:
+    recipe = Recipe.load(recipe_path, overrides)
+    kind = "shuffled-reward control" if recipe.control else "GRPO"
+    print(f"{recipe.name}: {kind}, seed {recipe.seed}, {recipe.steps} steps x {len(recipe.tasks)} tasks x "
+          f"{recipe.rollouts_per_task} rollouts; report in {recipe.run_dir()}", flush=True)
+    try:
+        result = asyncio.run(run_recipe(recipe, lambda record: print(step_line(record), flush=True)))
+    except Step0Mismatch as exc:
+        print(f"polar-env train: {exc}", file=sys.stderr)
+        return 1
+    written = write_run(result, recipe.run_dir())
+    s = result.summary()
+    print(f"reward first 5 steps {s['first5']}, last 5 {s['last5']} (Δ {s['improvement']:+.3f}); "
+          f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
+          f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "
+          f"updates per-request {s['updates']['per_request']} vs merged {s['updates']['merged']}; wall {s['wall_s']} s")
+    print("wrote " + ", ".join(str(p) for p in written))
+    if not any(p.suffix == ".png" for p in written):
+        print(f"(no PNGs: {PLOT_HINT})")
+    return 0

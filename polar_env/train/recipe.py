@@ -1,0 +1,101 @@
+"""The training recipe: one YAML file, validated once at the CLI edge and passed down.
+
+Every field has a default sized for the toy run on 2 shared CPU cores; a recipe file overrides a
+few. ``control: true`` turns a run into the shuffled-reward control (same data path, rewards
+permuted within each group, so nothing the policy does changes its reward).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from polar_env.errors import ConfigError
+from polar_env.evaluators import EvaluatorSpec
+from polar_env.records import LogprobsMode
+from polar_env.train.rollout import ToyTask
+from polar_env.train.trainer import TrainerConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskRow(_Section):
+    task_id: str
+    instruction: str
+    follow_ups: list[str] = Field(default_factory=list)
+
+
+class EngineSection(_Section):
+    model_seed: int | None = None  # seed of the random initial weights; None = the run's seed
+    logprobs_mode: LogprobsMode = "processed"
+
+
+class SamplingSection(_Section):
+    temperature: float = 1.0
+    max_tokens: int = 6  # per call; a random model never stops on its own
+
+
+class TrainerSection(_Section):
+    lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    tis_clip: float = 2.0
+    kl_coef: float = 0.0
+    std_normalize: bool = True
+
+    def config(self) -> TrainerConfig:
+        return TrainerConfig(lr=self.lr, max_grad_norm=self.max_grad_norm, tis_clip=self.tis_clip,
+                             kl_coef=self.kl_coef, std_normalize=self.std_normalize)
+
+
+class Recipe(_Section):
+    name: str = "run"
+    seed: int = 0
+    steps: int = 20
+    rollouts_per_task: int = 8  # the GRPO group size
+    tasks: list[TaskRow]
+    evaluator: EvaluatorSpec
+    builder: str = "prefix_merge_strict"  # every merged trace is exactly a context the model saw
+    # polar_env: the staged pipeline (sandboxed sessions, the loop harness; one call per session);
+    # local: gateway + a multi-turn chat loop in this process (follow_ups make sessions multi-call)
+    source: Literal["polar_env", "local"] = "polar_env"
+    control: bool = False
+    engine: EngineSection = Field(default_factory=EngineSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    out_dir: str = "runs/{name}-seed{seed}"  # relative to the working directory
+
+    @model_validator(mode="after")
+    def _follow_ups_need_local(self) -> Self:
+        if self.source == "polar_env" and any(t.follow_ups for t in self.tasks):
+            raise ValueError("follow_ups need source: local (the loop harness ends a session at its first answer)")
+        return self
+
+    def toy_tasks(self) -> list[ToyTask]:
+        return [ToyTask(**row.model_dump(), evaluator=self.evaluator) for row in self.tasks]
+
+    def run_dir(self) -> Path:
+        return Path(self.out_dir.format(name=self.name, seed=self.seed))
+
+    @classmethod
+    def load(cls, path: Path, overrides: dict[str, Any] | None = None) -> Recipe:
+        """Read and validate a recipe; any problem is one ConfigError line naming the file."""
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"recipe {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {path} must be a mapping of settings")
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            raise ConfigError(f"recipe {path}: {where}: {first['msg']} ({exc.error_count()} problem(s) in all)") from exc

@@ -1,0 +1,140 @@
+"""``GRPOTrainer``: one optimiser step per batch of merged trajectories, on CPU, in fp32.
+
+Per step: advantages per prompt group (``grpo.group_advantages``) → for each trace one forward
+over prompt + response (the same teacher-forced computation the fidelity check uses) → the
+step-0 check on those logprobs, before anything is updated → the trace's share of the token-mean
+loss, backpropagated a few hundred response positions at a time (only response logits are
+materialised) → one clipped Adam step. Weight sync to the engine is the caller's (``rollout.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from polar_env.engines.embedded.model import response_logprobs
+from polar_env.records import Trace, Trajectory
+from polar_env.train.grpo import LossConfig, group_advantages, rollout_key, trace_loss
+from polar_env.train.step0 import (
+    STEP0_TOLERANCE,
+    Step0Mismatch,
+    Step0Report,
+    check_step0,
+)
+from polar_env.trajectory.fidelity import scoring_temperature
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = 1.0
+    tis_clip: float = 2.0
+    kl_coef: float = 0.0
+    std_normalize: bool = True
+    step0_tolerance: float = STEP0_TOLERANCE
+    # Response positions whose graphs are kept before one backward: each holds a 248k-wide logits
+    # row (~1 MB, a few copies in backward), and each backward pays a dense pass over the 16 M
+    # embedding gradient, so a few hundred per backward is both memory-safe and several times
+    # faster than one backward per trace.
+    backward_chunk_positions: int = 512
+
+
+@dataclass(slots=True)
+class StepStats:
+    traces: int = 0
+    rollouts: int = 0
+    tokens: int = 0  # mask-1 tokens trained
+    loss: float = 0.0
+    pg: float = 0.0
+    kl: float = 0.0
+    grad_norm: float = 0.0
+    step0: Step0Report = field(default_factory=Step0Report)
+    ratios: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def trainable_traces(trajectories: Sequence[Trajectory]) -> list[tuple[str, Trace, str]]:
+    """(label, trace, rollout key) for every trace with at least one mask-1 token."""
+    out = []
+    for traj in trajectories:
+        key = rollout_key(traj)
+        for i, trace in enumerate(traj.traces):
+            if any(trace.loss_mask):
+                out.append((f"{key}/{i}", trace, key))
+    return out
+
+
+class GRPOTrainer:
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig = TrainerConfig()) -> None:
+        self.model = model
+        self.config = config
+        self.loss_config = LossConfig(tis_clip=config.tis_clip, kl_coef=config.kl_coef)
+        # The reference is the starting policy, frozen; only kept when a KL term is asked for.
+        self.reference = copy.deepcopy(model).requires_grad_(False) if config.kl_coef > 0 else None
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, betas=config.betas)
+        self.steps = 0
+
+    def step(self, trajectories: Sequence[Trajectory]) -> StepStats:
+        """Check and train on one batch sampled with the trainer's current weights (the loop syncs
+        after every step, so every batch is on-policy and must pass the step-0 check)."""
+        started = time.perf_counter()
+        advantages = group_advantages(trajectories, std_normalize=self.config.std_normalize)
+        items = trainable_traces(trajectories)
+        stats = StepStats(traces=len(items), rollouts=len(advantages))
+        stats.tokens = sum(sum(trace.loss_mask) for _, trace, _ in items)
+        self.model.eval()  # no dropout: the forward must be the engine's forward
+        self.optimizer.zero_grad(set_to_none=True)
+        recomputed: list[list[float]] = []
+        # Gradients accumulate chunk by chunk; the weights do not change until the whole batch
+        # has passed the step-0 check.
+        chunk: list[torch.Tensor] = []
+        positions = 0
+        for _label, trace, key in items:
+            lp = response_logprobs(self.model, trace.prompt_ids, trace.response_ids, scoring_temperature(trace))
+            recomputed.append(lp.detach().tolist())
+            loss = self._loss(lp, trace, advantages[key], stats)
+            if loss is not None:
+                chunk.append(loss)
+                positions += len(trace.response_ids)
+            if positions >= self.config.backward_chunk_positions:
+                torch.stack(chunk).sum().backward()
+                chunk, positions = [], 0
+        if chunk:
+            torch.stack(chunk).sum().backward()
+        try:
+            stats.step0 = check_step0([(label, trace) for label, trace, _ in items], recomputed,
+                                      tolerance=self.config.step0_tolerance)
+        except Step0Mismatch:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)) if params else 0.0
+        if params and stats.tokens:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _loss(self, lp: torch.Tensor, trace: Trace, advantage: float, stats: StepStats) -> torch.Tensor | None:
+        """This trace's loss share, or None when its gradient is exactly zero (advantage 0, no KL)."""
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = response_logprobs(self.reference, trace.prompt_ids, trace.response_ids, scoring_temperature(trace))
+        parts = trace_loss(lp, trace.response_logprobs, trace.loss_mask, advantage, max(stats.tokens, 1),
+                           self.loss_config, ref)
+        stats.loss += float(parts.loss.detach())
+        stats.pg += parts.pg
+        stats.kl += parts.kl
+        stats.ratios.extend(parts.ratio.tolist())
+        return parts.loss if advantage != 0.0 or ref is not None else None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Detached copies of the weights, as the engine's ``reload_weights`` takes them."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
