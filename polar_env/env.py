@@ -156,6 +156,7 @@ class PolarEnv:
         self.config = config if isinstance(config, PolarEnvConfig) else PolarEnvConfig.model_validate(config or {})
         self._engine = engine
         self._cluster: Cluster | None = None
+        self._starting = asyncio.Lock()  # concurrent first rollouts must start one cluster
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -165,8 +166,9 @@ class PolarEnv:
 
     # -- lifetime -------------------------------------------------------------------------------
     async def start(self) -> PolarEnv:
-        if self._cluster is None:
-            self._cluster = await start_cluster(self.config.cluster(), engine=self._engine)
+        async with self._starting:
+            if self._cluster is None:
+                self._cluster = await start_cluster(self.config.cluster(), engine=self._engine)
         return self
 
     async def aclose(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
+from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.records import Status, Trace, Trajectory
 
 POLAR_METADATA_KEY = "polar"
@@ -285,20 +286,13 @@ class SlimeRollout:
 
     def __init__(self, env: Any) -> None:
         self.env = env
-        self._started = False
-        self._lock = asyncio.Lock()
+        self._lazy = LazyEnv(env)
 
     async def _ensure_started(self) -> None:
-        async with self._lock:
-            if not self._started:
-                await self.env.__aenter__()
-                self._started = True
+        await self._lazy.start()
 
     async def close(self) -> None:
-        async with self._lock:
-            if self._started:
-                self._started = False
-                await self.env.__aexit__(None, None, None)
+        await self._lazy.close()
 
     async def generate(self, args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False) -> list[Any]:
         await self._ensure_started()

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
-from polar_env.integrations.nemo_gym.convert import main_trace, output_items, response_object
+from polar_env.integrations.lazy_env import LazyEnv
+from polar_env.integrations.nemo_gym.convert import (
+    main_trace,
+    output_items,
+    response_object,
+)
 
 GYM_KEYS = ("responses_create_params", "_ng_rollout_id", "_ng_task_index", "_ng_rollout_index", "agent_ref",
             "capture_rollout_id")
@@ -112,20 +117,13 @@ class PolarGymAgent:
     def __init__(self, env: Any, *, model: str = "policy") -> None:
         self.env = env
         self.model = model
-        self._started = False
-        self._lock = asyncio.Lock()
+        self._lazy = LazyEnv(env)
 
     async def start(self) -> None:
-        async with self._lock:
-            if not self._started:
-                await self.env.__aenter__()
-                self._started = True
+        await self._lazy.start()
 
     async def close(self) -> None:
-        async with self._lock:
-            if self._started:
-                self._started = False
-                await self.env.__aexit__(None, None, None)
+        await self._lazy.close()
 
     async def run(self, row: Mapping[str, Any]) -> dict[str, Any]:
         await self.start()
