@@ -64,18 +64,9 @@ class PolarEnvConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PolarEnvConfig:
-        import yaml
+        from polar_env.yaml_config import load_model
 
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        try:
-            return cls.model_validate(data)
-        except ValueError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
+        return load_model(cls, path, "config file")
 
     def cluster(self) -> ClusterConfig:
         engine = self.engine

@@ -12,7 +12,12 @@ import asyncio
 from collections.abc import Callable
 
 from polar_env.engines.base import EngineClient, new_session, request_json
-from polar_env.errors import ConfigError, EngineError, EngineHTTPError, EngineProtocolError
+from polar_env.errors import (
+    ConfigError,
+    EngineError,
+    EngineHTTPError,
+    EngineProtocolError,
+)
 
 
 async def engine_urls(client: EngineClient) -> list[str]:

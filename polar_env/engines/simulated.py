@@ -14,7 +14,11 @@ import random
 
 from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.qwen.parser import parse_output
-from polar_env.qwen.template import QWEN35, TemplateQuirks, render, render_assistant_body
+from polar_env.qwen.template import (
+    QWEN35,
+    TemplateQuirks,
+    render,
+)
 from polar_env.qwen.tokenizer import IM_END_ID, load_tokenizer
 from polar_env.records import ChatRequest, Generation
 
@@ -43,10 +47,7 @@ class SimulatedEngine:
             text = render(request.messages, request.tools, add_generation_prompt=True, enable_thinking=thinking,
                           quirks=self.quirks)
             prompt_ids = self.tokenizer.encode(text)
-        turn = self.policy.next_turn(request.messages, request.tools)
-        body = render_assistant_body(turn, with_think=thinking, quirks=self.quirks)
-        if thinking:
-            body = body[len("<think>\n"):]  # the generation prompt already opened the think block
+        body = self.policy.response_text(request.messages, request.tools, thinking=thinking, quirks=self.quirks)
         response_ids = self.tokenizer.encode(body) + [IM_END_ID]
         delay = self.latency_s * (1 + self.jitter * (2 * self._rng.random() - 1))
         await asyncio.sleep(max(0.0, delay))

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.records import Status
-from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.base import Runtime, prepared
 
 EVAL_STATUSES = (Status.COMPLETED, Status.TIMEOUT, Status.ERROR)
 
@@ -111,12 +111,7 @@ class EvalContext:
     async def _build_fresh(factory: RuntimeFactory) -> Runtime:
         made = factory()
         runtime = await made if inspect.isawaitable(made) else made
-        try:
-            await runtime.prepare()
-        except BaseException:
-            await runtime.stop()
-            raise
-        return runtime
+        return await prepared(runtime)
 
     async def aclose(self) -> None:
         """Stop the fresh runtime (waiting for a preparation in flight). Safe to call twice."""

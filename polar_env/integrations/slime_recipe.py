@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
+from polar_env.yaml_config import load_model
 
 FLAGS_FILE = Path(__file__).with_name("slime_flags.txt")
 PASSTHROUGH_PREFIXES = ("sglang-", "router-")
@@ -80,19 +81,7 @@ class Recipe(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Recipe:
-        file = Path(path)
-        try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"recipe {file} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"recipe {file} is not valid YAML: {exc}") from None
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"recipe {file}: {where}: {first['msg']}") from None
+        return load_model(cls, path, "recipe")
 
 
 @cache

@@ -81,3 +81,13 @@ class Runtime(Protocol):
     async def diff(self) -> str: ...
 
     async def stop(self) -> None: ...
+
+
+async def prepared(runtime: Runtime) -> Runtime:
+    """``runtime`` prepared; a failed or cancelled preparation stops what it started first."""
+    try:
+        await runtime.prepare()
+    except BaseException:
+        await runtime.stop()
+        raise
+    return runtime

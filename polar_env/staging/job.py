@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.env import PolarEnv, PolarEnvConfig, task_request
 from polar_env.errors import ConfigError
-from polar_env.staging.models import SessionResult, TaskRequest
+from polar_env.staging.models import SessionResult, TaskRequest, TaskStatus
 from polar_env.staging.report import build_report, write_timeline
 from polar_env.trajectory.export import write_jsonl, write_parquet
 
@@ -111,26 +111,19 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     reqs = load_tasks(job.model_copy(update={"env": env_config}))
     total = sum(r.num_samples for r in reqs)
     started = time.monotonic()
-    results: list[SessionResult] = []
     async with PolarEnv(env_config, engine=engine) as env:
         server = env.cluster.server
-        for req in reqs:
-            server.submit(req)
-        watcher = asyncio.create_task(_watch(server, results, total, started, progress)) if progress else None
+        statuses = [server.submit(req) for req in reqs]
+        watcher = asyncio.create_task(_watch(server, statuses, total, started, progress)) if progress else None
         try:
-            while len(results) < total and any(not t.done.is_set() for t in server.tasks.values()):
-                await asyncio.sleep(0.2)
-                results[:] = [r for t in server.tasks.values() for r in t.status.results]
-            for t in server.tasks.values():
-                if t.runner is not None:
-                    await t.runner
-            results[:] = [r for t in server.tasks.values() for r in t.status.results]
+            await asyncio.gather(*(server.tasks[s.group_id].runner for s in statuses))
         finally:
             if watcher is not None:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
         node_stats = await server.node_stats()
     wall = time.monotonic() - started
+    results: list[SessionResult] = [r for s in statuses for r in s.results]
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
     write_jsonl(trajectories, out / "trajectories.jsonl")
     notes = []
@@ -156,14 +149,14 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     return report
 
 
-async def _watch(server: Any, results: list[SessionResult], total: int, started: float, progress: Progress) -> None:
+async def _watch(server: Any, statuses: list[TaskStatus], total: int, started: float, progress: Progress) -> None:
     while True:
         stats = await server.node_stats()
         counts: dict[str, int] = {}
         for s in stats:
             for stage, n in s.get("counts", {}).items():
                 counts[stage] = counts.get(stage, 0) + n
-        done = list(results)
+        done = [r for s in statuses for r in s.results]  # each status fills in as its sessions end
         rewards = [r.reward for r in done]
         progress({"elapsed_s": time.monotonic() - started, "total": total, "done": len(done), "stages": counts,
                   "statuses": {s: sum(1 for r in done if r.status.value == s) for s in

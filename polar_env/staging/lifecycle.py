@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polar_env.errors import ConfigError, PolarError
+from polar_env.errors import PolarError
 from polar_env.evaluators import EvalContext, EvaluatorSpec, prewarm, run_evaluator
 from polar_env.harnesses import loop
 from polar_env.records import Status, Trajectory
@@ -50,7 +50,6 @@ class Run:
     eval_ctx: EvalContext | None = None
     prewarm_task: asyncio.Task[Any] | None = None
     exit_code: int | None = None
-    timed_out: bool = False
     final_answer: str | None = None
 
 
@@ -140,7 +139,7 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                 async with asyncio.timeout(req.timeout_s):
                     await _run_agent(node, run)
             except TimeoutError:
-                run.status, run.error, run.timed_out = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s", True
+                run.status, run.error = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s"
             except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
                 run.status, run.error = SessionStatus.ERROR, f"harness failed: {_one_line(exc)}"
             finally:
@@ -170,7 +169,7 @@ async def _run_agent(node: GatewayNode, run: Run) -> None:
                                cache_dir=node.harness_cache)
     run.exit_code = result.exit_code
     if result.timed_out:
-        run.status, run.error, run.timed_out = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s", True
+        run.status, run.error = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s"
     elif result.exit_code != 0:
         run.status = SessionStatus.ERROR
         run.error = f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}"
@@ -263,7 +262,3 @@ async def _cleanup(node: GatewayNode, run: Run) -> None:
             _log.warning("session %s: stopping the runtime failed: %s", run.spec.session_id, exc)
     node.close_session(run.spec.session_id)
 
-
-def check_builder(name: str) -> None:
-    if name not in BUILDERS:
-        raise ConfigError(f"unknown builder {name!r}; known: {', '.join(sorted(BUILDERS))}")

@@ -26,6 +26,7 @@ from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
 from polar_env.records import ChatRequest, Generation
 from polar_env.runtimes import Runtime, make_runtime
+from polar_env.runtimes.base import prepared
 from polar_env.staging import lifecycle
 from polar_env.staging.models import SessionResult, SessionSpec, Stage
 from polar_env.staging.pools import PoolLimits, StagePools
@@ -105,7 +106,6 @@ class GatewayNode:
     def __init__(self, config: NodeConfig, engine: EngineClient | None = None) -> None:
         """``engine``: an already-built client to use instead of ``config.engine`` (an in-process
         embedded engine a trainer also updates, or a test double)."""
-        lifecycle.check_builder("prefix_merge")
         self.config = config
         self.node_id = config.node_id
         self.engine: EngineClient | None = engine
@@ -258,13 +258,7 @@ class GatewayNode:
         options: dict[str, Any] = {}
         if self.config.runtime_root is not None and spec.kind in ("sandbox", "apptainer"):
             options["root_dir"] = self.config.runtime_root
-        runtime = self.make_runtime(spec, session.session_id, **options)
-        try:
-            await runtime.prepare()
-        except BaseException:
-            await runtime.stop()
-            raise
-        return runtime
+        return await prepared(self.make_runtime(spec, session.session_id, **options))
 
     def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Runtime:
         """The one place a node builds runtimes (tests substitute a test double here)."""

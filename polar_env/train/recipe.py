@@ -10,14 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Self
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from polar_env.errors import ConfigError
 from polar_env.evaluators import EvaluatorSpec
 from polar_env.records import LogprobsMode
 from polar_env.train.rollout import ToyTask
 from polar_env.train.trainer import TrainerConfig
+from polar_env.yaml_config import read_mapping, validated
 
 
 class _Section(BaseModel):
@@ -84,18 +83,6 @@ class Recipe(_Section):
     @classmethod
     def load(cls, path: Path, overrides: dict[str, Any] | None = None) -> Recipe:
         """Read and validate a recipe; any problem is one ConfigError line naming the file."""
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"recipe {path} is not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"recipe {path} must be a mapping of settings")
+        data = read_mapping(path, "recipe")
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-            raise ConfigError(f"recipe {path}: {where}: {first['msg']} ({exc.error_count()} problem(s) in all)") from exc
+        return validated(cls, data, path, "recipe")

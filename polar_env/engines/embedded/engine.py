@@ -17,11 +17,22 @@ from typing import Any
 
 import torch
 
-from polar_env.engines.embedded.model import DecodeParams, Decoded, ModelSpec, build_model, decode, load_model
+from polar_env.engines.embedded.model import (
+    Decoded,
+    DecodeParams,
+    ModelSpec,
+    build_model,
+    decode,
+    load_model,
+)
 from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.errors import RequestError
 from polar_env.qwen.parser import parse_output
-from polar_env.qwen.template import QWEN35, TemplateQuirks, render, render_assistant_body
+from polar_env.qwen.template import (
+    QWEN35,
+    TemplateQuirks,
+    render,
+)
 from polar_env.qwen.tokenizer import IM_END_ID, load_tokenizer
 from polar_env.records import ChatRequest, Generation, LogprobsMode
 
@@ -153,13 +164,9 @@ class EmbeddedEngine:
     def _scripted_ids(self, request: ChatRequest) -> list[int]:
         """Token ids of the scripted turn as the model would write it after the generation prompt."""
         assert self.policy is not None
-        turn = self.policy.next_turn(request.messages, request.tools)
-        if self._thinking(request):
-            # The generation prompt already ends with "<think>\n"; the model continues inside it.
-            body = render_assistant_body(turn, with_think=True, quirks=self.quirks)[len("<think>\n") :]
-        else:
-            body = render_assistant_body(turn, with_think=False, quirks=self.quirks)
-        return self.tokenizer.encode(body) + [IM_END_ID]
+        text = self.policy.response_text(request.messages, request.tools, thinking=self._thinking(request),
+                                         quirks=self.quirks)
+        return self.tokenizer.encode(text) + [IM_END_ID]
 
     # -- weights ------------------------------------------------------------------------------
     def set_weight_version(self, label: str) -> None:

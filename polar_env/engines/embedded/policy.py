@@ -13,7 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar_env.qwen.template import content_text
+from polar_env.qwen.template import (
+    QWEN35,
+    TemplateQuirks,
+    content_text,
+    render_assistant_body,
+)
 
 SHELL_TOOLS = ("bash", "Bash", "exec_command", "run_shell_command", "shell", "shell_command", "terminal")
 COMMAND_PARAMS = ("command", "cmd")
@@ -55,6 +60,13 @@ class ScriptedPolicy:
             step = next((s for s in reversed(self.steps) if s.command is None), ScriptStep(text=""))
         text = step.text.replace("{tool_output}", _last_tool_output(messages))
         return {"role": "assistant", "content": text, "reasoning_content": step.reasoning}
+
+    def response_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], *,
+                      thinking: bool, quirks: TemplateQuirks = QWEN35) -> str:
+        """The scripted turn as the model writes it after the generation prompt (before its
+        end-of-turn token): with thinking on, the prompt already opened ``<think>\n``."""
+        body = render_assistant_body(self.next_turn(messages, tools), with_think=thinking, quirks=quirks)
+        return body[len("<think>\n"):] if thinking else body
 
     def _shell_call(self, command: str, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         declared = {fn.get("name"): fn for fn in (t.get("function", t) for t in tools)
