@@ -699,6 +699,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     return run_train(Path(args.recipe), overrides, tracker=args.tracker)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from polar_env.dashboard.command import run_dashboard
+
+    return run_dashboard(args.paths, args.host, args.port, args.token, args.server, args.server_token)
+
+
+def _add_dashboard_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    text = "web dashboard over run folders, capture stores or a live rollout server (runs, live, sessions, traces)"
+    p = sub.add_parser("dashboard", help=text, description=text, formatter_class=_HelpFormatter)
+    p.add_argument("paths", nargs="*", help="run folders (polar-env rollout --out), capture stores, or folders of them")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (anything but loopback requires a token)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
+    p.add_argument("--token", help="access token (generated and printed when --host is not loopback)")
+    p.add_argument("--server", help="also show a live polar-env serve (its URL)")
+    p.add_argument("--server-token", help="that server's bearer token")
+    p.set_defaults(func=cmd_dashboard)
+
+
 def _add_train_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     text = "reference GRPO loop on CPU: rollouts, step-0 check, update, weight sync, run report"
     p = sub.add_parser("train", help=text, description=text, formatter_class=_HelpFormatter)
@@ -778,6 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout_commands(sub)
     _add_integration_commands(sub)
     _add_train_command(sub)
+    _add_dashboard_command(sub)
     return parser
 
 
