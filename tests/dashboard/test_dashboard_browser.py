@@ -119,7 +119,6 @@ def trajectories(run: Path) -> dict[str, dict[str, Any]]:
 def test_sessions_table_and_session_page(run_a: Path, dashboard: str, browser: Any) -> None:
     page = open_page(browser, dashboard, "#/")
     assert page.locator('#runs tr[data-run="base"]').count() == 1
-    shot(page, "runs")
     page.locator('#runs tr[data-run="base"]').click()
     page.wait_for_function("document.body.dataset.ready === '#/run/base'")
     page.locator(".tabs a", has_text="Sessions").click()
@@ -220,6 +219,8 @@ def test_compare_two_runs(run_a: Path, root: Path, dashboard: str, browser: Any)
                               text=True, timeout=600, check=False)
         assert proc.returncode == 0, proc.stdout[-2000:]
     page = open_page(browser, dashboard, "#/")
+    assert page.locator("#runs tbody tr").count() == 2
+    shot(page, "runs")
     page.locator('input[data-pick="base"]').check()
     page.locator('input[data-pick="trained"]').check()
     page.locator("#compare").click()
@@ -228,9 +229,9 @@ def test_compare_two_runs(run_a: Path, root: Path, dashboard: str, browser: Any)
     def cell(section: str, name: str, key: str) -> str:
         return page.locator(f'table[data-section="{section}"] tr[data-name="{name}"] td[data-cell="{key}"]').inner_text()
 
-    assert (cell("overall", "all", "pass@1:a"), cell("overall", "all", "pass@1:b")) == ("0.500", "0")
-    assert (cell("per_repo", "alpha", "pass@2:a"), cell("per_repo", "alpha", "pass@2:b")) == ("1", "0")
-    assert cell("per_repo", "beta", "pass@1:a") == "0"
+    assert (cell("overall", "all", "pass@1:a"), cell("overall", "all", "pass@1:b")) == ("0.500", "0.000")
+    assert (cell("per_repo", "alpha", "pass@2:a"), cell("per_repo", "alpha", "pass@2:b")) == ("1.000", "0.000")
+    assert cell("per_repo", "beta", "pass@1:a") == "0.000"
     assert cell("per_harness", "loop", "pass@1:a") == "0.500"
     shot(page, "compare")
     page.close()

@@ -75,7 +75,8 @@ async function pageCompare(a, b) {
   crumbs(["runs", "#/"], [`${a} vs ${b}`]);
   const data = await api(`/api/compare?a=${enc(a)}&b=${enc(b)}`);
   const ks = data.ks.map((k) => `pass@${k}`);
-  const cell = (side, key) => side && side[key] !== undefined ? fmt(side[key]) : "—";
+  const cell = (side, key) => side && side[key] !== undefined && side[key] !== null
+    ? (key === "tasks" ? String(side[key]) : side[key].toFixed(3)) : "—";
   const delta = (x, y, key) => {
     if (!x || !y || x[key] === null || y[key] === null || x[key] === undefined || y[key] === undefined) return h("td", {text: ""});
     const d = y[key] - x[key];
@@ -114,20 +115,21 @@ function timeline(history) {
     t.setAttribute("x", P); t.setAttribute("y", H / 2); t.textContent = "no stage transitions yet";
     svg.append(t); return svg;
   }
-  const tEnd = Math.max(history[history.length - 1][0], 1e-6);
+  const t0 = history[0][0];  // a live job's history starts at its first progress tick
+  const tEnd = Math.max(history[history.length - 1][0] - t0, 1e-6);
   const totals = history.map(([, c]) => STAGES.reduce((s, k) => s + (c[k] || 0), 0));
   const yMax = Math.max(1, ...totals);
-  const x = (t) => P + (W - P - 8) * (t / tEnd), y = (v) => H - (H - 10) * (v / yMax);
+  const x = (t) => P + (W - P - 8) * ((t - t0) / tEnd), y = (v) => H - (H - 10) * (v / yMax);
   const base = history.map(() => 0);
   for (const stage of STAGES) {
     const top = history.map(([, c], i) => base[i] + (c[stage] || 0));
     let d = "";
     history.forEach(([t], i) => {  // step-post: hold each value until the next sample
-      const tn = i + 1 < history.length ? history[i + 1][0] : tEnd;
+      const tn = i + 1 < history.length ? history[i + 1][0] : t0 + tEnd;
       d += `${i === 0 ? "M" : "L"}${x(t)},${y(top[i])} L${x(tn)},${y(top[i])} `;
     });
     for (let i = history.length - 1; i >= 0; i--) {
-      const tn = i + 1 < history.length ? history[i + 1][0] : tEnd;
+      const tn = i + 1 < history.length ? history[i + 1][0] : t0 + tEnd;
       d += `L${x(tn)},${y(base[i])} L${x(history[i][0])},${y(base[i])} `;
     }
     const path = document.createElementNS(svg.namespaceURI, "path");
@@ -136,7 +138,7 @@ function timeline(history) {
     top.forEach((v, i) => { base[i] = v; });
   }
   const axis = (txt, ax, ay) => { const t = document.createElementNS(svg.namespaceURI, "text"); t.setAttribute("x", ax); t.setAttribute("y", ay); t.textContent = txt; svg.append(t); };
-  axis("0 s", P, H + 16); axis(`${tEnd.toFixed(1)} s`, W - 50, H + 16); axis(String(yMax), 2, 16); axis("0", 2, H);
+  axis(`${t0.toFixed(1)} s`, P, H + 16); axis(`${(t0 + tEnd).toFixed(1)} s`, W - 50, H + 16); axis(String(yMax), 2, 16); axis("0", 2, H);
   STAGES.forEach((s, i) => {
     const r = document.createElementNS(svg.namespaceURI, "rect");
     r.setAttribute("x", P + 110 + i * 90); r.setAttribute("y", H + 7); r.setAttribute("width", 10); r.setAttribute("height", 10); r.setAttribute("fill", STAGE_COLORS[s]);

@@ -1,0 +1,113 @@
+"""The dashboard's JSON API without a browser: a 1,000-session store is paged, filtered and sorted
+server-side (each answer is one bounded page), session pages are bounded too, and a dashboard
+bound off loopback demands its token. The store is written through CaptureStore and the outcome
+writer, the same APIs the rollout pipeline uses."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from polar_env.cli import main
+from polar_env.dashboard.command import is_loopback
+from polar_env.dashboard.server import Dashboard, build_dashboard
+from polar_env.proxy.capture import CaptureStore, SessionMeta
+from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
+from polar_env.trajectory.outcome import write_outcome
+
+N = 1000
+
+
+def record(sid: str, seq: int, prompt: list[int], response: list[int]) -> CompletionRecord:
+    messages = [{"role": "user", "content": "hi"}] + [{"role": "assistant", "content": "x"}, {"role": "tool", "content": "y"}] * seq
+    return CompletionRecord(
+        message=AssistantMessage(content="ok"), prompt_ids=prompt, response_ids=response,
+        response_logprobs=[-0.5] * len(response), finish_reason="stop", session_id=sid, seq=seq,
+        provider_api=ProviderAPI.OPENAI_CHAT, provider_request={"messages": messages},
+        chat_request=ChatRequest(messages=messages), timings=Timings(received_at=0.0))
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("big") / "capture" / "node-0"
+    store = CaptureStore(root)
+    for i in range(N):
+        sid = f"task{i % 250:03d}-g-{i // 250}"
+        store.write_session_meta(SessionMeta(session_id=sid, key_sha256="0" * 64, created_at=0.0, closed=True,
+                                             metadata={"task_id": f"task{i % 250:03d}", "harness": "pi" if i % 2 else "loop",
+                                                       "sample_index": i // 250}))
+        store.append(record(sid, 0, [1, 2, 3], [10, 11, 12]))
+        if i == 7:  # one longer session: 3 calls, each prompt extending the last
+            store.append(record(sid, 1, [1, 2, 3, 10, 11, 12, 20, 21], [13, 14, 12]))
+            store.append(record(sid, 2, [1, 2, 3, 10, 11, 12, 20, 21, 13, 14, 12, 22], [15, 12]))
+        status = "timeout" if i % 10 == 0 else "completed"
+        write_outcome(root, sid, {"session_id": sid, "task_id": f"task{i % 250:03d}", "sample_index": i // 250,
+                                  "status": status, "reward": float(i % 4 == 0), "records": 1,
+                                  "stage_times": {"queued": 0.0, "running": 1.0, "done": 1.0 + i / 100},
+                                  "evaluation": {"reason": f"case {i}"}, "metadata": {"harness": "pi" if i % 2 else "loop"}})
+    store.close()
+    return root.parent.parent
+
+
+async def test_a_thousand_sessions_are_paged_server_side(store_dir: Path) -> None:
+    app = build_dashboard(Dashboard([store_dir]))
+    async with TestClient(TestServer(app)) as client:
+        runs = (await (await client.get("/api/runs")).json())["runs"]
+        (run,) = runs
+        assert run["sessions"] == N and run["statuses"] == {"completed": 900, "timeout": 100}
+        name = run["name"]
+        started = time.perf_counter()
+        resp = await client.get(f"/api/runs/{name}/sessions?limit=50&sort=reward&desc=1")
+        first_page_s = time.perf_counter() - started
+        body = await resp.read()
+        data = await resp.json()
+        assert data["total"] == N and len(data["rows"]) == 50 and len(body) < 30_000  # one page, not the run
+        assert all(r["reward"] == 1.0 for r in data["rows"])
+        later = await (await client.get(f"/api/runs/{name}/sessions?offset=950&limit=100&sort=reward&desc=1")).json()
+        assert len(later["rows"]) == 50 and all(r["reward"] == 0.0 for r in later["rows"])
+        filtered = await (await client.get(f"/api/runs/{name}/sessions?status=timeout&harness=loop&limit=500")).json()
+        assert filtered["total"] == 100 and {r["status"] for r in filtered["rows"]} == {"timeout"}
+        by_text = await (await client.get(f"/api/runs/{name}/sessions?q=case%20999")).json()
+        assert [r["session_id"] for r in by_text["rows"]] == ["task249-g-3"]
+        capped = await (await client.get(f"/api/runs/{name}/sessions?limit=100000")).json()
+        assert len(capped["rows"]) == 500  # the server's page cap
+        print(f"first page of {N} sessions (index built): {first_page_s * 1000:.0f} ms")
+
+        sid = "task007-g-0"
+        detail = await (await client.get(f"/api/runs/{name}/sessions/{sid}")).json()
+        assert detail["calls"] == 3 and len(detail["traces"]) == 1 and detail["traces"][0]["calls"] == 3
+        page = await (await client.get(f"/api/runs/{name}/sessions/{sid}/trace/0?offset=2&limit=4")).json()
+        assert page["total"] == 3 + 3 + 2 + 3 + 1 + 2 and page["offset"] == 2 and len(page["tokens"]) == 4
+        assert [t[0] for t in page["tokens"]] == [3, 10, 11, 12] and [t[2] for t in page["tokens"]] == [None, 1, 1, 1]
+        assert [c["seq"] for c in page["calls"]] == [0]
+        journal = await (await client.get(f"/api/runs/{name}/sessions/{sid}/journal?offset=1&limit=1")).json()
+        assert journal["total"] == 3 and [r["seq"] for r in journal["records"]] == [1]
+        transcript = await (await client.get(f"/api/runs/{name}/sessions/{sid}/transcript?offset=1&limit=1")).json()
+        (call,) = transcript["calls"]
+        assert not call["new_chain"] and [m["role"] for m in call["messages"]] == ["tool"]  # only what call 1 added
+        assert (await client.get(f"/api/runs/{name}/sessions/nope")).status == 404
+        assert (await client.get("/api/runs/nope/sessions")).status == 404
+        assert (await client.get(f"/api/runs/{name}/sessions?offset=x")).status == 400
+
+
+async def test_token_is_required_when_given(store_dir: Path) -> None:
+    app = build_dashboard(Dashboard([store_dir]), token="s3cret")
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/")).status == 401
+        assert (await client.get("/api/runs")).status == 401
+        assert (await client.get("/api/runs", headers={"Authorization": "Bearer wrong"})).status == 401
+        assert (await client.get("/api/runs", headers={"Authorization": "Bearer s3cret"})).status == 200
+        page = await client.get("/?token=s3cret")
+        assert page.status == 200 and "polar-env dashboard" in await page.text()
+        assert (await client.get("/api/runs")).status == 200  # the cookie the page was given
+
+
+def test_loopback_detection_and_bad_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.org")
+    assert main(["dashboard", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing does not exist" in err
