@@ -36,8 +36,12 @@ def _is_store(path: Path) -> bool:
 
 
 def is_run(path: Path) -> bool:
-    return path.is_dir() and (any((path / f).exists() for f in ("report.json", "sessions.jsonl", LIVE_FILE, "capture"))
-                              or _is_store(path))
+    """A run folder, a capture store, or a folder of per-node stores (a PolarEnv ``store``)."""
+    if not path.is_dir():
+        return False
+    if any((path / f).exists() for f in ("report.json", "sessions.jsonl", LIVE_FILE, "capture")) or _is_store(path):
+        return True
+    return any(_is_store(child) for child in path.iterdir() if child.is_dir())
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
