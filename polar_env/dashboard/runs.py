@@ -89,6 +89,7 @@ class Run:
         self._signature: tuple[Any, ...] | None = None
         self._built_at = 0.0
         self._stores: dict[Path, CaptureStore] = {}
+        self._history: tuple[tuple[Any, ...] | None, list[list[Any]]] = (None, [])
 
     # -- folders ------------------------------------------------------------------------------
     def store_dirs(self) -> list[Path]:
@@ -155,7 +156,7 @@ class Run:
         task_id = str(outcome.get("task_id") or meta.get("task_id") or sid)
         calls = outcome.get("records")
         if calls is None:
-            calls = store.count(sid)  # open sessions only: finished ones carry their count
+            calls = store.next_seq(sid)  # open sessions only; reads the journal's tail, not all of it
         return {
             "session_id": sid, "task_id": task_id, "repo": repo_of(task_id, meta.get("repo")),
             "sample_index": outcome.get("sample_index", meta.get("sample_index")),
@@ -214,7 +215,9 @@ class Run:
             base.setdefault("elapsed_s", report.get("wall_s"))
             base["engine_busy"] = base.get("engine_busy") or report.get("engine_busy_fraction")
         if not base.get("history"):
-            base["history"] = finished_history(_read_lines(self.path / "sessions.jsonl"))
+            if self._history[0] != self._signature:  # computed once per index version, not per event
+                self._history = (self._signature, finished_history(_read_lines(self.path / "sessions.jsonl")))
+            base["history"] = self._history[1]
         return base
 
 

@@ -72,6 +72,11 @@ class ServerRun(Run):
         self.url = url
         self.token = token
 
+    def summary(self) -> dict[str, Any]:
+        live = self.live()
+        return {**super().summary(), "state": live["state"], "path": self.url,
+                "engine_busy_fraction": live.get("engine_busy")}
+
     def live(self) -> dict[str, Any]:
         request = urllib.request.Request(self.url + "/rollout/status",
                                          headers={"Authorization": f"Bearer {self.token or ''}"})

@@ -111,3 +111,36 @@ def test_loopback_detection_and_bad_paths(tmp_path: Path, capsys: pytest.Capture
     assert main(["dashboard", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing does not exist" in err
+
+
+async def test_live_view_of_a_rollout_server(tmp_path: Path) -> None:
+    """``--server``: live figures from a real RolloutServer's /rollout/status (its node is the
+    FakeRuntimeNode test double with the simulated engine)."""
+    from polar_env.engines.config import EngineConfig
+    from polar_env.staging.node import NodeConfig
+    from polar_env.staging.pools import PoolLimits
+    from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
+    from tests.staging.conftest import FakeRuntimeNode
+    from tests.staging.test_node import loop_task
+
+    node = FakeRuntimeNode(NodeConfig(engine=EngineConfig(kind="simulated", latency_s=0.01), store=tmp_path / "capture",
+                                      limits=PoolLimits(), tcp_port=None))
+    await node.start()
+    server = RolloutServer([LocalNode(node)])
+    async with TestClient(TestServer(build_server_app(server, "tok"), host="127.0.0.1")) as rollout:
+        url = str(rollout.make_url("")).rstrip("/")
+        dashboard = build_dashboard(Dashboard([tmp_path], server_url=url, server_token="tok"))
+        async with TestClient(TestServer(dashboard)) as client:
+            before = await (await client.get("/api/runs/server/live")).json()
+            assert before["state"] == "idle" and before["done"] == 0 and before["nodes"] == 1
+            await server.run(loop_task(3))
+            after = await (await client.get("/api/runs/server/live")).json()
+            assert after["done"] == 3 and after["total"] == 3 and after["mean_reward"] == 1.0
+            assert set(after["stages"]) >= {"running", "postrun"}
+            runs = {r["name"]: r for r in (await (await client.get("/api/runs")).json())["runs"]}
+            assert runs["server"]["state"] == "idle" and runs["server"]["sessions"] == 3  # its store's sessions
+        wrong = build_dashboard(Dashboard([], server_url=url, server_token="nope"))
+        async with TestClient(TestServer(wrong)) as client:
+            live = await (await client.get("/api/runs/server/live")).json()
+            assert live["state"] == "unreachable" and "401" in live["error"]
+    await server.aclose()
