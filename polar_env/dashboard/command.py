@@ -50,7 +50,7 @@ async def _serve(app: web.Application, host: str, port: int, token: str | None) 
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port  # type: ignore[union-attr]
+    bound = runner.addresses[0][1] if runner.addresses else port  # the real port when --port 0
     shown = f"[{host}]" if ":" in host else host
     print(f"dashboard: http://{shown}:{bound}/" + (f"?token={token}" if token else ""), flush=True)
     try:

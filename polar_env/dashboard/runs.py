@@ -204,7 +204,7 @@ class Run:
         rows = self.rows()
         done = [r for r in rows if r["status"] in FINISHED]
         rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
-        base = {"state": "finished" if self.finished else "store", "total": len(rows), "done": len(done),
+        base: dict[str, Any] = {"state": "finished" if self.finished else "store", "total": len(rows), "done": len(done),
                 "stages": {}, "mean_reward": statistics.fmean(rewards) if rewards else None, "engine_busy": None,
                 "history": []}
         if snapshot is not None:

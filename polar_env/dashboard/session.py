@@ -24,7 +24,8 @@ _CACHE_SESSIONS = 8  # parsed journals kept in memory (one is ~the journal's siz
 class SessionCache:
     def __init__(self, size: int = _CACHE_SESSIONS) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, str], tuple[tuple[int, int], list[CompletionRecord], Trajectory]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[tuple[int, int], list[CompletionRecord], Trajectory]]
+        self._items = OrderedDict()
 
     def get(self, store: CaptureStore, session_id: str, builder: str) -> tuple[list[CompletionRecord], Trajectory]:
         path = store.path(session_id)
@@ -52,7 +53,8 @@ def trace_summaries(trajectory: Trajectory) -> list[dict[str, Any]]:
         out.append({"index": i, "prompt_tokens": len(t.prompt_ids), "response_tokens": len(t.response_ids),
                     "sampled_tokens": sum(t.loss_mask), "calls": len(t.metadata.get("seqs", [])) or None,
                     "seqs": t.metadata.get("seqs"), "drift": len(t.metadata.get("drift", [])),
-                    "cut": t.metadata.get("cut"), "status": t.status.value, "finish_reason": t.metadata.get("finish_reason")})
+                    "cut": t.metadata.get("cut"), "status": t.status.value,
+                    "finish_reason": t.metadata.get("finish_reason")})
     return out
 
 
@@ -72,17 +74,18 @@ def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int) -> d
             tokens.append([ids[j], texts[j], None, None])
         else:
             r = pos - n_prompt
-            tokens.append([ids[j], texts[j], trace.loss_mask[r], round(trace.response_logprobs[r], 5) if trace.loss_mask[r] else None])
+            logprob = round(trace.response_logprobs[r], 5) if trace.loss_mask[r] else None
+            tokens.append([ids[j], texts[j], trace.loss_mask[r], logprob])
     # a call's sampled run starts where the mask turns 0 -> 1 (the first one right after the prompt)
     seqs = trace.metadata.get("seqs", [])
-    starts, k = [], 0
+    starts: list[tuple[int, int | None]] = []  # (position, call seq)
     for r, m in enumerate(trace.loss_mask):
         if m and (r == 0 or not trace.loss_mask[r - 1]):
-            starts.append({"at": n_prompt + r, "seq": seqs[k] if k < len(seqs) else None})
-            k += 1
-    drift = [{"at": d["at"], "span": d["span"], "seq": d["seq"]} for d in trace.metadata.get("drift", [])]
+            starts.append((n_prompt + r, seqs[len(starts)] if len(starts) < len(seqs) else None))
+    drift: list[dict[str, int]] = [{"at": int(d["at"]), "span": int(d["span"]), "seq": int(d["seq"])}
+                                   for d in trace.metadata.get("drift", [])]
     return {"index": index, "offset": offset, "limit": end - offset, "total": total, "prompt_tokens": n_prompt,
-            "tokens": tokens, "calls": [s for s in starts if offset <= s["at"] < end],
+            "tokens": tokens, "calls": [{"at": at, "seq": seq} for at, seq in starts if offset <= at < end],
             "drift": [d for d in drift if offset <= d["at"] + d["span"] and d["at"] < end],
             "all_calls": len(starts)}
 

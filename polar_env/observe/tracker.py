@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from polar_env.errors import ConfigError
 
@@ -88,10 +88,11 @@ class WandbTracker:
         # Offline unless the user set WANDB_MODE or has a key: a rollout must never stall on a
         # login prompt or a network it cannot reach.
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        wandb_mode = cast(Literal["online", "offline", "disabled", "shared"], mode)
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "polar-env"), name=name, dir=str(self.dir),
-                              config=dict(config), mode=mode, reinit="create_new",
+                              config=dict(config), mode=wandb_mode, reinit="create_new",
                               settings=wandb.Settings(console="off", x_disable_stats=True))
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
@@ -135,7 +136,8 @@ def train_step_figures(record: Any) -> dict[str, float]:
 
 def rollout_progress_figures(snapshot: Mapping[str, Any]) -> dict[str, float]:
     """One live-progress tick of ``polar-env rollout`` as tracker figures."""
-    figures = {"rollout/sessions_done": snapshot.get("done", 0), "rollout/engine_busy": snapshot.get("engine_busy", 0.0),
+    figures = {"rollout/sessions_done": snapshot.get("done", 0),
+               "rollout/engine_busy": snapshot.get("engine_busy", 0.0),
                **{f"stages/{k}": v for k, v in snapshot.get("stages", {}).items()}}
     if snapshot.get("mean_reward") is not None:
         figures["rollout/mean_reward"] = snapshot["mean_reward"]

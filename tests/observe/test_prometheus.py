@@ -9,12 +9,12 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from polar_env.proxy.app import build_provider_app
-from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
-from tests.proxy.conftest import FakeEngine, admin_headers, start_gateway
 from polar_env.engines.config import EngineConfig
+from polar_env.proxy.app import build_provider_app
 from polar_env.staging.node import NodeConfig
 from polar_env.staging.pools import PoolLimits
+from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
+from tests.proxy.conftest import FakeEngine, admin_headers, start_gateway
 from tests.staging.conftest import FakeRuntimeNode
 from tests.staging.test_node import loop_task
 
