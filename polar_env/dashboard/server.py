@@ -27,6 +27,9 @@ from polar_env.dashboard.session import SessionCache, journal_page, trace_page, 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 COOKIE = "polar_dashboard"
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+# The page shows what agents wrote; nothing in it may load or run anything but the shipped assets.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 
 
 class Dashboard:
@@ -138,7 +141,8 @@ async def _static(request: web.Request) -> web.Response:
     if name not in STATIC:
         raise web.HTTPNotFound()
     body = resources.files("polar_env.dashboard").joinpath("static", name).read_bytes()
-    return web.Response(body=body, content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+    return web.Response(body=body, content_type=STATIC[name], charset="utf-8",
+                        headers={"Cache-Control": "no-cache", "Content-Security-Policy": CSP})
 
 
 async def _runs(request: web.Request) -> web.Response:

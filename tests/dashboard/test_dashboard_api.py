@@ -144,3 +144,33 @@ async def test_live_view_of_a_rollout_server(tmp_path: Path) -> None:
             live = await (await client.get("/api/runs/server/live")).json()
             assert live["state"] == "unreachable" and "401" in live["error"]
     await server.aclose()
+
+
+def test_drift_points_and_chain_starts_are_marked(tmp_path: Path) -> None:
+    """A call whose prompt re-rendered the previous reply differently (11 sampled, 99 in the
+    prompt) is one merged chain with a drift point where the copy starts."""
+    from polar_env.dashboard.session import trace_page, transcript_page
+    from polar_env.trajectory.prefix_merge import build_prefix_merged
+
+    eot = 248046
+    records = [record("d", 0, [1, 2, 3], [10, 11, eot]), record("d", 1, [1, 2, 3, 10, 99, eot, 20, 21], [13, eot])]
+    trajectory = build_prefix_merged(records)
+    (trace,) = trajectory.traces
+    page = trace_page(trajectory, 0, 0, 100)
+    assert page["drift"] == [{"at": 3, "span": trace.metadata["drift"][0]["span"], "seq": 1}]
+    assert [c["seq"] for c in page["calls"]] == [0, 1] and page["all_calls"] == 2
+    assert [t[2] for t in page["tokens"]] == [None] * 3 + trace.loss_mask
+    assert transcript_page(records, 0, 10)["calls"][0]["new_chain"]  # the first call opens the chain
+
+
+async def test_assets_are_shipped_and_reference_no_network(store_dir: Path) -> None:
+    async with TestClient(TestServer(build_dashboard(Dashboard([store_dir])))) as client:
+        for path in ("/", "/static/app.js", "/static/style.css"):
+            resp = await client.get(path)
+            text = await resp.text()
+            assert resp.status == 200 and len(text) > 300 and resp.charset == "utf-8", path
+            assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+            text = text.replace('"http://www.w3.org/2000/svg"', "")  # the SVG namespace name, never fetched
+            assert "http://" not in text and "https://" not in text, path  # no CDN, no fonts, no trackers
+        assert (await client.get("/static/../runs.py")).status == 404
+        assert (await client.get("/static/other.js")).status == 404

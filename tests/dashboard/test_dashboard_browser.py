@@ -94,10 +94,16 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
+def wait_ready(page: Any, route: str) -> None:
+    """The page's router marks ``body[data-ready]`` once a route has rendered. (Selectors, not
+    ``wait_for_function``: the dashboard's CSP forbids the eval that needs.)"""
+    page.wait_for_selector(f'body[data-ready="{route}"]', state="attached", timeout=60_000)
+
+
 def open_page(browser: Any, url: str, route: str) -> Any:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(url + route)
-    page.wait_for_function(f"document.body.dataset.ready === {route!r}", timeout=60_000)
+    wait_ready(page, route)
     assert page.locator("#error").count() == 0, page.locator("#error").inner_text()
     return page
 
@@ -116,31 +122,33 @@ def trajectories(run: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_sessions_table_and_session_page(run_a: Path, dashboard: str, browser: Any) -> None:
+    from playwright.sync_api import expect
+
     page = open_page(browser, dashboard, "#/")
     assert page.locator('#runs tr[data-run="base"]').count() == 1
     page.locator('#runs tr[data-run="base"]').click()
-    page.wait_for_function("document.body.dataset.ready === '#/run/base'")
+    wait_ready(page, "#/run/base")
     page.locator(".tabs a", has_text="Sessions").click()
-    page.wait_for_function("document.body.dataset.ready.startsWith('#/run/base/sessions')")
+    page.wait_for_selector('body[data-ready^="#/run/base/sessions"]', state="attached")
     rows = page.locator("#sessions tbody tr")
     assert rows.count() == 4
     # sort by reward, highest first: the two alpha sessions (reward 1) lead
     page.locator('#sessions th[data-sort="reward"]').click()
     page.locator('#sessions th[data-sort="reward"]').click()
-    page.wait_for_function("document.querySelector('#sessions th.sorted.desc') !== null")
+    page.wait_for_selector("#sessions th.sorted.desc")
     rewards = page.locator('#sessions td[data-col="reward"]').all_inner_texts()
     assert rewards == ["1.00", "1.00", "0.00", "0.00"]
     page.locator("#filter").fill("beta")
-    page.wait_for_function("document.querySelectorAll('#sessions tbody tr').length === 2")
+    expect(rows).to_have_count(2)
     assert page.locator("#page-info").inner_text() == "1–2 of 2"
     page.locator("#filter").fill("")
-    page.wait_for_function("document.querySelectorAll('#sessions tbody tr').length === 4")
+    expect(rows).to_have_count(4)
     shot(page, "sessions")
 
     trajs = trajectories(run_a)
     sid = next(s for s, t in trajs.items() if t["reward"] == 1.0)
     page.locator(f'#sessions tr[data-session="{sid}"]').click()
-    page.wait_for_function(f"document.body.dataset.ready === '#/run/base/session/{sid}'")
+    wait_ready(page, f"#/run/base/session/{sid}")
     assert page.locator("#s-reward").inner_text() == "1.00"
     assert page.locator("#s-calls").inner_text() == "2"
     # the transcript as the harness saw it: the tool call, its result, the final answer
@@ -180,7 +188,7 @@ def test_sessions_table_and_session_page(run_a: Path, dashboard: str, browser: A
     shot(page, "trace", "#trace")
 
     page.locator("#journal-link").click()
-    page.wait_for_function(f"document.body.dataset.ready === '#/run/base/session/{sid}/journal'")
+    wait_ready(page, f"#/run/base/session/{sid}/journal")
     raw = [json.loads(t) for t in page.locator("pre.raw").all_inner_texts()]
     assert [r["seq"] for r in raw] == [0, 1] and raw[0]["session_id"] == sid
     assert raw[1]["response_ids"] == trace["response_ids"][-len(raw[1]["response_ids"]):]
@@ -188,6 +196,8 @@ def test_sessions_table_and_session_page(run_a: Path, dashboard: str, browser: A
 
 
 def test_live_count_changes_while_a_job_runs(run_a: Path, root: Path, dashboard: str, browser: Any) -> None:
+    from playwright.sync_api import expect
+
     job = subprocess.Popen(rollout_argv(root, "trained", "echo 6*7=$((6*7-1))", "--max-running", "1"), env=env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -199,11 +209,12 @@ def test_live_count_changes_while_a_job_runs(run_a: Path, root: Path, dashboard:
         page = open_page(browser, dashboard, "#/run/trained")
         first = page.locator("#live-done").inner_text()
         assert int(first) < 4, "the job finished before the page opened"
-        page.wait_for_function(f"Number(document.querySelector('#live-done').textContent) > {first}", timeout=300_000)
+        expect(page.locator("#live-done")).not_to_have_text(first, timeout=300_000)  # pushed by SSE, no reload
+        assert int(page.locator("#live-done").inner_text()) > int(first)
         assert page.locator("#live-state").inner_text() in ("running", "done")
         assert page.locator("#timeline path").count() == 5  # the stage timeline, one band per stage
         shot(page, "live")
-        page.wait_for_function("document.querySelector('#live-state').textContent === 'done'", timeout=300_000)
+        expect(page.locator("#live-state")).to_have_text("done", timeout=300_000)
         assert page.locator("#live-done").inner_text() == "4"
         page.close()
     finally:
@@ -223,7 +234,7 @@ def test_compare_two_runs(run_a: Path, root: Path, dashboard: str, browser: Any)
     page.locator('input[data-pick="base"]').check()
     page.locator('input[data-pick="trained"]').check()
     page.locator("#compare").click()
-    page.wait_for_function("document.body.dataset.ready === '#/compare/base/trained'")
+    wait_ready(page, "#/compare/base/trained")
 
     def cell(section: str, name: str, key: str) -> str:
         return page.locator(f'table[data-section="{section}"] tr[data-name="{name}"] td[data-cell="{key}"]').inner_text()
