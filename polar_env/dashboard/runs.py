@@ -288,7 +288,8 @@ def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: 
     key = sort if sort in COLUMNS else "session_id"
     present = [r for r in picked if r.get(key) is not None]
     missing = [r for r in picked if r.get(key) is None]  # blanks last, whichever the direction
-    present.sort(key=lambda r: (r[key], r["session_id"]), reverse=desc)
+    present.sort(key=lambda r: r["session_id"])
+    present.sort(key=lambda r: r[key], reverse=desc)  # stable: ties stay in session order either way
     ordered = present + missing
     limit = max(1, min(limit, 500))
     return {"total": len(picked), "offset": offset, "limit": limit, "rows": ordered[offset: offset + limit],

@@ -29,6 +29,7 @@ async function api(path) {
   return resp.json();
 }
 const fmt = (v, digits = 3) => v === null || v === undefined ? "—" : (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(digits)) : String(v));
+const fixed = (v, digits = 3) => v === null || v === undefined ? "—" : Number(v).toFixed(digits);
 const pct = (v) => v === null || v === undefined ? "—" : (100 * v).toFixed(1) + "%";
 const badge = (status) => h("span", {class: `badge ${status}`, text: status});
 function crumbs(...parts) {
@@ -56,8 +57,8 @@ async function pageRuns() {
       h("td", {}, box), h("td", {}, h("b", {text: r.name}), h("div", {class: "muted", text: r.path})),
       h("td", {}, badge(r.state)), h("td", {class: "num", text: r.sessions}),
       h("td", {text: Object.entries(r.statuses).map(([k, v]) => `${k} ${v}`).join(", ")}),
-      h("td", {class: "num", text: fmt(r.mean_reward)}),
-      h("td", {text: passes.map(([k, v]) => `${k} ${fmt(v)}`).join("  ")}),
+      h("td", {class: "num", text: fixed(r.mean_reward)}),
+      h("td", {text: passes.map(([k, v]) => `${k} ${fixed(v)}`).join("  ")}),
       h("td", {class: "num", text: r.wall_s === null || r.wall_s === undefined ? "—" : fmt(r.wall_s, 1) + " s"}),
       h("td", {class: "num", text: pct(r.engine_busy_fraction)}));
   });
@@ -160,7 +161,7 @@ async function pageLive(run) {
   const render = (snap) => {
     document.getElementById("live-done").textContent = fmt(snap.done);
     document.getElementById("live-total").textContent = fmt(snap.total);
-    document.getElementById("live-reward").textContent = fmt(snap.mean_reward);
+    document.getElementById("live-reward").textContent = fixed(snap.mean_reward);
     document.getElementById("live-busy").textContent = pct(snap.engine_busy);
     document.getElementById("live-elapsed").textContent = snap.elapsed_s === undefined ? "—" : `${snap.elapsed_s.toFixed(1)} s`;
     state.textContent = snap.state; state.className = `badge ${snap.state}`;
