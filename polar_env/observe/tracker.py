@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
@@ -56,24 +57,39 @@ def scalars(figures: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 class TensorBoardTracker:
+    """Event files written with TensorBoard's own writer and protobufs (no torch, no TensorFlow), so
+    a rollout next to a vLLM server logs as well as the CPU trainer does."""
+
     def __init__(self, out_dir: Path, config: Mapping[str, Any], name: str) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:  # torch without the tensorboard package
-            raise ConfigError(f"--tracker tensorboard needs the tensorboard package ({exc}); "
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
+        except ImportError:
+            raise ConfigError("--tracker tensorboard needs the tensorboard package; "
                               "pip install -e '.[trackers]'") from None
         self.dir = Path(out_dir) / "tensorboard"
-        self.writer = SummaryWriter(log_dir=str(self.dir), comment=name)
-        self.writer.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```", 0)
+        self.writer = EventFileWriter(str(self.dir), filename_suffix=f".{name}")
+        self._text("config", config)
+
+    def _text(self, tag: str, data: Mapping[str, Any]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event  # type: ignore[import-untyped]
+        from tensorboard.plugins.text.summary_v2 import text_pb  # type: ignore[import-untyped]
+
+        body = "```\n" + json.dumps(dict(data), indent=2, default=str) + "\n```"
+        self.writer.add_event(Event(wall_time=time.time(), step=0, summary=text_pb(tag, body)))
+
+    def _scalars(self, figures: Mapping[str, float], step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event  # type: ignore[import-untyped]
+        from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+
+        values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars(figures).items()]
+        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
-        for name, value in scalars(figures).items():
-            self.writer.add_scalar(name, value, step)
+        self._scalars(figures, step)
 
     def summary(self, figures: Mapping[str, Any]) -> None:
-        for name, value in scalars(figures).items():
-            self.writer.add_scalar(f"summary/{name}", value, 0)
-        self.writer.add_text("summary", "```\n" + json.dumps(dict(figures), indent=2, default=str) + "\n```", 0)
+        self._scalars({f"summary/{k}": v for k, v in scalars(figures).items()}, 0)
+        self._text("summary", figures)
 
     def close(self) -> None:
         self.writer.close()
