@@ -78,7 +78,7 @@ class TensorBoardTracker:
         self.writer.add_event(Event(wall_time=time.time(), step=0, summary=text_pb(tag, body)))
 
     def _scalars(self, figures: Mapping[str, float], step: int) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event  # type: ignore[import-untyped]
+        from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
 
         values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars(figures).items()]
