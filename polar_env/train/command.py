@@ -31,14 +31,14 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
           f"{recipe.rollouts_per_task} rollouts; report in {recipe.run_dir()}", flush=True)
     try:
         result = asyncio.run(run_recipe(recipe, on_step))
+        written = write_run(result, recipe.run_dir())
+        s = result.summary()
+        logger.summary(s)
     except Step0Mismatch as exc:
         print(f"polar-env train: {exc}", file=sys.stderr)
-        logger.close()
         return 1
-    written = write_run(result, recipe.run_dir())
-    s = result.summary()
-    logger.summary(s)
-    logger.close()
+    finally:
+        logger.close()
     print(f"reward first 5 steps {s['first5']}, last 5 {s['last5']} (Δ {s['improvement']:+.3f}); "
           f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
           f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "
