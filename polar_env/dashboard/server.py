@@ -155,9 +155,10 @@ async def _sessions(request: web.Request) -> web.Response:
     run = request.app[DASHBOARD].run(request.match_info["run"])
     q = request.query
     rows = await asyncio.to_thread(run.rows)
-    return _json(page(rows, q=q.get("q", ""), status=q.get("status", ""), harness=q.get("harness", ""),
-                      sort=q.get("sort", "session_id"), desc=q.get("desc") == "1",
-                      offset=_int(request, "offset", 0), limit=_int(request, "limit", 50)))
+    data = page(rows, q=q.get("q", ""), status=q.get("status", ""), harness=q.get("harness", ""),
+                sort=q.get("sort", "session_id"), desc=q.get("desc") == "1",
+                offset=_int(request, "offset", 0), limit=_int(request, "limit", 50))
+    return _json({**data, "finished": run.finished})
 
 
 async def _live(request: web.Request) -> web.Response:

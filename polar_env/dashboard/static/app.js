@@ -6,6 +6,7 @@ const STAGES = ["queued", "init", "ready", "running", "postrun"];
 const STAGE_COLORS = {queued: "#b8c1d1", init: "#f2b134", ready: "#8fc1e3", running: "#3157d5", postrun: "#2f9e57"};
 const main = document.getElementById("main");
 let liveSource = null;
+let refreshTimer = null;  // the sessions table of a running job re-reads its page
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -194,8 +195,12 @@ async function pageSessions(run, params) {
   harnessSel.addEventListener("change", () => { state.harness = harnessSel.value; state.offset = 0; load(); });
   put(h("h1", {text: run}), runTabs(run, "sessions"),
     h("div", {class: "filters"}, search, statusSel, harnessSel, prev, next, info), table);
-  const fill = (sel, values, current, label) => sel.replaceChildren(h("option", {value: "", text: `all ${label}`}),
-    ...values.map((v) => h("option", {value: v, text: v, selected: v === current})));
+  const fill = (sel, values, current, label) => {
+    if (sel.dataset.values === values.join("\n")) return;  // a live refresh must not close an open menu
+    sel.dataset.values = values.join("\n");
+    sel.replaceChildren(h("option", {value: "", text: `all ${label}`}),
+      ...values.map((v) => h("option", {value: v, text: v, selected: v === current})));
+  };
   async function load() {
     const p = new URLSearchParams({q: state.q, status: state.status, harness: state.harness, sort: state.sort,
       desc: state.desc ? "1" : "0", offset: state.offset, limit: state.limit});
@@ -214,6 +219,8 @@ async function pageSessions(run, params) {
     const end = Math.min(data.total, state.offset + data.rows.length);
     info.textContent = data.total ? `${state.offset + 1}–${end} of ${data.total}` : "no sessions";
     prev.disabled = state.offset === 0; next.disabled = end >= data.total;
+    if (refreshTimer) clearTimeout(refreshTimer);
+    if (!data.finished) refreshTimer = setTimeout(load, 3000);
   }
   await load();
 }
@@ -383,6 +390,7 @@ async function pageJournal(run, sid, params) {
 // -- routing -------------------------------------------------------------------------------
 async function route() {
   if (liveSource) { liveSource.close(); liveSource = null; }
+  if (refreshTimer) { clearTimeout(refreshTimer); refreshTimer = null; }
   const [path, params] = (location.hash.slice(1) || "/").split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   try {
