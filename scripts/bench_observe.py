@@ -115,9 +115,12 @@ def main() -> None:
     args = parser.parse_args()
     print("gateway per-call latency, ms (engine double answers at once; 4k prompt + 1k sampled ids)")
     print(f"{'concurrency':>11} {'baseline p50':>13} {'metrics p50':>12} {'ratio':>6} {'baseline p99':>13} {'metrics p99':>12}")
+    asyncio.run(gateway_run(200, 1, with_metrics=True))  # warm-up: imports, tokenizer, allocator
     for concurrency in (1, 50):
-        base = asyncio.run(gateway_run(args.calls, concurrency, with_metrics=False))
-        with_m = asyncio.run(gateway_run(args.calls, concurrency, with_metrics=True))
+        base: list[float] = []
+        with_m: list[float] = []
+        for first_with in (False, True, True, False):  # A B B A, so drift over time cancels
+            (with_m if first_with else base).extend(asyncio.run(gateway_run(args.calls // 2, concurrency, first_with)))
         p50b, p50m = statistics.median(base), statistics.median(with_m)
         p99b, p99m = statistics.quantiles(base, n=100)[98], statistics.quantiles(with_m, n=100)[98]
         print(f"{concurrency:>11} {p50b:>13.3f} {p50m:>12.3f} {p50m / p50b:>6.3f} {p99b:>13.3f} {p99m:>12.3f}")
