@@ -483,6 +483,7 @@ def _add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
     p.add_argument("--out", default="polar_rollouts", help="output folder (journals, trajectories, report)")
     p.add_argument("--early-stop", type=int, dest="early_stop", help="finish a group after this many usable sessions")
     p.add_argument("--no-progress", action="store_true", help="no live table (e.g. in CI logs)")
+    p.add_argument("--tracker", choices=["wandb", "tensorboard"], help="also log the figures there (W&B offline by default)")
     _add_env_options(p)
 
 
@@ -492,7 +493,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     job = RolloutJob(env=_env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
                      samples=args.samples, out=Path(args.out), mode=args.command,
-                     pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop)
+                     pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
+                     tracker=args.tracker)
     env = job.env
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
@@ -694,7 +696,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     from polar_env.train.command import run_train
 
     overrides = {"seed": args.seed, "steps": args.steps, "control": True if args.control else None, "out_dir": args.out_dir}
-    return run_train(Path(args.recipe), overrides)
+    return run_train(Path(args.recipe), overrides, tracker=args.tracker)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from polar_env.dashboard.command import run_dashboard
+
+    return run_dashboard(args.paths, args.host, args.port, args.token, args.server, args.server_token)
+
+
+def _add_dashboard_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    text = "web dashboard over run folders, capture stores or a live rollout server (runs, live, sessions, traces)"
+    p = sub.add_parser("dashboard", help=text, description=text, formatter_class=_HelpFormatter)
+    p.add_argument("paths", nargs="*", help="run folders (polar-env rollout --out), capture stores, or folders of them")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (anything but loopback requires a token)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
+    p.add_argument("--token", help="access token (generated and printed when --host is not loopback)")
+    p.add_argument("--server", help="also show a live polar-env serve (its URL)")
+    p.add_argument("--server-token", help="that server's bearer token")
+    p.set_defaults(func=cmd_dashboard)
 
 
 def _add_train_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -705,6 +725,7 @@ def _add_train_command(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--steps", type=int, help="override the recipe's number of steps")
     p.add_argument("--control", action="store_true", help="shuffled-reward control run")
     p.add_argument("--out-dir", help="report directory (default: the recipe's out_dir)")
+    p.add_argument("--tracker", choices=["wandb", "tensorboard"], help="also log each step there (W&B offline by default)")
     p.set_defaults(func=cmd_train)
 
 
@@ -775,6 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout_commands(sub)
     _add_integration_commands(sub)
     _add_train_command(sub)
+    _add_dashboard_command(sub)
     return parser
 
 

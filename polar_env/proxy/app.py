@@ -47,6 +47,7 @@ from polar_env.errors import (
     PolarError,
     RequestError,
 )
+from polar_env.observe.metrics import install_gateway_metrics, observe_call, share_gateway_metrics
 from polar_env.proxy.admin import bearer_token, new_admin_token, token_matches
 from polar_env.proxy.capture import CaptureError, CaptureStore, JournalError
 from polar_env.proxy.continuation import Continuation
@@ -261,12 +262,13 @@ async def generate_and_record(
     if record.weight_version is None:
         record.weight_version = weight_version  # engines that do not report one: the gate's version
     try:
-        app[STORE].append(record)  # before the reply: an answered call is never lost
+        journal_bytes = app[STORE].append(record)  # before the reply: an answered call is never lost
     except CaptureError:
         session.errors += 1
         if session.next_seq == seq + 1:
             session.next_seq = seq  # nothing was written: the number is free again
         raise
+    observe_call(app, record, journal_bytes)
     if session.continuation is not None:
         session.continuation.remember(chat, generation)
     return generation
@@ -681,6 +683,7 @@ def build_app(engine: EngineClient, store: CaptureStore, config: GatewayConfig) 
     router.add_post("/admin/pause", admin_pause)
     router.add_post("/admin/resume", admin_resume)
     router.add_get("/admin/status", admin_status)
+    install_gateway_metrics(app, app[GATE], is_admin)
     router.add_route("*", "/{tail:.*}", not_found)
     return app
 
@@ -692,6 +695,7 @@ def build_provider_app(app: web.Application) -> web.Application:
     sandbox = web.Application(client_max_size=app[CONFIG].max_body_bytes, middlewares=[last_resort])
     for key in (ENGINE, STORE, SESSIONS, GATE, CONFIG, STATS):
         sandbox[key] = app[key]  # type: ignore[index]
+    share_gateway_metrics(sandbox, app)
     _add_provider_routes(sandbox.router)
     sandbox.router.add_route("*", "/{tail:.*}", not_found)
     return sandbox

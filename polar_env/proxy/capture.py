@@ -104,8 +104,9 @@ class CaptureStore:
             os.close(old)
         return fd
 
-    def append(self, record: CompletionRecord) -> None:
-        """Journal one record whole, or raise CaptureError with the journal unchanged."""
+    def append(self, record: CompletionRecord) -> int:
+        """Journal one record whole and return its size in bytes, or raise CaptureError with the
+        journal unchanged."""
         try:
             data = record.to_json() + b"\n"
         except (TypeError, orjson.JSONEncodeError) as exc:
@@ -129,6 +130,7 @@ class CaptureStore:
             except OSError as exc:
                 self._undo(record.session_id, fd, size)
                 raise CaptureError(f"journal fsync failed: {exc.strerror or exc}") from exc
+        return written
 
     def _undo(self, session_id: str, fd: int, size: int) -> None:
         try:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.env import PolarEnv, PolarEnvConfig, task_request
 from polar_env.errors import ConfigError
+from polar_env.observe.live import JobObserver
 from polar_env.staging.models import SessionResult, TaskRequest, TaskStatus
 from polar_env.staging.report import build_report, write_timeline
 from polar_env.trajectory.export import write_jsonl, write_parquet
@@ -42,6 +43,7 @@ class RolloutJob(BaseModel):
     mode: Literal["rollout", "eval"] = "rollout"
     pass_k: list[int] = Field(default_factory=lambda: [1])
     early_stop_min_usable: int | None = None
+    tracker: Literal["wandb", "tensorboard"] | None = None  # also log the figures there (polar_env/observe)
 
 
 def load_tasks(job: RolloutJob) -> list[TaskRequest]:
@@ -110,17 +112,27 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     env_config = job.env.model_copy(update={"store": out / "capture"})
     reqs = load_tasks(job.model_copy(update={"env": env_config}))
     total = sum(r.num_samples for r in reqs)
+    observer = JobObserver(out, job.tracker, job.model_dump(mode="json"), progress)
+    try:
+        report = await _run_observed(job, env_config, reqs, total, observer, engine)
+    finally:
+        observer.close()
+    return report
+
+
+async def _run_observed(job: RolloutJob, env_config: PolarEnvConfig, reqs: list[TaskRequest], total: int,
+                        observer: JobObserver, engine: Any | None) -> dict[str, Any]:
+    out = Path(job.out)
     started = time.monotonic()
     async with PolarEnv(env_config, engine=engine) as env:
         server = env.cluster.server
         statuses = [server.submit(req) for req in reqs]
-        watcher = asyncio.create_task(_watch(server, statuses, total, started, progress)) if progress else None
+        watcher = asyncio.create_task(_watch(server, statuses, total, started, observer))
         try:
             await asyncio.gather(*(server.tasks[s.group_id].runner for s in statuses))
         finally:
-            if watcher is not None:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
         node_stats = await server.node_stats()
     wall = time.monotonic() - started
     results: list[SessionResult] = [r for s in statuses for r in s.results]
@@ -144,8 +156,9 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     if note:
         notes.append(note)
     report["notes"] = notes
-    report["files"] = sorted({p.name for p in out.iterdir()} | {"report.json"})
+    report["files"] = sorted({p.name for p in out.iterdir() if not p.name.endswith(".tmp")} | {"report.json"})
     (out / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
+    observer.finish(report)
     return report
 
 

@@ -21,6 +21,7 @@ def session_row(r: SessionResult) -> dict[str, Any]:
     return {"session_id": r.session_id, "task_id": r.task_id, "sample_index": r.sample_index, "node_id": r.node_id,
             "status": r.status.value, "reward": r.reward, "records": r.records,
             "traces": len(traj.traces) if traj else 0, "drift_boundaries": stats.get("drift_boundaries", 0),
+            "sampled_tokens": sum(sum(t.loss_mask) for t in traj.traces) if traj else 0,
             "stage_s": r.stage_seconds(), "harness_exit_code": r.harness_exit_code,
             "resolved": r.evaluation.get("resolved"), "reason": r.evaluation.get("reason"), "error": r.error}
 

@@ -32,6 +32,7 @@ from polar_env.staging.models import (
     TaskState,
     TaskStatus,
 )
+from polar_env.observe.metrics import RolloutMetrics, install_server_metrics
 from polar_env.staging.node import GatewayNode
 
 _log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class RolloutServer:
         self.callback_backoff_s = callback_backoff_s
         self.keep_tasks = keep_tasks
         self._http: aiohttp.ClientSession | None = None
+        self.metrics = RolloutMetrics()
 
     # -- tasks --------------------------------------------------------------------------------
     def submit(self, req: TaskRequest) -> TaskStatus:
@@ -194,6 +196,7 @@ class RolloutServer:
         for next_done in asyncio.as_completed(pending):
             result = await next_done
             status.results.append(result)
+            self.metrics.observe_result(result)
             usable += result.usable
             if (req.early_stop_min_usable is not None and usable >= req.early_stop_min_usable
                     and not status.early_stopped and len(status.results) < len(specs)):
@@ -374,4 +377,5 @@ def build_server_app(server: RolloutServer, token: str) -> web.Application:
     app.router.add_delete("/rollout/task/{ref}", _cancel)
     app.router.add_get("/rollout/status", _status)
     app.router.add_get("/health", _health)
+    install_server_metrics(app, server)
     return app

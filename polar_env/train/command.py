@@ -11,24 +11,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polar_env.train.loop import run_recipe, step_line
+from polar_env.observe.tracker import open_tracker, train_step_figures
+from polar_env.train.loop import StepRecord, run_recipe, step_line
 from polar_env.train.recipe import Recipe
 from polar_env.train.report import PLOT_HINT, write_run
 from polar_env.train.step0 import Step0Mismatch
 
 
-def run_train(recipe_path: Path, overrides: dict[str, Any]) -> int:
+def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None = None) -> int:
     recipe = Recipe.load(recipe_path, overrides)
+    logger = open_tracker(tracker, recipe.run_dir(), recipe.model_dump(mode="json"), name=recipe.name)
+
+    def on_step(record: StepRecord) -> None:
+        print(step_line(record), flush=True)
+        logger.log(train_step_figures(record), record.step)
+
     kind = "shuffled-reward control" if recipe.control else "GRPO"
     print(f"{recipe.name}: {kind}, seed {recipe.seed}, {recipe.steps} steps x {len(recipe.tasks)} tasks x "
           f"{recipe.rollouts_per_task} rollouts; report in {recipe.run_dir()}", flush=True)
     try:
-        result = asyncio.run(run_recipe(recipe, lambda record: print(step_line(record), flush=True)))
+        result = asyncio.run(run_recipe(recipe, on_step))
+        written = write_run(result, recipe.run_dir())
+        s = result.summary()
+        logger.summary(s)
     except Step0Mismatch as exc:
         print(f"polar-env train: {exc}", file=sys.stderr)
         return 1
-    written = write_run(result, recipe.run_dir())
-    s = result.summary()
+    finally:
+        logger.close()
     print(f"reward first 5 steps {s['first5']}, last 5 {s['last5']} (Δ {s['improvement']:+.3f}); "
           f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
           f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "

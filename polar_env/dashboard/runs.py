@@ -1,0 +1,296 @@
+"""Run folders and capture stores, indexed for the dashboard.
+
+A *run* is a folder ``polar-env rollout``/``eval`` wrote (``report.json``, ``sessions.jsonl``,
+``live.json`` while it runs, ``capture/<node>/`` journals) or a bare capture store (what
+``polar-env gateway --store`` wrote). Sessions are listed from the stores' public API
+(``CaptureStore.session_metas``/``session_ids``, ``read_outcome``), overlaid with the finished
+run's ``sessions.jsonl`` and report rows; nothing here parses a journal line. The index is cached
+and rebuilt when a folder changes (a new journal, outcome or report), so a page of a 1,000-session
+run is a slice of a list in memory, not a scan.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from polar_env.observe.live import LIVE_FILE, read_live
+from polar_env.proxy.capture import CaptureStore
+from polar_env.staging.job import pass_at_k
+from polar_env.trajectory.outcome import RESULT_SUFFIX, read_outcome
+
+FINISHED = ("completed", "timeout", "error", "cancelled")
+COLUMNS = ("session_id", "task_id", "repo", "sample_index", "harness", "status", "failure_kind", "reward", "calls",
+           "tokens", "drift", "wall_s", "node_id")
+_LIVE_REFRESH_S = 2.0  # journals grow without touching their folder's mtime: re-count open sessions this often
+
+
+def _is_store(path: Path) -> bool:
+    """A capture store: the gateway writes each session's state under ``sessions/``."""
+    return path.is_dir() and ((path / "sessions").is_dir() or any(path.glob("*" + RESULT_SUFFIX)))
+
+
+def is_run(path: Path) -> bool:
+    """A run folder, a capture store, or a folder of per-node stores (a PolarEnv ``store``)."""
+    if not path.is_dir():
+        return False
+    if any((path / f).exists() for f in ("report.json", "sessions.jsonl", LIVE_FILE, "capture")) or _is_store(path):
+        return True
+    return any(_is_store(child) for child in path.iterdir() if child.is_dir())
+
+
+def discover(paths: Iterable[Path]) -> list[Path]:
+    """Each path that is a run, else the runs directly inside it."""
+    found: list[Path] = []
+    for path in paths:
+        path = Path(path)
+        if is_run(path):
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if is_run(p)))
+    return found
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return []
+
+
+def repo_of(task_id: str, task_repo: str | None = None) -> str:
+    return task_repo or task_id.split("__")[0]
+
+
+def wall_of(stage_times: dict[str, float]) -> float | None:
+    if not stage_times:
+        return None
+    return round(max(stage_times.values()) - min(stage_times.values()), 3)
+
+
+class Run:
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = Path(path)
+        self.name = name
+        self._rows: list[dict[str, Any]] = []
+        self._where: dict[str, CaptureStore] = {}
+        self._signature: tuple[Any, ...] | None = None
+        self._built_at = 0.0
+        self._stores: dict[Path, CaptureStore] = {}
+        self._history: tuple[tuple[Any, ...] | None, list[list[Any]]] = (None, [])
+
+    # -- folders ------------------------------------------------------------------------------
+    def store_dirs(self) -> list[Path]:
+        root = self.path / "capture" if (self.path / "capture").is_dir() else self.path
+        dirs = [root] if _is_store(root) else []
+        if root.is_dir():
+            dirs += sorted(d for d in root.iterdir() if d.is_dir() and d.name != "sessions" and _is_store(d))
+        return dirs
+
+    def store(self, folder: Path) -> CaptureStore:
+        if folder not in self._stores:
+            self._stores[folder] = CaptureStore(folder)
+        return self._stores[folder]
+
+    def _signature_now(self) -> tuple[Any, ...]:
+        def mtime(p: Path) -> float:
+            try:
+                return p.stat().st_mtime_ns
+            except FileNotFoundError:
+                return 0
+
+        dirs = self.store_dirs()
+        return (tuple((d, mtime(d), mtime(d / "sessions")) for d in dirs),
+                mtime(self.path / "report.json"), mtime(self.path / "sessions.jsonl"))
+
+    @property
+    def finished(self) -> bool:
+        return (self.path / "report.json").exists()
+
+    def report(self) -> dict[str, Any]:
+        data = _read_json(self.path / "report.json")
+        return data if isinstance(data, dict) else {}
+
+    # -- the session index ---------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        signature = self._signature_now()
+        stale_live = not self.finished and time.monotonic() - self._built_at > _LIVE_REFRESH_S
+        if signature != self._signature or stale_live:
+            self._rows, self._where = self._build_rows()
+            self._signature, self._built_at = signature, time.monotonic()
+        return self._rows
+
+    def _build_rows(self) -> tuple[list[dict[str, Any]], dict[str, CaptureStore]]:
+        finished = {r["session_id"]: r for r in _read_lines(self.path / "sessions.jsonl") if "session_id" in r}
+        report_rows = {r["session_id"]: r for r in self.report().get("session_rows", [])}
+        rows, where = [], {}
+        for folder in self.store_dirs():
+            store = self.store(folder)
+            metas = {m.session_id: m for m in store.session_metas()}
+            ids = set(metas) | set(store.session_ids()) | {p.name[: -len(RESULT_SUFFIX)] for p in folder.glob("*" + RESULT_SUFFIX)}
+            for sid in sorted(ids):
+                outcome = finished.get(sid) or read_outcome(folder, sid) or {}
+                meta = dict(outcome.get("metadata") or {})
+                if sid in metas:
+                    meta = {**metas[sid].metadata, **meta}
+                rows.append(self._row(sid, store, outcome, meta, report_rows.get(sid, {}), metas.get(sid)))
+                where[sid] = store
+        return rows, where
+
+    @staticmethod
+    def _row(sid: str, store: CaptureStore, outcome: dict[str, Any], meta: dict[str, Any], report_row: dict[str, Any],
+             session_meta: Any) -> dict[str, Any]:
+        status = outcome.get("status") or ("closed" if session_meta is not None and session_meta.closed else "running")
+        task_id = str(outcome.get("task_id") or meta.get("task_id") or sid)
+        calls = outcome.get("records")
+        if calls is None:
+            calls = store.next_seq(sid)  # open sessions only; reads the journal's tail, not all of it
+        return {
+            "session_id": sid, "task_id": task_id, "repo": repo_of(task_id, meta.get("repo")),
+            "sample_index": outcome.get("sample_index", meta.get("sample_index")),
+            "harness": meta.get("harness"), "status": status,
+            "failure_kind": outcome.get("failure_kind") or report_row.get("failure_kind"),
+            "reward": outcome.get("reward"), "calls": calls,
+            "tokens": report_row.get("sampled_tokens"), "drift": report_row.get("drift_boundaries"),
+            "wall_s": wall_of(outcome.get("stage_times") or {}), "node_id": outcome.get("node_id") or meta.get("node_id"),
+            "reason": (outcome.get("evaluation") or {}).get("reason"), "error": outcome.get("error"),
+        }
+
+    def locate(self, session_id: str) -> tuple[CaptureStore, dict[str, Any]] | None:
+        rows = self.rows()
+        store = self._where.get(session_id)
+        if store is None:
+            return None
+        return store, next(r for r in rows if r["session_id"] == session_id)
+
+    def outcome(self, store: CaptureStore, session_id: str) -> dict[str, Any]:
+        return read_outcome(store.root, session_id) or next(
+            (r for r in _read_lines(self.path / "sessions.jsonl") if r.get("session_id") == session_id), {})
+
+    # -- figures -------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        rows = self.rows()
+        report = self.report()
+        live = read_live(self.path)
+        done = [r for r in rows if r["status"] in FINISHED]
+        statuses: dict[str, int] = {}
+        for r in rows:
+            statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+        rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
+        state = "finished" if self.finished else ("running" if live and live.get("state") == "running" else "store")
+        return {
+            "name": self.name, "path": str(self.path), "state": state, "sessions": len(rows),
+            "statuses": statuses, "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
+            "pass": pass_table(done)["overall"], "wall_s": report.get("wall_s", (live or {}).get("elapsed_s")),
+            "engine_busy_fraction": report.get("engine_busy_fraction", (live or {}).get("engine_busy")),
+            "mode": (report.get("config") or {}).get("mode"),
+        }
+
+    def live(self) -> dict[str, Any]:
+        """Stage counts, sessions done, reward so far, engine busy and the stage history."""
+        snapshot = read_live(self.path)
+        rows = self.rows()
+        done = [r for r in rows if r["status"] in FINISHED]
+        rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
+        base: dict[str, Any] = {"state": "finished" if self.finished else "store", "total": len(rows), "done": len(done),
+                "stages": {}, "mean_reward": statistics.fmean(rewards) if rewards else None, "engine_busy": None,
+                "history": []}
+        if snapshot is not None:
+            base.update({k: snapshot[k] for k in ("state", "total", "done", "stages", "mean_reward", "engine_busy",
+                                                   "elapsed_s", "statuses", "history") if k in snapshot})
+        if self.finished:
+            report = self.report()
+            base.setdefault("elapsed_s", report.get("wall_s"))
+            base["engine_busy"] = base.get("engine_busy") or report.get("engine_busy_fraction")
+        if not base.get("history"):
+            if self._history[0] != self._signature:  # computed once per index version, not per event
+                self._history = (self._signature, finished_history(_read_lines(self.path / "sessions.jsonl")))
+            base["history"] = self._history[1]
+        return base
+
+
+def finished_history(results: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """Stage occupancy over time of finished sessions, from their stage times (like timeline.png)."""
+    from polar_env.staging.models import SessionResult
+    from polar_env.staging.report import occupancy_series
+
+    parsed = [SessionResult.model_validate(r) for r in results if "stage_times" in r]
+    xs, series = occupancy_series(parsed)
+    return [[round(x, 3), {stage.value: counts[i] for stage, counts in series.items()}] for i, x in enumerate(xs)]
+
+
+def pass_table(rows: Sequence[dict[str, Any]], ks: Sequence[int] | None = None) -> dict[str, Any]:
+    """pass@k (unbiased; a session with reward >= 1 passes) overall, per repo and per harness, over
+    the finished sessions. ``k`` defaults to 1 and the smallest group size."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_task.setdefault(r["task_id"], []).append(r)
+    n_min = min((len(v) for v in by_task.values()), default=1)
+    ks = sorted(set(ks or (1, n_min)))
+
+    def scores(groups: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"tasks": len(groups), "sessions": sum(len(v) for v in groups.values())}
+        rewards = [float(r["reward"] or 0.0) for v in groups.values() for r in v]
+        out["mean_reward"] = round(statistics.fmean(rewards), 4) if rewards else None
+        for k in ks:
+            vals = [pass_at_k(len(v), sum(1 for r in v if (r["reward"] or 0) >= 1.0), k) for v in groups.values() if len(v) >= k]
+            out[f"pass@{k}"] = round(statistics.fmean(vals), 4) if vals else None
+        return out
+
+    def split(key: str) -> dict[str, Any]:
+        parts: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for task_id, v in by_task.items():
+            for r in v:
+                parts.setdefault(str(r.get(key) or "-"), {}).setdefault(task_id, []).append(r)
+        return {name: scores(groups) for name, groups in sorted(parts.items())}
+
+    return {"ks": ks, "overall": scores(by_task), "per_repo": split("repo"), "per_harness": split("harness")}
+
+
+def compare(a: Run, b: Run) -> dict[str, Any]:
+    """The "base vs trained" table: pass@1/pass@k of two runs overall, per repo and per harness,
+    with k shared (the smaller group size of the two)."""
+    done_a = [r for r in a.rows() if r["status"] in FINISHED]
+    done_b = [r for r in b.rows() if r["status"] in FINISHED]
+    k = min(pass_table(done_a)["ks"][-1], pass_table(done_b)["ks"][-1])
+    ta, tb = pass_table(done_a, (1, k)), pass_table(done_b, (1, k))
+    sections = []
+    for key in ("overall", "per_repo", "per_harness"):
+        if key == "overall":
+            names = ["all"]
+            left, right = {"all": ta["overall"]}, {"all": tb["overall"]}
+        else:
+            left, right = ta[key], tb[key]
+            names = sorted(set(left) | set(right))
+        sections.append({"section": key, "rows": [{"name": n, "a": left.get(n), "b": right.get(n)} for n in names]})
+    return {"a": a.name, "b": b.name, "ks": sorted({1, k}), "sections": sections}
+
+
+def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: str = "", sort: str = "session_id",
+         desc: bool = False, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+    """Filter, sort and slice the session index server-side (the browser only ever holds a page)."""
+    q = q.lower()
+    picked = [r for r in rows
+              if (not q or q in r["session_id"].lower() or q in r["task_id"].lower() or q in str(r.get("reason") or "").lower())
+              and (not status or r["status"] == status) and (not harness or r["harness"] == harness)]
+    key = sort if sort in COLUMNS else "session_id"
+    present = [r for r in picked if r.get(key) is not None]
+    missing = [r for r in picked if r.get(key) is None]  # blanks last, whichever the direction
+    present.sort(key=lambda r: r["session_id"])
+    present.sort(key=lambda r: r[key], reverse=desc)  # stable: ties stay in session order either way
+    ordered = present + missing
+    limit = max(1, min(limit, 500))
+    return {"total": len(picked), "offset": offset, "limit": limit, "rows": ordered[offset: offset + limit],
+            "statuses": sorted({r["status"] for r in rows}), "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]})}

@@ -1,0 +1,278 @@
+"""The dashboard's aiohttp application: the shipped page (``static/``, no CDN), a JSON API over
+the runs (``runs.py``) and sessions (``session.py``), and server-sent events for the live view.
+
+Reading files and building trajectories runs in worker threads, so a slow journal never stalls
+the event stream. On 127.0.0.1 no token is needed; bound anywhere else, ``build_dashboard`` is
+given one and every route asks for it (``Authorization: Bearer``, or ``?token=`` once, which
+sets a cookie for the page's own requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import urllib.request
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from polar_env.dashboard.runs import Run, compare, discover, page
+from polar_env.dashboard.session import SessionCache, journal_page, trace_page, trace_summaries, transcript_page
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+COOKIE = "polar_dashboard"
+STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+# The page shows what agents wrote; nothing in it may load or run anything but the shipped assets.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+class Dashboard:
+    """The runs being shown (re-discovered on each runs-list request, so new run folders appear)."""
+
+    def __init__(self, paths: list[Path], server_url: str | None = None, server_token: str | None = None,
+                 live_interval_s: float = 1.0) -> None:
+        self.paths = paths
+        self.server_url = server_url.rstrip("/") if server_url else None
+        self.server_token = server_token
+        self.live_interval_s = live_interval_s
+        self.runs: dict[str, Run] = {}
+        self.cache = SessionCache()
+        self.refresh()
+
+    def refresh(self) -> dict[str, Run]:
+        known = {run.path.resolve(): run for run in self.runs.values()}
+        runs: dict[str, Run] = {}
+        for path in discover(self.paths):
+            name = path.name or str(path)
+            while name in runs:
+                name += "'"
+            runs[name] = known.get(path.resolve()) or Run(path, name)
+        if self.server_url:
+            runs["server"] = self.runs.get("server") or ServerRun(self.server_url, self.server_token, self.paths)
+        self.runs = runs
+        return runs
+
+    def run(self, name: str) -> Run:
+        run = self.runs.get(name) or self.refresh().get(name)
+        if run is None:
+            raise web.HTTPNotFound(text=json.dumps({"error": f"no run {name!r}"}), content_type="application/json")
+        return run
+
+
+class ServerRun(Run):
+    """A live ``polar-env serve``: live figures from its ``/rollout/status``; sessions from its
+    store folder when one of the dashboard's paths is it."""
+
+    def __init__(self, url: str, token: str | None, paths: list[Path]) -> None:
+        store = next((p for p in paths if (Path(p) / "capture").is_dir()), Path("/nonexistent-polar-store"))
+        super().__init__(store, "server")
+        self.url = url
+        self.token = token
+
+    def summary(self) -> dict[str, Any]:
+        live = self.live()
+        return {**super().summary(), "state": live["state"], "path": self.url,
+                "engine_busy_fraction": live.get("engine_busy")}
+
+    def live(self) -> dict[str, Any]:
+        request = urllib.request.Request(self.url + "/rollout/status",
+                                         headers={"Authorization": f"Bearer {self.token or ''}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310 - the user's own server
+                status = json.loads(resp.read())
+        except OSError as exc:
+            return {"state": "unreachable", "error": str(exc), "total": 0, "done": 0, "stages": {}, "history": []}
+        stages: dict[str, int] = {}
+        live = [n for n in status.get("nodes", []) if "dead" not in n]
+        for node in live:
+            for stage, n in node.get("counts", {}).items():
+                stages[stage] = stages.get(stage, 0) + int(n)
+        tasks = status.get("tasks", [])
+        done = sum(t["done"] for t in tasks)
+        rewarded = [(t["mean_reward"], t["done"]) for t in tasks if t.get("mean_reward") is not None]
+        busy = [n.get("engine_busy_fraction", 0.0) for n in live]
+        return {"state": "running" if any(t["state"] in ("pending", "running") for t in tasks) else "idle",
+                "total": sum(t["num_samples"] for t in tasks), "done": done, "stages": stages,
+                "mean_reward": sum(r * n for r, n in rewarded) / max(1, sum(n for _, n in rewarded)) if rewarded else None,
+                "engine_busy": sum(busy) / len(busy) if busy else None, "history": [],
+                "nodes": len(live), "dead_nodes": len(status.get("nodes", [])) - len(live)}
+
+
+DASHBOARD = web.AppKey("dashboard", Dashboard)
+TOKEN = web.AppKey("dashboard_token", str)
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data, default=str), content_type="application/json")
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    try:
+        return int(request.query.get(name, default))
+    except ValueError:
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"{name} must be an integer"}),
+                                 content_type="application/json") from None
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[TOKEN]
+    if not token:
+        return await handler(request)
+    sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    cookie = request.cookies.get(COOKIE, "")
+    query = request.query.get("token", "")
+    if any(hmac.compare_digest(v.encode(), token.encode()) for v in (sent, cookie, query) if v):
+        response = await handler(request)
+        if query:
+            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
+        return response
+    return web.json_response({"error": "this dashboard needs its token: open it with ?token=TOKEN"}, status=401)
+
+
+async def _static(request: web.Request) -> web.Response:
+    name = request.match_info.get("name", "index.html")
+    if name not in STATIC:
+        raise web.HTTPNotFound()
+    body = resources.files("polar_env.dashboard").joinpath("static", name).read_bytes()
+    return web.Response(body=body, content_type=STATIC[name], charset="utf-8",
+                        headers={"Cache-Control": "no-cache", "Content-Security-Policy": CSP})
+
+
+async def _runs(request: web.Request) -> web.Response:
+    dash = request.app[DASHBOARD]
+    runs = await asyncio.to_thread(lambda: [run.summary() for run in dash.refresh().values()])
+    return _json({"runs": runs})
+
+
+async def _sessions(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    q = request.query
+    rows = await asyncio.to_thread(run.rows)
+    data = page(rows, q=q.get("q", ""), status=q.get("status", ""), harness=q.get("harness", ""),
+                sort=q.get("sort", "session_id"), desc=q.get("desc") == "1",
+                offset=_int(request, "offset", 0), limit=_int(request, "limit", 50))
+    return _json({**data, "finished": run.finished})
+
+
+async def _live(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    return _json(await asyncio.to_thread(run.live))
+
+
+async def _live_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: one ``data:`` line of the live snapshot whenever it changes."""
+    dash = request.app[DASHBOARD]
+    run = dash.run(request.match_info["run"])
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    last = b""
+    idle = 0.0
+    try:
+        while True:
+            body = orjson.dumps(await asyncio.to_thread(run.live), default=str)
+            if body != last:
+                await resp.write(b"data: " + body + b"\n\n")
+                last, idle = body, 0.0
+            elif idle >= 15.0:
+                await resp.write(b": keep-alive\n\n")
+                idle = 0.0
+            await asyncio.sleep(dash.live_interval_s)
+            idle += dash.live_interval_s
+    except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+        pass
+    return resp
+
+
+def _session(request: web.Request) -> tuple[Run, Any, dict[str, Any]]:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    found = run.locate(request.match_info["session"])
+    if found is None:
+        raise web.HTTPNotFound(text=json.dumps({"error": f"no session {request.match_info['session']!r}"}),
+                               content_type="application/json")
+    return run, found[0], found[1]
+
+
+def _load(request: web.Request) -> tuple[Run, Any, dict[str, Any], list[Any], Any]:
+    run, store, row = _session(request)
+    outcome = run.outcome(store, row["session_id"])
+    builder = (outcome.get("metadata") or {}).get("builder", "prefix_merge")
+    records, trajectory = request.app[DASHBOARD].cache.get(store, row["session_id"], builder)
+    return run, store, row, records, trajectory
+
+
+async def _session_detail(request: web.Request) -> web.Response:
+    def detail() -> dict[str, Any]:
+        run, store, row, records, trajectory = _load(request)
+        outcome = run.outcome(store, row["session_id"])
+        stage_times = outcome.get("stage_times") or {}
+        order = sorted(stage_times, key=stage_times.__getitem__)
+        stage_s = {a: round(stage_times[b] - stage_times[a], 4) for a, b in zip(order, order[1:], strict=False)}
+        traces = trace_summaries(trajectory)
+        sampled = sum(t["sampled_tokens"] for t in traces)
+        return {"run": run.name, "row": {**row, "tokens": row["tokens"] if row["tokens"] is not None else sampled},
+                "evaluation": outcome.get("evaluation") or {}, "stage_seconds": stage_s, "stage_times": stage_times,
+                "metadata": outcome.get("metadata") or {}, "error": outcome.get("error") or trajectory.metadata.get("error"),
+                "trajectory_status": trajectory.status.value, "stats": trajectory.metadata.get("stats", {}),
+                "traces": traces, "calls": len(records), "journal": f"/api/runs/{run.name}/sessions/{row['session_id']}/journal"}
+
+    return _json(await asyncio.to_thread(detail))
+
+
+async def _trace(request: web.Request) -> web.Response:
+    def one() -> dict[str, Any]:
+        _, _, _, _, trajectory = _load(request)
+        index = int(request.match_info["index"])
+        if not 0 <= index < len(trajectory.traces):
+            raise web.HTTPNotFound(text=json.dumps({"error": f"no trace {index}"}), content_type="application/json")
+        return trace_page(trajectory, index, _int(request, "offset", 0), _int(request, "limit", 2000))
+
+    return _json(await asyncio.to_thread(one))
+
+
+async def _transcript(request: web.Request) -> web.Response:
+    def one() -> dict[str, Any]:
+        records = _load(request)[3]
+        return transcript_page(records, _int(request, "offset", 0), _int(request, "limit", 20))
+
+    return _json(await asyncio.to_thread(one))
+
+
+async def _journal(request: web.Request) -> web.Response:
+    def one() -> dict[str, Any]:
+        records = _load(request)[3]
+        return journal_page(records, _int(request, "offset", 0), _int(request, "limit", 5))
+
+    return _json(await asyncio.to_thread(one))
+
+
+async def _compare(request: web.Request) -> web.Response:
+    dash = request.app[DASHBOARD]
+    a, b = dash.run(request.query.get("a", "")), dash.run(request.query.get("b", ""))
+    return _json(await asyncio.to_thread(compare, a, b))
+
+
+def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[_auth])
+    app[DASHBOARD] = dashboard
+    app[TOKEN] = token or ""
+    r = app.router
+    r.add_get("/", _static)
+    r.add_get("/static/{name}", _static)
+    r.add_get("/api/runs", _runs)
+    r.add_get("/api/compare", _compare)
+    r.add_get("/api/runs/{run}/live", _live)
+    r.add_get("/api/runs/{run}/live/events", _live_events)
+    r.add_get("/api/runs/{run}/sessions", _sessions)
+    r.add_get("/api/runs/{run}/sessions/{session}", _session_detail)
+    r.add_get("/api/runs/{run}/sessions/{session}/trace/{index:\\d+}", _trace)
+    r.add_get("/api/runs/{run}/sessions/{session}/transcript", _transcript)
+    r.add_get("/api/runs/{run}/sessions/{session}/journal", _journal)
+    return app

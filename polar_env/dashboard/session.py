@@ -1,0 +1,126 @@
+"""One session, page by page: the transcript as the harness saw it, the merged traces token by
+token (loss mask, logprob, call starts, drift points), and the raw journal records.
+
+Records come from ``CaptureStore.read`` and trajectories from ``trajectory.reader.build_session``
+(the same reader ``polar-env build`` uses), cached per session until its journal changes. Every
+answer is one page: a 100k-token trace or a 100-call journal never travels to the browser whole.
+Token text is decoded id by id for display only; nothing decoded here is ever re-encoded.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from polar_env.proxy.capture import CaptureStore
+from polar_env.qwen.tokenizer import load_tokenizer
+from polar_env.records import CompletionRecord, Trajectory
+from polar_env.trajectory.builders import BUILDERS
+from polar_env.trajectory.reader import build_session
+
+_CACHE_SESSIONS = 8  # parsed journals kept in memory (one is ~the journal's size)
+
+
+class SessionCache:
+    def __init__(self, size: int = _CACHE_SESSIONS) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], tuple[tuple[int, int], list[CompletionRecord], Trajectory]]
+        self._items = OrderedDict()
+
+    def get(self, store: CaptureStore, session_id: str, builder: str) -> tuple[list[CompletionRecord], Trajectory]:
+        path = store.path(session_id)
+        try:
+            stat = path.stat()
+            version = (stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            version = (0, 0)
+        key = (str(store.root), session_id)
+        hit = self._items.get(key)
+        if hit is not None and hit[0] == version:
+            self._items.move_to_end(key)
+            return hit[1], hit[2]
+        records = store.read(session_id)
+        trajectory = build_session(store, session_id, BUILDERS.get(builder, BUILDERS["prefix_merge"]))
+        self._items[key] = (version, records, trajectory)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return records, trajectory
+
+
+def trace_summaries(trajectory: Trajectory) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(trajectory.traces):
+        out.append({"index": i, "prompt_tokens": len(t.prompt_ids), "response_tokens": len(t.response_ids),
+                    "sampled_tokens": sum(t.loss_mask), "calls": len(t.metadata.get("seqs", [])) or None,
+                    "seqs": t.metadata.get("seqs"), "drift": len(t.metadata.get("drift", [])),
+                    "cut": t.metadata.get("cut"), "status": t.status.value,
+                    "finish_reason": t.metadata.get("finish_reason")})
+    return out
+
+
+def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int) -> dict[str, Any]:
+    """Tokens ``[offset, offset + limit)`` of trace ``index`` over prompt + response: id, text,
+    region, mask (None in the prompt), logprob; plus where calls start and drift begins."""
+    trace = trajectory.traces[index]
+    n_prompt = len(trace.prompt_ids)
+    total = n_prompt + len(trace.response_ids)
+    offset = max(0, min(offset, total))
+    end = min(total, offset + max(1, min(limit, 5000)))
+    ids = [trace.prompt_ids[i] if i < n_prompt else trace.response_ids[i - n_prompt] for i in range(offset, end)]
+    texts = load_tokenizer().token_texts(ids)
+    tokens = []
+    for j, pos in enumerate(range(offset, end)):
+        if pos < n_prompt:
+            tokens.append([ids[j], texts[j], None, None])
+        else:
+            r = pos - n_prompt
+            logprob = round(trace.response_logprobs[r], 5) if trace.loss_mask[r] else None
+            tokens.append([ids[j], texts[j], trace.loss_mask[r], logprob])
+    # a call's sampled run starts where the mask turns 0 -> 1 (the first one right after the prompt)
+    seqs = trace.metadata.get("seqs", [])
+    starts: list[tuple[int, int | None]] = []  # (position, call seq)
+    for r, m in enumerate(trace.loss_mask):
+        if m and (r == 0 or not trace.loss_mask[r - 1]):
+            starts.append((n_prompt + r, seqs[len(starts)] if len(starts) < len(seqs) else None))
+    drift: list[dict[str, int]] = [{"at": int(d["at"]), "span": int(d["span"]), "seq": int(d["seq"])}
+                                   for d in trace.metadata.get("drift", [])]
+    return {"index": index, "offset": offset, "limit": end - offset, "total": total, "prompt_tokens": n_prompt,
+            "tokens": tokens, "calls": [{"at": at, "seq": seq} for at, seq in starts if offset <= at < end],
+            "drift": [d for d in drift if offset <= d["at"] + d["span"] and d["at"] < end],
+            "all_calls": len(starts)}
+
+
+def _assistant_echo(message: dict[str, Any]) -> bool:
+    return message.get("role") == "assistant"
+
+
+def transcript_page(records: list[CompletionRecord], offset: int, limit: int) -> dict[str, Any]:
+    """Calls ``[offset, offset + limit)``: the messages each call added to the conversation (all of
+    them when it does not extend the previous call's: a new chain — sub-agent, compaction), then
+    the model's reply (reasoning, text, tool calls), finish reason and timings."""
+    ordered = sorted(records, key=lambda r: r.seq)
+    out = []
+    for i in range(max(0, offset), min(len(ordered), offset + max(1, min(limit, 50)))):
+        record = ordered[i]
+        messages = record.chat_request.messages
+        previous = ordered[i - 1].chat_request.messages if i > 0 else None
+        extends = previous is not None and messages[: len(previous)] == previous
+        new = messages[len(previous):] if extends and previous is not None else messages
+        if extends and new and _assistant_echo(new[0]):
+            new = new[1:]  # the previous reply, already shown as that call's reply
+        out.append({
+            "seq": record.seq, "new_chain": not extends, "provider_api": record.provider_api.value,
+            "messages": new, "tools": [t.get("function", t).get("name") for t in record.chat_request.tools],
+            "reply": record.message.model_dump(), "finish_reason": record.finish_reason,
+            "prompt_tokens": len(record.prompt_ids), "sampled_tokens": len(record.response_ids),
+            "engine_ms": round(record.timings.engine_ms, 1), "total_ms": round(record.timings.total_ms, 1),
+            "weight_version": record.weight_version, "notes": record.notes,
+        })
+    return {"offset": offset, "total": len(ordered), "calls": out}
+
+
+def journal_page(records: list[CompletionRecord], offset: int, limit: int) -> dict[str, Any]:
+    """Raw journal records ``[offset, offset + limit)`` as stored (at most 20 per page)."""
+    ordered = sorted(records, key=lambda r: r.seq)
+    chosen = ordered[max(0, offset): max(0, offset) + max(1, min(limit, 20))]
+    return {"offset": offset, "total": len(ordered), "records": [r.model_dump(mode="json") for r in chosen]}

@@ -1,0 +1,81 @@
+"""``live.json``: the running job's progress snapshot, written atomically next to its outputs so a
+dashboard (or ``watch cat``) can follow a job it did not start. The stage history (for the
+timeline) keeps at most ``max_points`` samples by halving its resolution when full."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+LIVE_FILE = "live.json"
+
+
+class LiveFile:
+    def __init__(self, folder: Path, max_points: int = 2000) -> None:
+        self.path = Path(folder) / LIVE_FILE
+        self.max_points = max_points
+        self.started = time.time()
+        self.history: list[list[Any]] = []  # [elapsed_s, {stage: n}]
+
+    def __call__(self, snapshot: dict[str, Any]) -> None:
+        self.write(snapshot, state="running")
+
+    def write(self, snapshot: dict[str, Any], state: str) -> None:
+        stages = dict(snapshot.get("stages", {}))
+        if not self.history or self.history[-1][1] != stages or state != "running":
+            self.history.append([round(float(snapshot.get("elapsed_s", 0.0)), 3), stages])
+            if len(self.history) > self.max_points:
+                self.history = self.history[::2]
+        body = {**snapshot, "state": state, "started_at": self.started, "updated_at": time.time(),
+                "history": self.history}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_bytes(orjson.dumps(body, default=str))
+        os.replace(tmp, self.path)  # readers never see half a file
+
+
+def read_live(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads((Path(folder) / LIVE_FILE).read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class JobObserver:
+    """Everything that watches a running job, fed from its progress ticks: ``live.json``, the
+    experiment tracker (``--tracker``), and the terminal table when there is one."""
+
+    def __init__(self, out: Path, tracker: str | None, config: dict[str, Any], progress: Any | None = None) -> None:
+        from polar_env.observe.tracker import open_tracker
+
+        self.live = LiveFile(out)
+        self.tracker = open_tracker(tracker, out, config, name=f"{config.get('mode', 'rollout')}-{Path(out).name}")
+        self.progress = progress
+        self.ticks = 0
+        self.last: dict[str, Any] = {}
+
+    def __call__(self, snapshot: dict[str, Any]) -> None:
+        from polar_env.observe.tracker import rollout_progress_figures
+
+        self.last = snapshot
+        self.live(snapshot)
+        self.tracker.log(rollout_progress_figures(snapshot), self.ticks)
+        self.ticks += 1
+        if self.progress is not None:
+            self.progress(snapshot)
+
+    def finish(self, report: dict[str, Any]) -> None:
+        from polar_env.observe.tracker import rollout_report_figures
+
+        stages = dict.fromkeys(self.last.get("stages", {}), 0)
+        self.live.write({**self.last, "stages": stages, "done": report.get("sessions", 0),
+                         "mean_reward": report.get("mean_reward"), "statuses": report.get("statuses", {}),
+                         "elapsed_s": report.get("wall_s", self.last.get("elapsed_s", 0.0))}, state="done")
+        self.tracker.summary(rollout_report_figures(report))
+
+    def close(self) -> None:
+        self.tracker.close()
