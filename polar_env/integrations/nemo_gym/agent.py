@@ -140,9 +140,15 @@ class PolarGymAgent:
 
 def polar_env_config(polar: Mapping[str, Any]) -> dict[str, Any]:
     """The agent config's ``polar`` block as a PolarEnv config. Gym's ``policy_base_url`` ends in
-    ``/v1`` (an OpenAI base URL); Polar's vLLM client takes the server root."""
+    ``/v1`` (an OpenAI base URL); Polar's vLLM client takes the server root. NeMo RL passes a list
+    (one URL per data-parallel vLLM server): it stays a list, which makes the engine a
+    session-sticky pool over all of them."""
     config = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in polar.items()}
     engine = config.get("engine")
-    if isinstance(engine, dict) and isinstance(engine.get("url"), str):
-        engine["url"] = engine["url"].rstrip("/").removesuffix("/v1")
+    if isinstance(engine, dict):
+        url = engine.get("url")
+        if isinstance(url, str):
+            engine["url"] = url.rstrip("/").removesuffix("/v1")
+        elif isinstance(url, (list, tuple)):
+            engine["url"] = [str(u).rstrip("/").removesuffix("/v1") for u in url]
     return config
