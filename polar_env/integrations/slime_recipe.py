@@ -204,6 +204,10 @@ def render(recipe: Recipe, out_dir: Path) -> SlimeLaunch:
     uses_polar = flags.get("custom-generate-function-path") == GENERATE_PATH
     if uses_polar and recipe.polar is None and "polar_config" not in custom:
         raise ConfigError("the recipe uses polar_env's generate function but has no `polar:` block (a PolarEnv config)")
+    if uses_polar and flags.get("group-rm"):
+        from polar_env.integrations.slime import check_slime_args
+
+        check_slime_args(type("Args", (), {"group_rm": True})())  # the same one line generate gives
     if uses_polar and flags.get("custom-reward-post-process-path") is None and flags.get("n-samples-per-prompt", 1) != 1:
         raise ConfigError(f"set custom-reward-post-process-path: {NORMALIZE_PATH}: one rollout can yield several "
                           "samples, and slime's default normalisation then uses one group for the batch (slime#1414)")
