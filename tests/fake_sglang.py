@@ -29,7 +29,7 @@ async def _serve(app: web.Application, port: int = 0) -> tuple[web.AppRunner, st
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, f"http://127.0.0.1:{bound}", bound
 
 
@@ -164,7 +164,7 @@ class FakeSGLangRouter:
         host, port = url.removeprefix("http://").rsplit(":", 1)
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 0.5)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return False
         writer.close()
         return True

@@ -31,7 +31,7 @@ _MAX_STICKY = 1 << 16  # sessions remembered; the oldest are forgotten first (th
 
 
 class _Server:
-    __slots__ = ("client", "down_since", "sessions", "error")
+    __slots__ = ("client", "down_since", "error", "sessions")
 
     def __init__(self, client: VLLMClient) -> None:
         self.client = client
@@ -155,7 +155,7 @@ class VLLMPool:
                     async with self._http().get(f"{s.client.base_url}/health",
                                                 timeout=aiohttp.ClientTimeout(total=5)) as resp:
                         ok = resp.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                except (TimeoutError, aiohttp.ClientError, OSError):
                     ok = False
                 if ok:
                     s.down_since, s.error = None, ""

@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import asyncio
+
 from fake_sglang import FakeSGLangRouter
 from fake_vllm import MODEL
 
-from polar_env.engines.simulated import SimulatedEngine
 from polar_env.engines.sglang import SGLangClient
+from polar_env.engines.simulated import SimulatedEngine
 from polar_env.engines.vllm import VLLMClient
 from polar_env.records import ChatRequest
 

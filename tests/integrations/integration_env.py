@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_sglang import FakeSGLangRouter, FakeSGLangWorker  # noqa: F401 - re-exported for the tests here
 
 from polar_env.tasks.swe import SweTask
-
-from fake_sglang import FakeSGLangRouter, FakeSGLangWorker  # noqa: E402,F401 - re-exported for the tests here
 
 
 def require_sandbox() -> None:

@@ -18,7 +18,6 @@ from polar_env.integrations.nemo_gym.agent import build_result
 from polar_env.integrations.nemo_gym.convert import check_contiguous
 from polar_env.qwen.template import QWEN35
 from polar_env.trajectory.prefix_merge import build_prefix_merged
-
 from tests.proxy.conftest import Gateway, start_gateway
 
 CAPTURED = Path(__file__).parents[1] / "fixtures" / "providers" / "captured" / "opencode-openai_chat"
