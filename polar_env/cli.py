@@ -476,7 +476,7 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
-    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set) or a .jsonl/.json/.parquet file")
+    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set), a .jsonl/.json/.parquet file, or a folder of Harbor tasks")
     p.add_argument("--task-id", action="append", help="only this task (repeatable)")
     p.add_argument("--limit", type=int, help="at most this many tasks")
     p.add_argument("--samples", type=int, default=samples, help="sessions per task (the GRPO group size)")
