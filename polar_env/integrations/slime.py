@@ -235,7 +235,18 @@ def task_row(sample: Any) -> dict[str, Any]:
     """The Polar task for a slime prompt sample: the row in ``metadata`` (``--metadata-key``, or
     its ``task`` entry). A SWE row (with ``instance_id``) goes to PolarEnv as is: its repo or image
     becomes the runtime and swebench grades it. Any other row gets the prompt as its instruction."""
-    meta = {k: v for k, v in dict(getattr(sample, "metadata", None) or {}).items()
+    raw = getattr(sample, "metadata", None) or {}
+    if isinstance(raw, str):  # --metadata-key naming a JSON-text column (re-uploaded SkyRL sets)
+        import json
+
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise ConfigError(f"slime sample {sample.index}: its metadata is text but not JSON") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"slime sample {sample.index}: metadata is a {type(raw).__name__}; point --metadata-key "
+                          "at the task row (SkyRL-v0-293-data: instance)")
+    meta = {k: v for k, v in dict(raw).items()
             if k not in (POLAR_METADATA_KEY, "start_rollout_id")}  # ours and slime's bookkeeping
     row = dict(meta.get("task") or meta)
     if "instance_id" in row:
