@@ -32,7 +32,9 @@ def _body(name: str) -> dict[str, Any]:
     return body
 
 
-async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(tmp_path: Path) -> None:
+async def opencode_capture(tmp_path: Path) -> list[Any]:
+    """opencode's recorded session (title request, tool call, tool result) replayed through the
+    gateway; returns the captured records."""
     engine = EmbeddedEngine(policy=POLICY, quirks=QWEN35)
     client, store = await start_gateway(engine, tmp_path, template=QWEN35)
     try:
@@ -50,9 +52,13 @@ async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(
         third["messages"][3] = {**third["messages"][3], "tool_call_id": call["id"]}
         last = await gw.post("/v1/chat/completions", third, auth)
         assert last.status == 200, await last.text()
-        records = store.read("oc")
+        return store.read("oc")
     finally:
         await client.close()
+
+
+async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(tmp_path: Path) -> None:
+    records = await opencode_capture(tmp_path)
     traj = build_prefix_merged(records)
     assert len(traj.traces) == 2  # the title chain and the main chain
     delivery = choose_delivered(traj)
