@@ -6,7 +6,7 @@ lists them (sgl-router / SMG shape: ``{"workers": [{"id", "url", "is_healthy", .
 "stats"}``; unhealthy workers are skipped). The router's list is followed, not read once: it is
 re-read every ``refresh_s`` and at once when a worker refuses or drops a connection (slime's fault
 tolerance removes a dead engine and registers its replacement), and the failed call is retried on
-the new list. A request carrying ``extra_body["session_id"]`` lands on the same worker while that
+the new list (a fixed worker list fails over to the next listed worker). A request carrying ``extra_body["session_id"]`` lands on the same worker while that
 worker is listed (rendezvous hash: when the list changes, only the sessions of a removed worker
 move), so a multi-turn session reuses its prefix cache; others go round robin.
 
@@ -54,6 +54,7 @@ END_THINK_ID = 248069
 _DISCOVERY_TIMEOUT_S = 30.0
 _ABORT_TIMEOUT_S = 5.0
 _FAILOVER_STATUS = frozenset({502, 503, 504})
+_MAX_ATTEMPTS = 3  # a call tries at most this many workers (the router's list is re-read between)
 
 
 class SGLangClient:
@@ -178,16 +179,18 @@ class SGLangClient:
         prompt_ids = None
         if self.mode == "generate":
             prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else await self._render(request)
-        attempts = 1 if self.router_url is None else 3
-        for attempt in range(attempts):
-            worker = self.pick(await self.workers(refresh=attempt > 0), None if key is None else str(key))
+        tried: set[str] = set()
+        for attempt in range(_MAX_ATTEMPTS):
+            listed = await self.workers(refresh=attempt > 0)
+            left = [w for w in listed if w not in tried] or listed
+            worker = self.pick(left, None if key is None else str(key))
             try:
                 return await self._call(worker, request, extra, prompt_ids)
-            except EngineUnavailable:
-                if attempt == attempts - 1:
+            except (EngineUnavailable, EngineHTTPError) as exc:
+                if isinstance(exc, EngineHTTPError) and exc.status not in _FAILOVER_STATUS:
                     raise
-            except EngineHTTPError as exc:
-                if exc.status not in _FAILOVER_STATUS or attempt == attempts - 1:
+                tried.add(worker)
+                if attempt == _MAX_ATTEMPTS - 1 or (self.router_url is None and len(tried) >= len(listed)):
                     raise
             self.rediscoveries += 1  # the worker is gone or going: follow the router's new list
         raise AssertionError("unreachable")

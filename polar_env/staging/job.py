@@ -56,7 +56,8 @@ def load_tasks(job: RolloutJob) -> list[TaskRequest]:
     elif Path(job.tasks).is_dir():  # Harbor task folders (one task, or a folder of them)
         from polar_env.tasks.harbor import load_harbor_rows
 
-        rows = load_harbor_rows(job.tasks)
+        base = job.env.runtime.model_dump(exclude={"source_dir", "image", "workdir"}, exclude_none=True)
+        rows = [{**r, "runtime": {**base, **r["runtime"]}} for r in load_harbor_rows(job.tasks)]  # the task's wins
         if job.task_ids is not None:
             rows = [r for r in rows if r["task_id"] in set(job.task_ids)]
     else:

@@ -108,3 +108,20 @@ async def test_cancelled_vllm_call_closes_its_connection() -> None:
         await client.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def test_fixed_worker_list_fails_over_to_the_next_worker() -> None:
+    router = await FakeSGLangRouter().start()
+    live = await router.add_worker(SimulatedEngine(latency_s=0.0))
+    dead = await router.add_worker(SimulatedEngine(latency_s=0.0))
+    await dead.stop()
+    client = SGLangClient([live.url, dead.url], MODEL)
+    try:
+        keys = [f"k{i}" for i in range(12)]
+        for key in keys:  # some keys hash to the dead worker; every call still lands
+            gen = await client.generate(ChatRequest(messages=USER, extra_body={"session_id": key}))
+            assert gen.response_ids
+        assert len(live.bodies) == len(keys) and client.rediscoveries >= 1
+    finally:
+        await client.aclose()
+        await router.stop()

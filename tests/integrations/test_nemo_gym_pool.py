@@ -33,10 +33,20 @@ def _free_port() -> int:
 
 
 def _resolve(node: Any, policy_base_url: list[str]) -> Any:
-    """OmegaConf's rule for a value that is exactly one interpolation: it takes the referenced
-    node's type, so ``"${policy_base_url}"`` becomes NeMo RL's list, not a string."""
+    """The config as Gym resolves it (OmegaConf, when installed): a value that is exactly one
+    interpolation takes the referenced node's type, so ``"${policy_base_url}"`` becomes NeMo RL's
+    list, not a string. Without omegaconf, that rule is applied by hand."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:
+        return _by_hand(node, policy_base_url)
+    conf = OmegaConf.create({**node, "policy_base_url": policy_base_url, "policy_model_name": "polar-tiny-qwen3"})
+    return OmegaConf.to_container(conf, resolve=True)
+
+
+def _by_hand(node: Any, policy_base_url: list[str]) -> Any:
     if isinstance(node, dict):
-        return {k: _resolve(v, policy_base_url) for k, v in node.items()}
+        return {k: _by_hand(v, policy_base_url) for k, v in node.items()}
     if node == "${policy_base_url}":
         return policy_base_url
     if node == "${policy_model_name}":
