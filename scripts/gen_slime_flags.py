@@ -141,7 +141,7 @@ def megatron_tree(slime: Path, megatron: Path, out: Path) -> str:
     """Megatron's ``megatron/`` at slime's pinned commit with slime's patches, written to ``out``;
     returns the commit."""
     dockerfile = (slime / "docker" / "Dockerfile").read_text()
-    match = re.search(r"^ARG MEGATRON_COMMIT=([0-9a-f]{7,40})", dockerfile, re.M)
+    match = re.search(r"^ARG MEGATRON_COMMIT=([0-9a-f]{7,40})", dockerfile, re.MULTILINE)
     if match is None:
         raise SystemExit(f"{slime}/docker/Dockerfile pins no MEGATRON_COMMIT")
     commit = match.group(1)
@@ -159,7 +159,7 @@ def megatron_tree(slime: Path, megatron: Path, out: Path) -> str:
 
 def flags(parser: argparse.ArgumentParser) -> set[str]:
     """The long option names a parser accepts, without dashes (``--a-b`` → ``a-b``)."""
-    return {opt[2:] for opt in parser._option_string_actions if opt.startswith("--")}  # noqa: SLF001
+    return {opt[2:] for opt in parser._option_string_actions if opt.startswith("--")}
 
 
 def collect(slime: Path, megatron: Path, sglang: Path) -> tuple[dict[str, set[str]], set[str]]:
@@ -210,7 +210,7 @@ def _slime_flags() -> dict[str, set[str]]:
     import slime.utils.arguments as slime_args
     from slime.backends.sglang_utils.arguments import add_sglang_arguments
 
-    early = _capture_parser(slime_args._pre_parse_mode)  # noqa: SLF001 - slime's own early parser
+    early = _capture_parser(slime_args._pre_parse_mode)
     parser = argparse.ArgumentParser(allow_abbrev=False, conflict_handler="resolve")
     own = flags(slime_args.get_slime_extra_args_provider()(parser) or parser) | early
     parser = argparse.ArgumentParser(allow_abbrev=False, conflict_handler="resolve")

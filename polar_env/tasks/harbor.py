@@ -65,7 +65,7 @@ def _config(task_dir: Path) -> tuple[str, dict[str, Any]]:
     try:
         from harbor.models.task.task import Task  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
-        Task = None  # noqa: N806
+        Task = None
     if Task is not None:
         task = Task(task_dir)
         return str(task.instruction), task.config.model_dump(mode="json")
@@ -81,7 +81,7 @@ def _workdir(task_dir: Path, env: dict[str, Any]) -> str:
         return str(env["workdir"])
     dockerfile = task_dir / "environment" / "Dockerfile"
     if dockerfile.is_file():
-        found = re.findall(r"^\s*WORKDIR\s+(\S+)", dockerfile.read_text(encoding="utf-8"), re.M | re.I)
+        found = re.findall(r"^\s*WORKDIR\s+(\S+)", dockerfile.read_text(encoding="utf-8"), re.MULTILINE | re.IGNORECASE)
         if found:
             return str(found[-1])
     return DEFAULT_WORKDIR
