@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
-import sys
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -26,10 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-SLIME_SRC = os.environ.get("POLAR_SLIME_SRC")
-if SLIME_SRC and SLIME_SRC not in sys.path and (Path(SLIME_SRC) / "slime").is_dir():
-    sys.path.insert(0, SLIME_SRC)
-HAVE_SLIME = importlib.util.find_spec("slime") is not None
+HAVE_SLIME = importlib.util.find_spec("slime") is not None  # POLAR_SLIME_SRC: see conftest.py
 pytestmark = pytest.mark.skipif(not HAVE_SLIME, reason=(
     "slime is not importable: git clone https://github.com/THUDM/slime and set POLAR_SLIME_SRC to it "
     "(needs ray, torch, httpx, pylatexenc)"))
