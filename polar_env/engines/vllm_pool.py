@@ -15,6 +15,7 @@ failover: a long generation is not a dead server, and retrying it would double t
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from typing import Literal
@@ -26,6 +27,7 @@ from polar_env.engines.vllm import VLLMClient
 from polar_env.errors import ConfigError, EngineHTTPError, EngineUnavailable
 from polar_env.records import ChatRequest, Generation
 
+_log = logging.getLogger(__name__)
 _FAILOVER_STATUS = frozenset({502, 503, 504})
 _MAX_STICKY = 1 << 16  # sessions remembered; the oldest are forgotten first (they re-pick on return)
 
@@ -123,6 +125,8 @@ class VLLMPool:
     def _mark_down(self, server: _Server, error: str) -> None:
         if server.up:
             server.down_since = time.monotonic()
+            _log.warning("vLLM server %s is down (%s); its %d sessions move to the others",
+                         server.client.base_url, error[:200], server.sessions)
         server.error = error[:300]
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
@@ -159,6 +163,7 @@ class VLLMPool:
                     ok = False
                 if ok:
                     s.down_since, s.error = None, ""
+                    _log.warning("vLLM server %s answers /health again; new sessions may use it", s.client.base_url)
 
     async def aclose(self) -> None:
         if self._probe is not None:
