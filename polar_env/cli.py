@@ -452,7 +452,7 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api", help="wire format the harness speaks (default: its own)")
     g.add_argument("--engine", choices=["embedded", "vllm", "sglang", "simulated"],
                    help="embedded: the CPU engine in-process (default); simulated: a test double")
-    g.add_argument("--engine-url", help="vLLM base URL, or SGLang worker URLs (comma-separated) / router:URL")
+    g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang worker URLs (comma-separated) / router:URL")
     g.add_argument("--served-model-name", help="the engine's model name")
     g.add_argument("--model-dir", help="embedded: a HF Qwen3 folder (default: seeded random tiny weights)")
     g.add_argument("--seed", type=int, help="embedded: seed of the random weights")
@@ -476,7 +476,7 @@ def _add_env_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
-    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set) or a .jsonl/.json/.parquet file")
+    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set), a .jsonl/.json/.parquet file, or a folder of Harbor tasks")
     p.add_argument("--task-id", action="append", help="only this task (repeatable)")
     p.add_argument("--limit", type=int, help="at most this many tasks")
     p.add_argument("--samples", type=int, default=samples, help="sessions per task (the GRPO group size)")
@@ -748,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["embedded", "vllm", "sglang"],
                    help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url "
                         "(default: vllm when --engine-url is given, else embedded)")
-    p.add_argument("--engine-url", help="vLLM base URL (a /v1 suffix is fine); SGLang worker URLs (comma-separated) or router:URL")
+    p.add_argument("--engine-url", help="vLLM base URL (a /v1 suffix is fine; several, comma-separated, with --engine vllm: a session-sticky pool); SGLang worker URLs (comma-separated) or router:URL")
     p.add_argument("--engine-wait-s", type=float, default=30.0,
                    help="how long to wait at start for the engine to answer GET /v1/models before failing")
     p.add_argument("--store", required=True, help="directory of per-session journals (created if absent)")

@@ -18,7 +18,9 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["embedded", "vllm", "sglang", "simulated"] = "embedded"
-    url: str | None = None  # vllm: base URL; sglang: worker URLs (comma-separated) or router:URL
+    # vllm: base URL, or several (a list, as NeMo RL passes policy_base_url, or comma-separated);
+    # sglang: worker URLs (a list or comma-separated) or router:URL
+    url: str | list[str] | None = None
     model: str = "polar-tiny-qwen3"  # the served model name
     logprobs_mode: LogprobsMode = "processed"
     # embedded only
@@ -37,7 +39,10 @@ class EngineConfig(BaseModel):
 
     def describe(self) -> str:
         if self.kind in ("vllm", "sglang"):
-            return f"{self.kind} at {self.url}"
+            from polar_env.engines import engine_urls_of
+
+            urls = engine_urls_of(self.url)
+            return f"{self.kind} at {', '.join(urls)}" if len(urls) > 1 or self.kind == "sglang" else f"{self.kind} at {self.url}"
         if self.kind == "simulated":
             return f"simulated engine (test double, {self.latency_s * 1000:.0f} ms per call)"
         weights = str(self.model_dir) if self.model_dir else f"seeded random weights (seed {self.seed})"

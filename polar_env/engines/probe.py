@@ -24,9 +24,12 @@ async def engine_urls(client: EngineClient) -> list[str]:
     """The base URLs the client sends generations to (SGLang: every worker, router-discovered)."""
     from polar_env.engines.sglang import SGLangClient
     from polar_env.engines.vllm import VLLMClient
+    from polar_env.engines.vllm_pool import VLLMPool
 
     if isinstance(client, VLLMClient):
         return [client.base_url]
+    if isinstance(client, VLLMPool):
+        return client.base_urls
     if isinstance(client, SGLangClient):
         return await client.workers()
     return []

@@ -2,8 +2,17 @@
 
 Workers are called directly because the SGLang router does not reliably keep the token metadata
 (ids, logprobs) a trainer needs. Give ``worker_urls``, or a ``router_url`` whose ``GET /workers``
-lists them (read once). A request carrying ``extra_body["session_id"]`` always lands on the same
-worker (stable hash), so a multi-turn session reuses its prefix cache; others go round robin.
+lists them (sgl-router / SMG shape: ``{"workers": [{"id", "url", "is_healthy", ...}], "total",
+"stats"}``; unhealthy workers are skipped). The router's list is followed, not read once: it is
+re-read every ``refresh_s`` and at once when a worker refuses or drops a connection (slime's fault
+tolerance removes a dead engine and registers its replacement), and the failed call is retried on
+the new list (a fixed worker list fails over to the next listed worker). A request carrying ``extra_body["session_id"]`` lands on the same worker while that
+worker is listed (rendezvous hash: when the list changes, only the sessions of a removed worker
+move), so a multi-turn session reuses its prefix cache; others go round robin.
+
+Every request carries an ``rid``; when the caller cancels a call in flight (the session was
+cancelled), the client posts ``/abort_request {"rid"}`` to that worker so the engine stops
+generating for nobody.
 
 Launch the workers (Qwen3.5) with ``--tool-call-parser qwen3_coder --reasoning-parser qwen3``
 (those parsers serve ``mode="chat"``; ``mode="generate"`` parses locally with ``polar_env.qwen``).
@@ -21,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import time
+import uuid
 from typing import Any, Literal
 
 import aiohttp
@@ -30,7 +41,9 @@ from polar_env.engines.base import new_session, post_json, request_json
 from polar_env.engines.vllm import BadFactory, chat_logprobs, chat_message
 from polar_env.errors import (
     ConfigError,
+    EngineHTTPError,
     EngineProtocolError,
+    EngineUnavailable,
 )
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
@@ -39,6 +52,9 @@ IM_START_ID = 248045
 THINK_ID = 248068
 END_THINK_ID = 248069
 _DISCOVERY_TIMEOUT_S = 30.0
+_ABORT_TIMEOUT_S = 5.0
+_FAILOVER_STATUS = frozenset({502, 503, 504})
+_MAX_ATTEMPTS = 3  # a call tries at most this many workers (the router's list is re-read between)
 
 
 class SGLangClient:
@@ -55,6 +71,8 @@ class SGLangClient:
         mode: Literal["chat", "generate"] = "chat",
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 3600.0,
+        refresh_s: float = 10.0,
+        rejoin_wait_s: float = 300.0,
     ) -> None:
         if not worker_urls and not router_url:
             raise ConfigError("SGLangClient needs worker_urls or a router_url to discover them from")
@@ -65,7 +83,12 @@ class SGLangClient:
         self.mode: Literal["chat", "generate"] = mode
         self.timeout_s = timeout_s
         self._workers: list[str] | None = _dedupe(worker_urls) if worker_urls else None
+        self.refresh_s = refresh_s
+        self.rejoin_wait_s = rejoin_wait_s
+        self._read_at = 0.0  # monotonic time of the last router read
         self._rr = itertools.count()
+        self._aborts: set[asyncio.Task[None]] = set()
+        self.rediscoveries = 0
         self._lock = asyncio.Lock()
         self._session = session
         self._owns_session = session is None
@@ -79,13 +102,44 @@ class SGLangClient:
 
     # ---- worker selection -------------------------------------------------------------------
 
-    async def workers(self) -> list[str]:
-        """The worker base URLs, discovered from the router on first use."""
-        if self._workers is None:
+    async def workers(self, *, refresh: bool = False) -> list[str]:
+        """The worker base URLs: the given list, or the router's (re-read when older than
+        ``refresh_s``, or now with ``refresh``)."""
+        if self.router_url is None:
+            assert self._workers is not None
+            return self._workers
+        stale = self._workers is None or refresh or time.monotonic() - self._read_at > self.refresh_s
+        if stale:
+            seen = self._read_at
             async with self._lock:
-                if self._workers is None:
-                    self._workers = await self._discover()
+                if self._read_at == seen:  # nobody re-read it while we waited
+                    first = self._workers is None
+                    try:
+                        self._workers = await self._listed(first=first, wait=refresh)
+                    except (EngineUnavailable, EngineHTTPError, EngineProtocolError):
+                        if first or refresh:
+                            raise
+                        # The router is briefly away: keep routing to the last known workers.
+                    self._read_at = time.monotonic()
+        assert self._workers is not None
         return self._workers
+
+    async def _listed(self, *, first: bool, wait: bool) -> list[str]:
+        """The router's healthy workers. None at start is a setup mistake (ConfigError); none
+        after a worker failed is an engine restart in progress (slime removes the dead engine and
+        registers its replacement once it is up): wait up to ``rejoin_wait_s`` for one."""
+        deadline = time.monotonic() + self.rejoin_wait_s
+        while True:
+            urls = await self._discover()
+            if urls:
+                return urls
+            if first and not wait:
+                raise ConfigError(f"SGLang router {self.router_url}/workers lists no healthy workers; "
+                                  "start the engines (or register them) before the gateway")
+            if time.monotonic() >= deadline:
+                raise EngineUnavailable(f"SGLang router lists no healthy workers for {self.rejoin_wait_s:g}s",
+                                        engine=self.name, url=f"{self.router_url}/workers")
+            await asyncio.sleep(0.5)
 
     async def _discover(self) -> list[str]:
         assert self.router_url is not None
@@ -95,19 +149,25 @@ class SGLangClient:
         items = data.get("urls", data.get("workers")) if isinstance(data, dict) else data
         urls: list[str] = []
         for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and (item.get("is_healthy") is False
+                                           or item.get("worker_type", "regular") not in ("regular", None)):
+                continue  # unhealthy, or a PD prefill/decode half that cannot serve a request alone
             u = item.get("url") if isinstance(item, dict) else item
             if isinstance(u, str) and u:
                 urls.append(u)
-        if not urls:
-            raise ConfigError(f"SGLang router {url} lists no workers (got {str(data)[:200]})")
         # Sorted so every gateway process maps a session key to the same worker.
         return sorted(_dedupe(urls))
 
     def pick(self, workers: list[str], session_key: str | None) -> str:
-        """Same session key → same worker (prefix-cache affinity); otherwise round robin."""
+        """Same session key → same worker (prefix-cache affinity, rendezvous hash: stable across
+        gateway processes, and a list change moves only the removed worker's sessions);
+        otherwise round robin."""
         if session_key is not None:
-            digest = hashlib.blake2b(session_key.encode(), digest_size=8).digest()
-            return workers[int.from_bytes(digest, "big") % len(workers)]
+            def score(url: str) -> int:
+                digest = hashlib.blake2b(f"{session_key}\0{url}".encode(), digest_size=8).digest()
+                return int.from_bytes(digest, "big")
+
+            return max(workers, key=score)
         return workers[next(self._rr) % len(workers)]
 
     # ---- generate ---------------------------------------------------------------------------
@@ -115,17 +175,51 @@ class SGLangClient:
     async def generate(self, request: ChatRequest) -> Generation:
         extra = dict(request.extra_body)
         key = extra.pop("session_id", None)
-        worker = self.pick(await self.workers(), None if key is None else str(key))
-        if self.mode == "chat":
-            url = f"{worker}/v1/chat/completions"
-            body = self.chat_body(request, extra)
+        extra.setdefault("rid", uuid.uuid4().hex)
+        prompt_ids = None
+        if self.mode == "generate":
+            prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else await self._render(request)
+        tried: set[str] = set()
+        for attempt in range(_MAX_ATTEMPTS):
+            listed = await self.workers(refresh=attempt > 0)
+            left = [w for w in listed if w not in tried] or listed
+            worker = self.pick(left, None if key is None else str(key))
+            try:
+                return await self._call(worker, request, extra, prompt_ids)
+            except (EngineUnavailable, EngineHTTPError) as exc:
+                if isinstance(exc, EngineHTTPError) and exc.status not in _FAILOVER_STATUS:
+                    raise
+                tried.add(worker)
+                if attempt == _MAX_ATTEMPTS - 1 or (self.router_url is None and len(tried) >= len(listed)):
+                    raise
+            self.rediscoveries += 1  # the worker is gone or going: follow the router's new list
+        raise AssertionError("unreachable")
+
+    async def _call(self, worker: str, request: ChatRequest, extra: dict[str, Any],
+                    prompt_ids: list[int] | None) -> Generation:
+        try:
+            if prompt_ids is None:
+                url = f"{worker}/v1/chat/completions"
+                body = self.chat_body(request, extra)
+                data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
+                return self.parse_chat(data, request, url=url)
+            url = f"{worker}/generate"
+            body = self.generate_body(request, prompt_ids, extra)
             data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
-            return self.parse_chat(data, request, url=url)
-        prompt_ids = request.prompt_ids if request.prompt_ids is not None else await self._render(request)
-        url = f"{worker}/generate"
-        body = self.generate_body(request, list(prompt_ids), extra)
-        data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
-        return await self.parse_generate(data, request, list(prompt_ids), url=url)
+            return await self.parse_generate(data, request, prompt_ids, url=url)
+        except asyncio.CancelledError:
+            # The caller gave up (session cancelled): stop the engine generating for nobody.
+            task = asyncio.get_running_loop().create_task(self._abort(worker, str(extra["rid"])))
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+            raise
+
+    async def _abort(self, worker: str, rid: str) -> None:
+        try:
+            await post_json(self._http(), f"{worker}/abort_request", {"rid": rid}, engine=self.name,
+                            timeout_s=_ABORT_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - best effort: the request may have finished already
+            pass
 
     def chat_body(self, req: ChatRequest, extra: dict[str, Any]) -> dict[str, Any]:
         """The ``/v1/chat/completions`` JSON for ``req`` (``extra`` is extra_body minus session_id)."""
@@ -318,6 +412,8 @@ class SGLangClient:
         return bad
 
     async def aclose(self) -> None:
+        if self._aborts:  # let pending aborts reach their workers before the session closes
+            await asyncio.gather(*self._aborts, return_exceptions=True)
         if self._owns_session and self._session is not None and not self._session.closed:
             await self._session.close()
 

@@ -24,6 +24,7 @@ from polar_env.evaluators.base import (
     error_report,
 )
 from polar_env.evaluators.completion import SessionCompletion
+from polar_env.evaluators.harbor import HarborEvaluator
 from polar_env.evaluators.output import OutputEvaluator
 from polar_env.evaluators.swebench import SweBenchEvaluator
 from polar_env.records import Status
@@ -48,6 +49,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "session_completion": SessionCompletion(),
     "output": OutputEvaluator(),
     "swebench": SweBenchEvaluator(),
+    "harbor": HarborEvaluator(),
 }
 
 T = TypeVar("T")

@@ -11,6 +11,23 @@ Plug-in points (dotted paths slime loads with ``load_function``):
   ``n_samples_per_prompt`` and, when a rollout yields several samples, falls back to one group
   over the whole batch (THUDM/slime#1414).
 
+Abort and partial rollouts: slime's ``abort()`` (end of every rollout, leftover over-sampled
+groups, dynamic filtering) sets ``GenerateState.aborted`` and aborts every request on the
+workers. ``generate`` watches that flag while its session runs and cancels the session at once
+(its engine calls are aborted, the session ends CANCELLED and trains nothing), so slime never
+waits for a harness run it will throw away. What comes back depends on ``--partial-rollout``:
+
+- off: ``list[Sample]`` as always (fan-out); an aborted session is the masked placeholder.
+- on: one ``Sample`` per session, because slime's partial-rollout path iterates each group as
+  samples and puts aborted groups back in its buffer to run again. A completed session delivers
+  one trace (``polar_env.integrations.delivery``: the most trainable tokens; the dropped share is
+  in ``metadata["polar"]``); an aborted one returns the prompt sample reset (status ABORTED, no
+  response), so slime re-runs it from its prompt later. A harness session cannot resume
+  mid-episode, so "partial" here means "re-run", never half a trajectory.
+
+``--group-rm`` is refused at the first call (``check_slime_args``): the Polar evaluator already set
+every sample's reward, and slime's group RM would call the RM on polar's sample lists.
+
 slime is never imported here: new samples are deep copies of the sample slime passed in, so the
 real ``slime.utils.types.Sample`` and a duck-typed stand-in (same field names, a nested ``Status``
 enum) behave the same. Token ids, masks and logprobs are the engine's, never re-tokenized.
@@ -21,13 +38,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import sys
+import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
+from polar_env.integrations.delivery import choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.records import Status, Trace, Trajectory
 
@@ -215,7 +235,19 @@ def task_row(sample: Any) -> dict[str, Any]:
     """The Polar task for a slime prompt sample: the row in ``metadata`` (``--metadata-key``, or
     its ``task`` entry). A SWE row (with ``instance_id``) goes to PolarEnv as is: its repo or image
     becomes the runtime and swebench grades it. Any other row gets the prompt as its instruction."""
-    meta = dict(getattr(sample, "metadata", None) or {})
+    raw = getattr(sample, "metadata", None) or {}
+    if isinstance(raw, str):  # --metadata-key naming a JSON-text column (re-uploaded SkyRL sets)
+        import json
+
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise ConfigError(f"slime sample {sample.index}: its metadata is text but not JSON") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"slime sample {sample.index}: metadata is a {type(raw).__name__}; point --metadata-key "
+                          "at the task row (SkyRL-v0-293-data: instance)")
+    meta = {k: v for k, v in dict(raw).items()
+            if k not in (POLAR_METADATA_KEY, "start_rollout_id")}  # ours and slime's bookkeeping
     row = dict(meta.get("task") or meta)
     if "instance_id" in row:
         return row
@@ -278,14 +310,57 @@ def polar_config(args: Any, sampling_params: Mapping[str, Any]) -> dict[str, Any
     return {**config, "engine": engine, **forced_sampling(sampling_params)}
 
 
+def check_slime_args(args: Any) -> None:
+    """Refuse, with one line, the slime flags polar's generate cannot honour."""
+    if getattr(args, "group_rm", False):
+        raise ConfigError(
+            "--group-rm: polar's generate already sets each sample's reward from the Polar evaluator, and "
+            "slime's group RM would re-score polar's per-session sample lists; drop --group-rm (put group "
+            "logic in a Polar evaluator or in --custom-reward-post-process-path)")
+
+
+def slime_abort_flag() -> Callable[[], bool]:
+    """slime's abort state as a callable: ``GenerateState.aborted`` of slime's rollout module when
+    it is loaded (the state is a process singleton; it is looked up on every call because slime
+    resets it between rollouts), else always False."""
+    def aborted() -> bool:
+        module = sys.modules.get("slime.rollout.sglang_rollout")
+        state_cls = getattr(module, "GenerateState", None)
+        instances = getattr(state_cls, "_instances", None) if state_cls is not None else None
+        state = instances.get(state_cls) if isinstance(instances, dict) else None
+        return bool(getattr(state, "aborted", False))
+
+    return aborted
+
+
+def reset_for_rerun(base: Any, reason: str) -> Any:
+    """The prompt sample as slime's buffer wants an aborted one: no response, status ABORTED."""
+    out = copy.deepcopy(base)
+    out.tokens = []
+    out.response = ""
+    out.response_length = 0
+    out.loss_mask = None
+    out.rollout_log_probs = None
+    out.reward = None
+    out.remove_sample = False
+    out.status = out.Status.ABORTED
+    out.metadata = {k: v for k, v in dict(getattr(base, "metadata", None) or {}).items() if k != POLAR_METADATA_KEY}
+    out.metadata[POLAR_METADATA_KEY] = {"aborted": reason}
+    return out
+
+
 class SlimeRollout:
     """Runs Polar sessions for slime prompt samples through one started ``PolarEnv``.
 
-    ``env`` is anything with PolarEnv's ``rollout(task, n=...)`` coroutine and async context;
-    ``generate`` starts it on first use (under a lock: slime calls concurrently)."""
+    ``env`` is anything with PolarEnv's ``rollout(task, n=..., group_id=...)`` coroutine, async
+    context and ``cluster.server.cancel(group_id)``; ``generate`` starts it on first use (under a
+    lock: slime calls concurrently). ``aborted`` reads slime's abort flag (polled every
+    ``poll_s`` while a session runs)."""
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, *, aborted: Callable[[], bool] | None = None, poll_s: float = 0.2) -> None:
         self.env = env
+        self.aborted = aborted or slime_abort_flag()
+        self.poll_s = poll_s
         self._lazy = LazyEnv(env)
 
     async def _ensure_started(self) -> None:
@@ -294,40 +369,73 @@ class SlimeRollout:
     async def close(self) -> None:
         await self._lazy.close()
 
-    async def generate(self, args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False) -> list[Any]:
+    async def _run(self, sample: Any) -> tuple[Any, bool]:
+        """The session's RolloutGroup, and whether slime aborted while it ran (then the session was
+        cancelled: the node aborts its engine calls and ends it CANCELLED)."""
+        group_id = f"slime-{sample.index}-{uuid.uuid4().hex[:8]}"
+        run = asyncio.ensure_future(self.env.rollout(task_row(sample), n=1, metadata=slime_ids(sample),
+                                                     group_id=group_id))
+        aborted = False
+        try:
+            while not run.done():
+                await asyncio.wait({run}, timeout=self.poll_s)
+                if not run.done() and self.aborted():
+                    aborted = True
+                    await self.env.cluster.server.cancel(group_id)
+                    break
+            return await run, aborted or self.aborted()
+        finally:
+            if not run.done():
+                run.cancel()
+
+    async def generate(self, args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False) -> Any:
+        check_slime_args(args)
+        single = bool(getattr(args, "partial_rollout", False)) and not evaluation
         await self._ensure_started()
         max_context = getattr(args, "rollout_max_context_len", None)
         try:
-            group = await self.env.rollout(task_row(sample), n=1, metadata=slime_ids(sample))
+            group, aborted = await self._run(sample)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed session must not kill slime's rollout
-            return [failure_sample(sample, f"{type(exc).__name__}: {exc}")]
-        if not group.results:
-            return [failure_sample(sample, "PolarEnv returned no session")]
-        result = group.results[0]
-        status = str(getattr(result, "status", "completed"))
-        if status == "cancelled":
-            return [failure_sample(sample, "session cancelled", aborted=True)]
+            failed = failure_sample(sample, f"{type(exc).__name__}: {exc}")
+            return failed if single else [failed]
+        result = group.results[0] if group.results else None
+        status = str(getattr(result, "status", "error"))
+        if aborted or status == "cancelled":
+            reason = "slime aborted the rollout" if aborted else "session cancelled"
+            return reset_for_rerun(sample, reason) if single else [failure_sample(sample, reason, aborted=True)]
+        if result is None:
+            failed = failure_sample(sample, "PolarEnv returned no session")
+            return failed if single else [failed]
         # An errored session (runtime, harness or evaluator failure) says nothing about the policy:
         # train nothing from it. A timed-out one is the policy's doing and keeps its tokens.
         failure = (result.error or f"session {status}") if status == "error" or result.trajectory is None else None
-        samples = trajectory_to_samples(result.trajectory, sample, reward=result.reward,
+        trajectory = result.trajectory
+        delivery = choose_delivered(trajectory)
+        if single and failure is None and trajectory is not None and delivery.index is not None:
+            trajectory = trajectory.model_copy(update={"traces": [trajectory.traces[delivery.index]]})
+        samples = trajectory_to_samples(trajectory, sample, reward=result.reward,
                                         max_tokens=max_context, failure=failure)
         for s in samples:
             s.metadata[POLAR_METADATA_KEY].update({
                 "session_status": status, "evaluation": dict(result.evaluation or {}), "evaluation_mode": evaluation})
-        return samples
+            if single:
+                s.metadata[POLAR_METADATA_KEY].update({"dropped_traces": delivery.dropped_traces,
+                                                       "dropped_tokens": delivery.dropped_tokens})
+        return samples[0] if single else samples
 
 
 _DEFAULT: SlimeRollout | None = None
 
 
-async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> list[Any]:
+async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
     """``--custom-generate-function-path polar_env.integrations.slime.generate``. The first call
-    builds the PolarEnv (from ``args.polar_config`` and these sampling params) and starts it."""
+    checks the flags, builds the PolarEnv (from ``args.polar_config`` and these sampling params)
+    and starts it. Returns ``list[Sample]``, or one ``Sample`` under ``--partial-rollout``."""
     global _DEFAULT
     if _DEFAULT is None:
+        check_slime_args(args)
         from polar_env.env import PolarEnv
 
         _DEFAULT = SlimeRollout(PolarEnv(polar_config(args, sampling_params)))

@@ -16,7 +16,9 @@ slime has no global config file; everything is a command-line flag (Megatron's p
 
 Rendering: scalar → ``--k v``; ``true`` → bare ``--k``; ``false``/null → omitted; list →
 ``--k v1 v2``. A flag repeated across sections is an error, and flags are checked against the
-names slime 624b824a8 knows (``slime_flags.txt``; a full parse needs Megatron and a GPU).
+names slime 624b824a8 knows (``slime_flags.txt``: what slime's, Megatron's and SGLang's own argparse
+parsers register, ``--sglang-*`` and ``--router-*`` included; regenerate it with
+``scripts/gen_slime_flags.py`` from checkouts).
 ``parse_flags`` is the inverse of the flag rendering, so a rendered command round-trips.
 """
 
@@ -38,7 +40,7 @@ from polar_env.errors import ConfigError
 from polar_env.yaml_config import load_model
 
 FLAGS_FILE = Path(__file__).with_name("slime_flags.txt")
-PASSTHROUGH_PREFIXES = ("sglang-", "router-")
+PASSTHROUGH_PREFIXES: tuple[str, ...] = ()  # every sglang-/router- flag is in the list now
 POLAR_FILE = "polar.yaml"
 CUSTOM_CONFIG_FILE = "slime_custom_config.yaml"
 SGLANG_CONFIG_FILE = "sglang_config.yaml"
@@ -204,6 +206,10 @@ def render(recipe: Recipe, out_dir: Path) -> SlimeLaunch:
     uses_polar = flags.get("custom-generate-function-path") == GENERATE_PATH
     if uses_polar and recipe.polar is None and "polar_config" not in custom:
         raise ConfigError("the recipe uses polar_env's generate function but has no `polar:` block (a PolarEnv config)")
+    if uses_polar and flags.get("group-rm"):
+        from polar_env.integrations.slime import check_slime_args
+
+        check_slime_args(type("Args", (), {"group_rm": True})())  # the same one line generate gives
     if uses_polar and flags.get("custom-reward-post-process-path") is None and flags.get("n-samples-per-prompt", 1) != 1:
         raise ConfigError(f"set custom-reward-post-process-path: {NORMALIZE_PATH}: one rollout can yield several "
                           "samples, and slime's default normalisation then uses one group for the batch (slime#1414)")

@@ -55,10 +55,18 @@ def load_tasks(job: RolloutJob) -> list[TaskRequest]:
         from polar_env.tasks.toy import toy_tasks
 
         rows = list(toy_tasks(ids=job.task_ids))
+    elif Path(job.tasks).is_dir():  # Harbor task folders (one task, or a folder of them)
+        from polar_env.tasks.harbor import load_harbor_rows
+
+        base = job.env.runtime.model_dump(exclude={"source_dir", "image", "workdir"}, exclude_none=True)
+        rows = [{**r, "runtime": {**base, **r["runtime"]}} for r in load_harbor_rows(job.tasks)]  # the task's wins
+        if job.task_ids is not None:
+            rows = [r for r in rows if r["task_id"] in set(job.task_ids)]
     else:
         path = Path(job.tasks)
         if not path.exists():
-            raise ConfigError(f"task file {path} does not exist (give 'toy' or a .jsonl/.json/.parquet file)")
+            raise ConfigError(f"task file {path} does not exist (give 'toy', a .jsonl/.json/.parquet file or a "
+                              "Harbor task folder)")
         rows = list(read_rows(path))
         if job.task_ids is not None:
             wanted = set(job.task_ids)

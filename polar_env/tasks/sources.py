@@ -19,6 +19,21 @@ from polar_env.tasks.images import ImageStyle
 from polar_env.tasks.swe import SweTask
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
+# Columns a row must carry to be rolled out and graded (SWE-Gym, SWE-bench Verified, and the
+# `instance` struct of SkyRL-v0-293-data all have them); the rest have defaults.
+REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS")
+
+
+def missing_columns(row: Mapping[str, Any]) -> list[str]:
+    """The required columns ``row`` lacks (looking inside SkyRL's ``instance`` struct)."""
+    inner = row.get("instance")
+    if isinstance(inner, str):
+        try:
+            inner = json.loads(inner)
+        except ValueError:
+            inner = None
+    fields = {**row, **inner} if isinstance(inner, Mapping) else dict(row)
+    return [c for c in REQUIRED if fields.get(c) is None]
 
 
 def load_swe_tasks(
@@ -37,6 +52,14 @@ def load_swe_tasks(
             break
         if not isinstance(row, Mapping):
             raise ConfigError(f"{source}: row {index} is a {type(row).__name__}, not an object")
+        missing = missing_columns(row)
+        if missing:
+            inner = row.get("instance")
+            ident = row.get("instance_id") or (inner.get("instance_id") if isinstance(inner, Mapping) else None) or "?"
+            shape = "SkyRL rows nest them in an `instance` struct" if "prompt" in row or "instance" in row else \
+                "SWE-Gym / SWE-bench rows carry them flat"
+            raise ConfigError(f"{source}: row {index} ({ident}) has no {', '.join(repr(c) for c in missing)} column "
+                              f"({shape}); a SWE task row needs {', '.join(REQUIRED)}")
         try:
             task = SweTask.from_row(row, image_style=image_style)
         except ValidationError as exc:

@@ -86,6 +86,13 @@ class SweTask(BaseModel):
             return row
         data = dict(row)
         nested = data.pop(_NESTED_KEY, None)
+        if isinstance(nested, str):  # re-uploads of the SkyRL sets store the struct as JSON text
+            try:
+                nested = json.loads(nested)
+            except ValueError:
+                raise ValueError(f"the {_NESTED_KEY!r} column is text but not JSON") from None
+        if isinstance(data.get("prompt"), str):  # ... and the chat prompt as one string
+            data["prompt"] = [{"role": "user", "content": data["prompt"]}]
         if isinstance(nested, Mapping):
             data = {**data, **nested}  # the instance's own fields win over the wrapper's
         for alias, name in _ALIASES.items():

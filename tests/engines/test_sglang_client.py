@@ -196,7 +196,7 @@ async def test_router_without_workers_is_config_error(servers: Any, closing: lis
     router.reply("/workers", {"workers": []})
     c = SGLangClient(router_url=router.url)
     closing.append(c)
-    with pytest.raises(ConfigError, match="lists no workers"):
+    with pytest.raises(ConfigError, match="lists no healthy workers"):
         await c.generate(ChatRequest(messages=USER))
 
 

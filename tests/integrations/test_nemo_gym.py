@@ -93,6 +93,9 @@ async def test_agent_run_multi_chain_session() -> None:
     assert out["reward"] == 1.0 and out["mask_sample"] is False
     assert out["instance_id"] == "toy__calc-1" and "_ng_rollout_id" not in out  # task fields pass through
     assert out["polar"]["delivered_trace"] == 1 and out["polar"]["traces"] == 2  # the main chain
+    assert (out["polar_dropped_traces"], out["polar_dropped_tokens"], out["polar_trainable_tokens"]) == (1, 1, 8)
+    assert out["polar_dropped_token_share"] == 1 / 8
+    assert agent.delivery.report()["dropped_traces"] == 1 and "1 of 2 traces" in agent.delivery.line()
     log = nemo_rl_message_log(out)
     assert len(log) == 6
     assert out["response"]["status"] == "completed" and out["response"]["model"] == "policy"
@@ -159,4 +162,13 @@ async def test_agent_runs_a_real_polar_session(tmp_path: Any) -> None:
     assert out["polar"]["evaluation"]["resolved"] is True
     log = nemo_rl_message_log(out)
     assert len(log) == 4  # two assistant turns (tool call, answer) with the tool result between
+    # The items Gym's own agents produce: reasoning, the tool call, its output, the final text;
+    # the token fields sit on each call's last model-generated item only.
+    items = out["response"]["output"]
+    assert [i["type"] for i in items] == ["reasoning", "function_call", "function_call_output", "reasoning", "message"]
+    assert [("generation_token_ids" in i) for i in items] == [False, True, False, False, True]
+    call, result, final = items[1], items[2], items[4]
+    assert call["name"] == "bash" and "git apply" in call["arguments"] and result["call_id"] == call["call_id"]
+    assert "applied" in result["output"] and final["content"][0]["text"].startswith("Done:")
+    assert items[0]["summary"][0]["text"] == "Apply the fix."
     assert out["toy_task"] == "toy__calc-1"

@@ -21,6 +21,7 @@ from polar_env.integrations.slime import (
     FAILURE_TOKENS,
     POLAR_METADATA_KEY,
     SlimeRollout,
+    check_slime_args,
     forced_sampling,
     grpo_normalize,
     polar_config,
@@ -337,3 +338,73 @@ async def test_generate_as_slime_calls_it(tmp_path: Any) -> None:
     assert len(router.bodies) == 4  # two sessions, two calls each
     for body in router.bodies:  # slime's sampling, forced on every call whatever the harness sent
         assert (body["temperature"], body["top_p"]) == (0.8, 1.0) and body["max_tokens"] <= 200
+
+
+# --- slime's abort flag, --partial-rollout and --group-rm ------------------------------------------
+
+
+class _CancellableEnv:
+    """Test double for PolarEnv whose sessions run until cancelled through cluster.server.cancel."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.started = asyncio.Event()
+        self._gate: dict[str, asyncio.Event] = {}
+        outer = self
+
+        class _Server:
+            async def cancel(self, group_id: str) -> None:
+                outer.cancelled.append(group_id)
+                outer._gate[group_id].set()
+
+        self.cluster = SimpleNamespace(server=_Server())
+
+    async def __aenter__(self) -> _CancellableEnv:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def rollout(self, task: Any, n: int = 1, **overrides: Any) -> Any:
+        gate = self._gate[overrides["group_id"]] = asyncio.Event()
+        self.started.set()
+        await gate.wait()
+        result = SimpleNamespace(status="cancelled", reward=0.0, trajectory=None, evaluation={}, error="cancelled")
+        return SimpleNamespace(results=[result])
+
+
+@pytest.mark.parametrize("partial", [False, True])
+async def test_generate_cancels_its_session_when_slime_aborts(partial: bool) -> None:
+    flag = {"aborted": False}
+    env = _CancellableEnv()
+    rollout = SlimeRollout(env, aborted=lambda: flag["aborted"], poll_s=0.01)
+    args = SimpleNamespace(**vars(ARGS), partial_rollout=partial)
+    base = SampleDouble(index=4, group_index=2, metadata={"instance_id": "x"})
+    run = asyncio.ensure_future(rollout.generate(args, base, {}))
+    await env.started.wait()
+    flag["aborted"] = True
+    out = await asyncio.wait_for(run, 5)
+    assert len(env.cancelled) == 1 and env.cancelled[0].startswith("slime-4-")
+    if partial:  # one prompt sample, reset for slime's buffer to run again
+        assert out.status is SampleDouble.Status.ABORTED and out.response_length == 0 and out.tokens == []
+        assert out.metadata["instance_id"] == "x" and "aborted" in out.metadata[POLAR_METADATA_KEY]
+        assert task_row(out) == {"instance_id": "x"}  # polar's own bookkeeping never reaches the task
+    else:
+        (placeholder,) = out
+        assert placeholder.status is SampleDouble.Status.ABORTED and placeholder.remove_sample
+
+
+async def test_partial_rollout_delivers_one_sample_per_session() -> None:
+    traj = trajectory([trace([1, 5], [([20], [])]), multi_turn_trace()], reward=1.0)
+    rollout = SlimeRollout(FakePolarEnv({"toy__calc-1": [("completed", 1.0, traj)]}), aborted=lambda: False)
+    args = SimpleNamespace(**vars(ARGS), partial_rollout=True)
+    out = await rollout.generate(args, base_sample(), {})
+    assert not isinstance(out, list) and out.status is SampleDouble.Status.COMPLETED and out.reward == 1.0
+    meta = out.metadata[POLAR_METADATA_KEY]
+    assert meta["dropped_traces"] == 1 and meta["dropped_tokens"] == 1 and meta["traces"] == 1
+
+
+def test_group_rm_is_refused_with_one_line() -> None:
+    with pytest.raises(ConfigError, match="--group-rm: polar's generate already sets"):
+        check_slime_args(SimpleNamespace(group_rm=True))
+    check_slime_args(SimpleNamespace(group_rm=False, partial_rollout=True))

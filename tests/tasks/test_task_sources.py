@@ -162,10 +162,11 @@ def test_swebench_instance_dict_builds_a_test_spec() -> None:
 @pytest.mark.parametrize(
     ("content", "match"),
     [
-        ('{"instance_id": "a"}\nnot json\n', r"rows\.jsonl:2: not JSON"),
-        ('{"instance_id": "a"}\n{"instance_id": "a"}\n', "appears twice"),
-        ('{"instance_id": "a", "FAIL_TO_PASS": "not a list"}\n', r"row 0 \(a\) is not a SWE task"),
-        ('{"repo": "x/y"}\n', r"row 0 \(\?\) is not a SWE task"),
+        (json.dumps(SWEGYM_ROW) + "\nnot json\n", r"rows\.jsonl:2: not JSON"),
+        (json.dumps(SWEGYM_ROW) + "\n" + json.dumps(SWEGYM_ROW) + "\n", "appears twice"),
+        (json.dumps({**SWEGYM_ROW, "instance_id": "a", "FAIL_TO_PASS": "not a list"}) + "\n",
+         r"row 0 \(a\) is not a SWE task"),
+        ('{"repo": "x/y"}\n', r"row 0 \(\?\) has no 'instance_id', 'base_commit'"),
         ("[1]\n", "row 0 is a list"),
     ],
 )

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from polar_env.integrations.delivery import DeliveryTally, choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
-from polar_env.integrations.nemo_gym.convert import (
-    main_trace,
-    output_items,
-    response_object,
-)
+from polar_env.integrations.nemo_gym.convert import output_items, response_object
 
 GYM_KEYS = ("responses_create_params", "_ng_rollout_id", "_ng_task_index", "_ng_rollout_index", "agent_ref",
             "capture_rollout_id")
@@ -76,12 +74,16 @@ def gym_ids(row: Mapping[str, Any]) -> dict[str, Any]:
             "ng_task_index": row.get("_ng_task_index"), "ng_rollout_index": row.get("_ng_rollout_index")}
 
 
-def build_result(row: Mapping[str, Any], result: Any, *, model: str) -> dict[str, Any]:
-    """The ``/run`` result for one finished Polar session (a ``SessionResult`` or its shape)."""
+def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Sequence[Any] = ()) -> dict[str, Any]:
+    """The ``/run`` result for one finished Polar session (a ``SessionResult`` or its shape).
+    ``records`` (the session's captured calls) give the items their text and tool calls. The
+    delivered trace and the dropped share are in ``polar`` and as top-level numbers (Gym's
+    aggregate metrics average those over the run)."""
     status = str(result.status)
     traj = result.trajectory
-    chosen = main_trace(traj) if traj is not None else None
-    items = output_items(traj.traces[chosen]) if chosen is not None else []
+    delivery = choose_delivered(traj)
+    chosen = delivery.index
+    items = output_items(traj.traces[chosen], records) if traj is not None and chosen is not None else []
     evaluation = dict(result.evaluation or {})
     eval_failed = evaluation.get("status") in ("error", "timeout")
     failure: tuple[str, str] | None = None
@@ -103,7 +105,10 @@ def build_result(row: Mapping[str, Any], result: Any, *, model: str) -> dict[str
             "delivered_trace": chosen,
             "traces": len(traj.traces) if traj is not None else 0,
             "trainable_tokens": [sum(t.loss_mask) for t in traj.traces] if traj is not None else [],
+            "dropped_traces": delivery.dropped_traces,
+            "dropped_tokens": delivery.dropped_tokens,
         },
+        **delivery.fields(),
     })
     if failure is not None:
         out["failure_kind"], out["failure_reason"] = failure
@@ -118,6 +123,7 @@ class PolarGymAgent:
         self.env = env
         self.model = model
         self._lazy = LazyEnv(env)
+        self.delivery = DeliveryTally()  # the run's dropped share so far (``delivery.line()``)
 
     async def start(self) -> None:
         await self._lazy.start()
@@ -135,14 +141,38 @@ class PolarGymAgent:
         except Exception as exc:  # noqa: BLE001 - Gym gets a masked sample, not a 500
             result = SimpleNamespace(session_id="", status="error", trajectory=None, reward=0.0, evaluation={},
                                      error=f"{type(exc).__name__}: {exc}")
-        return build_result(row, result, model=self.model)
+        records = await asyncio.to_thread(self._records, result.session_id, getattr(result, "node_id", ""))
+        out = build_result(row, result, model=self.model, records=records)
+        self.delivery.add(choose_delivered(result.trajectory))
+        return out
+
+    def _records(self, session_id: str, node_id: str) -> list[Any]:
+        """The session's captured calls, when its node's journal is on this machine (a local or
+        shared store); otherwise the items carry tokens without text."""
+        store = getattr(getattr(self.env, "config", None), "store", None)
+        folder = Path(store) / node_id if store is not None and node_id else None
+        if not session_id or folder is None or not folder.is_dir():
+            return []
+        from polar_env.errors import PolarError
+        from polar_env.proxy.capture import CaptureStore
+
+        try:
+            return CaptureStore(folder).read(session_id)
+        except (PolarError, OSError, ValueError):
+            return []
 
 
 def polar_env_config(polar: Mapping[str, Any]) -> dict[str, Any]:
     """The agent config's ``polar`` block as a PolarEnv config. Gym's ``policy_base_url`` ends in
-    ``/v1`` (an OpenAI base URL); Polar's vLLM client takes the server root."""
+    ``/v1`` (an OpenAI base URL); Polar's vLLM client takes the server root. NeMo RL passes a list
+    (one URL per data-parallel vLLM server): it stays a list, which makes the engine a
+    session-sticky pool over all of them."""
     config = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in polar.items()}
     engine = config.get("engine")
-    if isinstance(engine, dict) and isinstance(engine.get("url"), str):
-        engine["url"] = engine["url"].rstrip("/").removesuffix("/v1")
+    if isinstance(engine, dict):
+        url = engine.get("url")
+        if isinstance(url, str):
+            engine["url"] = url.rstrip("/").removesuffix("/v1")
+        elif isinstance(url, (list, tuple)):
+            engine["url"] = [str(u).rstrip("/").removesuffix("/v1") for u in url]
     return config

@@ -1,0 +1,150 @@
+"""``harbor``: grade a Harbor task the way Harbor's verifier does, under polar's grading rules.
+
+Harbor's verifier copies the task's ``tests/`` to ``/tests`` in the agent's container, runs
+``tests/test.sh`` and reads ``/logs/verifier/reward.txt`` (a number) or ``reward.json`` (numbers;
+``reward`` is the one polar trains on). polar grades in a fresh runtime instead: the agent's
+container is the adversary's, so nothing it left there (a planted ``/tests``, a pre-written
+reward file, a patched interpreter) may reach the grader. What does reach it is one small step,
+``graded_workspace``: the agent's diff of the workdir, applied to a clean copy of the task's
+workspace. ``tests/`` always comes from the task folder on the host; the reward file is removed
+before the verifier runs, so only the verifier can write it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polar_env.errors import ConfigError
+from polar_env.evaluators.base import EvalContext, EvalResult
+from polar_env.records import Status
+from polar_env.runtimes.base import Runtime
+
+TESTS_DIR = "/tests"
+VERIFIER_DIR = "/logs/verifier"
+PATCH_FILE = ".git/polar_agent.patch"  # inside .git: invisible to the diff and to test.sh's globbing
+GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
+STAGE_TESTS = "/tmp/polar_harbor/tests"
+STAGE_OUT = "/tmp/polar_harbor/verifier"
+STAGING_FAILED = 97
+VERIFY_SCRIPT = (
+    f"rm -rf {TESTS_DIR} {VERIFIER_DIR} {STAGE_OUT}; mkdir -p {TESTS_DIR} {VERIFIER_DIR} {STAGE_OUT} "
+    f"&& cp -a {STAGE_TESTS}/. {TESTS_DIR}/ || exit {STAGING_FAILED}; "
+    f"bash {TESTS_DIR}/test.sh; code=$?; cp -a {VERIFIER_DIR}/. {STAGE_OUT}/ 2>/dev/null; exit $code"
+)
+
+
+class HarborParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = 600.0  # task.toml [verifier] timeout_sec
+    env: dict[str, str] = Field(default_factory=dict)  # task.toml [verifier] env
+    apply_timeout_s: float = 120.0
+    log_tail_chars: int = 20_000
+
+
+async def graded_workspace(ctx: EvalContext) -> str:
+    """What of the agent's workspace reaches the grader: its diff of the workdir, nothing else.
+    (One function, so a shared grading-integrity policy can replace it.)"""
+    return ctx.patch if ctx.patch is not None else await ctx.agent_runtime().diff()
+
+
+def _task_dir(task: Any) -> Path:
+    raw = task.get("harbor_task_dir") if isinstance(task, dict) else None
+    if not raw:
+        raise ConfigError("the harbor evaluator needs task['harbor_task_dir'] (load the task with polar_env.tasks.harbor)")
+    path = Path(raw)
+    if not (path / "tests" / "test.sh").is_file():
+        raise ConfigError(f"{path}: no tests/test.sh")
+    return path
+
+
+def parse_reward(text_file: bytes | None, json_file: bytes | None) -> tuple[float, dict[str, Any]]:
+    """Harbor's reward files: ``reward.txt`` holds one number; ``reward.json`` an object of
+    numbers (``reward`` is used, else the only value) or one number. Raises ValueError."""
+    if text_file is not None and text_file.strip():
+        value = float(text_file.decode("utf-8", "replace").strip())
+        rewards: dict[str, Any] = {"reward": value}
+    elif json_file is not None and json_file.strip():
+        data = json.loads(json_file)
+        rewards = data if isinstance(data, dict) else {"reward": data}
+        for v in rewards.values():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"non-numeric reward {v!r} in reward.json")
+        if "reward" in rewards:
+            value = float(rewards["reward"])
+        elif len(rewards) == 1:
+            value = float(next(iter(rewards.values())))
+        else:
+            raise ValueError(f"reward.json has several rewards and no 'reward' key: {sorted(rewards)}")
+    else:
+        raise ValueError("the verifier wrote no reward file (reward.txt or reward.json)")
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite reward {value!r}")
+    return value, rewards
+
+
+async def _read(runtime: Runtime, path: str) -> bytes | None:
+    try:
+        return await runtime.read_file(path)
+    except (OSError, ConfigError, FileNotFoundError):
+        return None
+
+
+class HarborEvaluator:
+    name = "harbor"
+
+    def params_of(self, ctx: EvalContext) -> HarborParams:
+        try:
+            return HarborParams.model_validate(ctx.params)
+        except ValidationError as exc:
+            raise ConfigError(f"bad harbor evaluator spec {ctx.params!r}: {exc}") from exc
+
+    def wants_fresh_runtime(self, ctx: EvalContext) -> bool:
+        return True
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        params = self.params_of(ctx)
+        task_dir = _task_dir(ctx.task)
+        patch = await graded_workspace(ctx)
+        report: dict[str, Any] = {"task_dir": str(task_dir), "patch_chars": len(patch)}
+        started = time.monotonic()
+        runtime = await ctx.fresh_runtime()
+        workdir = runtime.spec.workdir
+        if patch.strip():
+            await runtime.write_file(posixpath.join(workdir, PATCH_FILE), patch.encode())
+            applied = await runtime.exec(f"git apply --verbose {PATCH_FILE}", env=GIT_ENV, cwd=workdir,
+                                         timeout_s=params.apply_timeout_s)
+            if applied.exit_code != 0:
+                report.update(reason="the agent's diff does not apply", apply_log=applied.output[-2000:])
+                return EvalResult(reward=0.0, report=report)
+        # The task's tests, from the host folder, staged where every runtime lets the host write
+        # (/tmp); one shell puts them at /tests, gives the verifier a clean /logs/verifier, runs
+        # it and copies what it wrote back out (a sandbox's / lives only as long as one exec).
+        tests = task_dir / "tests"
+        for f in sorted(p for p in tests.rglob("*") if p.is_file()):
+            await runtime.write_file(posixpath.join(STAGE_TESTS, f.relative_to(tests).as_posix()), f.read_bytes())
+        run = await runtime.exec(VERIFY_SCRIPT, env={**GIT_ENV, **params.env}, cwd=workdir, timeout_s=params.timeout_s)
+        report.update(verifier_exit_code=run.exit_code, log_tail=run.output[-params.log_tail_chars:],
+                      verify_s=round(time.monotonic() - started, 3))
+        if run.timed_out:
+            report["reason"] = f"verifier exceeded {params.timeout_s} s"
+            return EvalResult(status=Status.TIMEOUT, report=report)
+        if run.exit_code == STAGING_FAILED:
+            report["reason"] = "could not stage /tests and /logs/verifier in the grading runtime"
+            return EvalResult(status=Status.ERROR, report=report)
+        text = await _read(runtime, f"{STAGE_OUT}/reward.txt")
+        data = await _read(runtime, f"{STAGE_OUT}/reward.json")
+        try:
+            reward, rewards = parse_reward(text, data)
+        except ValueError as exc:
+            report["reason"] = str(exc)
+            return EvalResult(status=Status.ERROR, report=report)
+        report["rewards"] = rewards
+        return EvalResult(reward=reward, report=report)

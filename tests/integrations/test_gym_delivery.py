@@ -1,0 +1,82 @@
+"""Which trace NeMo Gym gets from a session with a side chain, on a real capture: opencode's
+recorded bodies (tests/fixtures/providers/captured/opencode-openai_chat: a title-generator
+request, then the main agent's tool round trip) replayed through the real gateway and the
+embedded engine (scripted tokens), built by the prefix-merge builder. The main chain is
+delivered, the title chain dropped, and the drop is reported per rollout and per run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from polar_env.engines.embedded.engine import EmbeddedEngine
+from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+from polar_env.integrations.delivery import DeliveryTally, choose_delivered
+from polar_env.integrations.nemo_gym.agent import build_result
+from polar_env.integrations.nemo_gym.convert import check_contiguous
+from polar_env.qwen.template import QWEN35
+from polar_env.trajectory.prefix_merge import build_prefix_merged
+from tests.proxy.conftest import Gateway, start_gateway
+
+CAPTURED = Path(__file__).parents[1] / "fixtures" / "providers" / "captured" / "opencode-openai_chat"
+POLICY = ScriptedPolicy(steps=(ScriptStep(command="echo hi", reasoning="Run it."),
+                               ScriptStep(text="done", reasoning="It printed hi.")))
+
+
+def _body(name: str) -> dict[str, Any]:
+    body = json.loads((CAPTURED / name).read_text())
+    body.pop("stream_options", None)
+    body["stream"] = False  # replayed without SSE; the gateway captures both the same way
+    return body
+
+
+async def opencode_capture(tmp_path: Path) -> list[Any]:
+    """opencode's recorded session (title request, tool call, tool result) replayed through the
+    gateway; returns the captured records."""
+    engine = EmbeddedEngine(policy=POLICY, quirks=QWEN35)
+    client, store = await start_gateway(engine, tmp_path, template=QWEN35)
+    try:
+        gw = Gateway(client, store)
+        s = await gw.session(session_id="oc")
+        auth = {"Authorization": f"Bearer {s['key']}"}
+        title = await gw.post("/v1/chat/completions", _body("01.json"), auth)
+        assert title.status == 200, await title.text()
+        first = await gw.post("/v1/chat/completions", _body("02.json"), auth)
+        assert first.status == 200, await first.text()
+        msg = (await first.json())["choices"][0]["message"]
+        (call,) = msg["tool_calls"]
+        third = _body("03.json")  # opencode's next request, with our answer where the recorded one was
+        third["messages"][2] = {"role": "assistant", "content": msg.get("content") or "", "tool_calls": msg["tool_calls"]}
+        third["messages"][3] = {**third["messages"][3], "tool_call_id": call["id"]}
+        last = await gw.post("/v1/chat/completions", third, auth)
+        assert last.status == 200, await last.text()
+        return store.read("oc")
+    finally:
+        await client.close()
+
+
+async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(tmp_path: Path) -> None:
+    records = await opencode_capture(tmp_path)
+    traj = build_prefix_merged(records)
+    assert len(traj.traces) == 2  # the title chain and the main chain
+    delivery = choose_delivered(traj)
+    main = max(range(2), key=lambda i: len(traj.traces[i].metadata["seqs"]))
+    assert delivery.index == main and delivery.dropped_traces == 1
+    title_tokens = sum(traj.traces[1 - main].loss_mask)
+    assert delivery.dropped_tokens == title_tokens > 0
+    assert delivery.dropped_token_share == title_tokens / (title_tokens + sum(traj.traces[main].loss_mask))
+    assert choose_delivered(build_prefix_merged(records)) == delivery  # deterministic on a rebuild
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "echo hi"}]}}
+    result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, error=None, trajectory=traj)
+    out = build_result(row, result, model="m", records=records)
+    assert out["polar_dropped_traces"] == 1 and out["polar_dropped_tokens"] == title_tokens
+    items = out["response"]["output"]
+    assert [i["type"] for i in items] == ["reasoning", "function_call", "function_call_output", "reasoning", "message"]
+    assert items[2]["output"] == "hi\n" and items[4]["content"][0]["text"] == "done"
+    assert check_contiguous(items)[-1] == traj.traces[main].response_ids[-1]
+    tally = DeliveryTally()
+    tally.add(delivery)
+    tally.add(choose_delivered(traj.model_copy(update={"traces": [traj.traces[main]]})))
+    assert tally.report()["rollouts"] == 2 and tally.report()["rollouts_with_drops"] == 1
