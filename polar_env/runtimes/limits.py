@@ -364,7 +364,7 @@ class SessionLimits:
         if self.hit is not None:
             return
         value = getattr(self.spec, limit)
-        self.hit = f"{limit}={value} exceeded ({self.mechanisms.get(limit, '?')}): {why}"
+        self.hit = f"{limit}={value} ({self.mechanisms.get(limit, '?')}): {why}"
         log.warning("runtime %s: %s; stopping the session's processes", self.name, self.hit)
         if self.cgroup is not None:
             self.cgroup.kill()

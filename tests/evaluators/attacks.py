@@ -174,3 +174,26 @@ def run_attacks(tmp: Path, attacks: Sequence[Attack], extra: Sequence[tuple[str,
     return asyncio.run(go())
 
 
+
+
+def run_sessions(tmp: Path, cases: Mapping[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """name → SessionResult for plain tasks whose agent runs ``command`` under the runtime
+    overrides given (limits); a case named ``normal`` is graded by ``output`` regex ``6\\*7=42``."""
+    scripts = {name: scripted(cmd) for name, (cmd, _) in cases.items()}
+    engine = SimulatedEngine(latency_s=0.0, policy=AttackPolicy(scripts))  # type: ignore[arg-type]
+    config = PolarEnvConfig.model_validate({"harness": "loop", "store": str(tmp / "store"),
+                                            "limits": {"max_running": len(cases)}})
+    reqs = []
+    for name, (_cmd, runtime) in cases.items():
+        row: dict[str, Any] = {"task_id": name, "instruction": f"ATTACK {name}",
+                               "runtime": {**config.runtime.model_dump(), **runtime}}
+        if name == "normal":
+            row["evaluator"] = {"name": "output", "regex": "6\\*7=42"}
+        reqs.append(task_request(row, config, 1))
+
+    async def go() -> dict[str, Any]:
+        async with PolarEnv(config, engine=engine) as env:
+            groups = await env.rollout_many(reqs)
+        return {g.task_id: g.results[0] for g in groups}
+
+    return asyncio.run(go())
