@@ -323,7 +323,9 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
         import hmac
 
         sent = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {request.app[TOKEN]}".encode()):
+        # surrogateescape: aiohttp hands undecodable header bytes over as surrogates (a non-ASCII
+        # header must be a 401, not a crash)
+        if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), f"Bearer {request.app[TOKEN]}".encode()):
             return _error(401, "missing or wrong bearer token (see the server's token file)")
     return await handler(request)
 
