@@ -119,7 +119,8 @@ def write_etc(root: Path) -> Path:
     return etc
 
 
-def system_mounts(image: str | Path | None, needed: Sequence[str] = (), etc: Path | None = None) -> list[str]:
+def system_mounts(image: str | Path | None, needed: Sequence[str] = (), etc: Path | None = None,
+                  stage: Callable[[str | Path], str] = str) -> list[str]:
     """bwrap args for the read-only system: the host's /usr, /etc and merged-/usr symlinks, or every
     top-level entry of a rootfs directory, over bwrap's own tmpfs root. A ``needed`` mount point
     (workdir, bind targets) missing from a read-only directory is made creatable by re-creating that
@@ -130,7 +131,7 @@ def system_mounts(image: str | Path | None, needed: Sequence[str] = (), etc: Pat
         root = "/"
         top = [n for n in HOST_SYSTEM_DIRS if os.path.lexists(f"/{n}") and not (etc is not None and n == "etc")]
     else:
-        root = str(image)
+        root = os.path.realpath(image)
         top = sorted(n for n in os.listdir(root) if n not in ROOTFS_SKIP and not n.startswith("."))
     missing = [_inside(p) for p in needed if not os.path.lexists(os.path.join(root, _inside(p).lstrip("/")))]
     args: list[str] = []
@@ -146,7 +147,7 @@ def system_mounts(image: str | Path | None, needed: Sequence[str] = (), etc: Pat
                 with contextlib.suppress(OSError):
                     mount(child, sorted(os.listdir(host)))
             else:
-                args.extend(["--ro-bind", host, child])
+                args.extend(["--ro-bind", stage(host), child])
 
     mount("/", top)
     if image is None and etc is not None:
@@ -171,7 +172,7 @@ def bwrap_argv(
     """The full bwrap command line for one exec. Mount order matters (later mounts go on top).
     ``stage`` maps a host source to the path this exec reaches it by (see hostworkspace.py)."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
-    argv += system_mounts(spec.image, [spec.workdir, *(dst for _src, dst in spec.binds)], etc)
+    argv += system_mounts(spec.image, [spec.workdir, *(dst for _src, dst in spec.binds)], etc, stage)
     argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--bind", stage(tmp), "/tmp", "--bind", stage(home), HOME]
     argv += ["--tmpfs", "/run", "--dir", POLAR_RUN_DIR]
@@ -203,6 +204,9 @@ class SandboxRuntime(HostWorkspaceRuntime):
         self._bwrap = found
         if self.spec.image is not None and not Path(self.spec.image).is_dir():
             raise ConfigError(f"sandbox image must be a root-filesystem directory (scripts/build_rootfs.sh), got {self.spec.image}")
+
+    def _extra_sources(self) -> list[Path]:
+        return [Path(self.spec.image).resolve()] if self.spec.image is not None else []
 
     def _full_argv(self, argv: list[str], cwd: str) -> list[str]:
         assert self._bwrap is not None
