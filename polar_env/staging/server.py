@@ -17,6 +17,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -80,9 +81,10 @@ class NodeDied(Exception):
 class RayNode:
     """A node actor. Ray's actor errors (the process died) become ``NodeDied``."""
 
-    def __init__(self, node_id: str, actor: Any) -> None:
+    def __init__(self, node_id: str, actor: Any, store: Path | None = None) -> None:
         self.node_id = node_id
         self.actor = actor
+        self.store = store  # this node's shard of the capture store, for salvaging a dead node's sessions
 
     async def _call(self, method: str, *args: Any) -> Any:
         import ray.exceptions
@@ -219,7 +221,13 @@ class RolloutServer:
         except NodeDied as exc:
             self.dead[node.node_id] = str(exc)
             _log.error("%s; its sessions are reported as errors", exc)
-            return self._error_result(spec, node.node_id, str(exc))
+            result = self._error_result(spec, node.node_id, str(exc))
+            store = getattr(node, "store", None)
+            if store is None:
+                return result
+            from polar_env.staging.salvage import salvage
+
+            return await asyncio.to_thread(salvage, Path(store), spec, result)
         except Exception as exc:  # noqa: BLE001 - a node bug must not lose the group
             return self._error_result(spec, node.node_id, f"node {node.node_id} failed: {type(exc).__name__}: {exc}")
         finally:
