@@ -26,6 +26,7 @@ def test_sweep_removes_only_what_dead_processes_left(tmp_path: Path) -> None:
     assert leftovers.sweep(tmp_path) == []  # both owners alive
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     time.sleep(0.1)
     assert leftovers.sweep(tmp_path) == [str(dead)]
     assert not dead.exists() and (live.path / "polar-sandbox-live").is_dir()
