@@ -92,3 +92,46 @@ def test_restrict_patch_drops_sections_and_keeps_the_fix() -> None:
     assert "tox.ini" not in [d.path for d in widened.dropped]
     flagged = restrict_patch("--- a/calc.py\n+++ b/calc.py\n@@ -1 +1,2 @@\n x\n+import _pytest.reports\n", resolve_policy())
     assert flagged.dropped == [] and flagged.flagged[0]["path"] == "calc.py"
+
+
+# -- a custom evaluator gets the same protections through the registry --------------------------------
+
+
+HIDDEN_TEST = b"from calc import safe_div\n\n\ndef test_hidden():\n    assert safe_div(1, 0) is None\n"
+
+
+async def _custom_grade(ctx):  # type: ignore[no-untyped-def]
+    """A task author's evaluator: a hidden test, run with the policy's helpers (no copy-paste)."""
+    from polar_env.evaluators import EvalResult, fresh_graded_runtime
+
+    runtime, applied, env = await fresh_graded_runtime(ctx)
+    await runtime.write_file("/testbed/tests/test_hidden.py", HIDDEN_TEST)
+    res = await runtime.exec("python -m pytest -q tests/test_hidden.py", env=env, timeout_s=120)
+    return EvalResult(reward=1.0 if res.exit_code == 0 else 0.0, report={**applied.as_report(), "exit_code": res.exit_code})
+
+
+@pytest.mark.parametrize("fix", ["gold", "conftest_root", "pytest_ini_plugin"])
+async def test_a_custom_evaluator_grades_through_the_policy(ready: None, tmp_path: Path, fix: str) -> None:
+    from polar_env.evaluators import EVALUATORS, EvalContext, register_evaluator, run_evaluator
+    from polar_env.runtimes import RuntimeSpec, make_runtime
+    from polar_env.staging.lifecycle import evaluation_runtime_spec
+
+    if "toy_hidden_test" not in EVALUATORS:
+        register_evaluator("toy_hidden_test")(_custom_grade)
+    toy = toy_tasks(tmp_path / "toy", ids=[TOY])[0]
+    spec = RuntimeSpec(source_dir=toy.repo_dir, network="none")
+    agent = make_runtime(spec)
+    await agent.prepare()
+    try:
+        command = gold_command() if fix == "gold" else next(a for a in ATTACKS if a.name == fix).command()
+        assert (await agent.exec(command)).exit_code == 0
+        grading = evaluation_runtime_spec(spec)
+        ctx = EvalContext(task={}, runtime=agent, runtime_factory=lambda: make_runtime(grading))
+        result = await run_evaluator("toy_hidden_test", ctx)
+    finally:
+        await agent.stop()
+    assert result.status.value == "completed", result.report
+    if fix == "gold":
+        assert result.reward == 1.0 and result.report["dropped_paths"] == []
+    else:
+        assert result.reward == 0.0 and result.report["dropped_paths"], result.report
