@@ -252,24 +252,6 @@ class Cgroup:
                     time.sleep(0.05)
 
 
-def sweep_stale_cgroups(live: set[str] = frozenset(), root: Path = CGROUP_ROOT) -> int:  # type: ignore[assignment]
-    """Remove polar_env cgroups not in ``live`` (left by a killed node). Returns how many."""
-    removed = 0
-    parents = [root / "memory" / GROUP, root / "pids" / GROUP]
-    own = _own_v2_cgroup(root) if (root / "cgroup.controllers").exists() else None
-    if own is not None:
-        parents = [own / GROUP]
-    for parent in parents:
-        if not parent.is_dir():
-            continue
-        for d in parent.iterdir():
-            if d.is_dir() and d.name not in live:
-                group = Cgroup("v2" if own else "v1", [d], [d / "cgroup.procs"])
-                group.remove()
-                removed += 1
-    return removed
-
-
 def tree_bytes(paths: list[Path]) -> int:
     """Bytes allocated under ``paths`` (not following symlinks; one walk)."""
     total = 0
