@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.limits import LimitExceeded
 
 # Repos copied into a runtime may belong to another uid; git then refuses them as "dubious".
 GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
@@ -408,6 +409,9 @@ async def apply_restricted(
     """Apply ``patch`` restricted by ``policy`` in the (fresh) grading ``runtime``, then sweep: any
     protected path that still differs from base is restored. ``method`` is None when nothing applies."""
     out = Applied(policy)
+    cap = getattr(runtime.spec, "patch_mb", None)
+    if cap is not None and len(patch) > cap * 1024 * 1024:  # a patch handed over as text, not via diff()
+        raise LimitExceeded("patch_mb", f"the patch is {len(patch) / 2**20:.1f} MiB, over patch_mb={cap:g}")
     restricted = restrict_patch(patch, policy, test_files)
     out.dropped, out.flagged, out.kept = list(restricted.dropped), restricted.flagged, restricted.kept
     await prepare_grading_home(runtime, policy)

@@ -90,6 +90,17 @@ def test_restrict_patch_drops_sections_and_keeps_the_fix() -> None:
     assert restrict_patch(hostile, resolve_policy("off")).dropped == []
     widened = restrict_patch(hostile, resolve_policy({"allow": ["tox.ini"]}))
     assert "tox.ini" not in [d.path for d in widened.dropped]
+    import asyncio
+
+    from polar_env.evaluators.integrity import apply_restricted
+    from polar_env.runtimes import RuntimeSpec
+    from polar_env.runtimes.limits import LimitExceeded
+
+    class Spec:  # only the spec is read before the cap refuses the patch
+        spec = RuntimeSpec(patch_mb=1)
+
+    with pytest.raises(LimitExceeded, match="patch_mb"):
+        asyncio.run(apply_restricted(Spec(), "+" * (2 << 20), resolve_policy()))  # type: ignore[arg-type]
     flagged = restrict_patch("--- a/calc.py\n+++ b/calc.py\n@@ -1 +1,2 @@\n x\n+import _pytest.reports\n", resolve_policy())
     assert flagged.dropped == [] and flagged.flagged[0]["path"] == "calc.py"
 

@@ -91,6 +91,12 @@ def test_apptainer_argv_exact(tmp_path: Path) -> None:
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="cannot contain"):
         apptainer_argv(binary="a", image="i", workdir="/w", workspace=Path("/a:b"), tmp=tmp, home=home, cwd="/w", command=["x"])
+    # cgroup_flags: Apptainer's own limits (clusters where its cgroup support works)
+    limited = apptainer_argv(binary="a", image="i.sif", workdir="/w", workspace=ws, tmp=tmp, home=home, cwd="/w",
+                             command=["x"], memory_mb=512, pids_limit=100)
+    i = limited.index("--memory")
+    assert limited[i:i + 6] == ["--memory", "512M", "--memory-swap", "512M", "--pids-limit", "100"]
+    assert limited.index("--pids-limit") < limited.index("i.sif")
 
 
 def test_apptainer_env_passes_values_outside_argv() -> None:
