@@ -303,7 +303,8 @@ class SessionLimits:
         cg = f"cgroup {self.cgroup.version}" if self.cgroup else None
         self.mechanisms = {
             "pids_limit": "none" if spec.pids_limit is None else
-            (f"{cg} pids.max" if cg else f"rlimit NPROC (uid {self.uid})" if self.uid else "rlimit NPROC (caller's uid, shared)"),
+            (f"{cg} pids.max" if cg else f"rlimit NPROC (uid {self.uid})" if self.uid
+             else "none (no writable cgroup; RLIMIT_NPROC would count the caller's own processes)"),
             "memory_mb": "none" if spec.memory_mb is None else
             (f"{cg} {'memory.max' if self.cgroup and self.cgroup.version == 'v2' else 'memory.limit_in_bytes'}"
              if cg else "rlimit DATA (per process)"),
