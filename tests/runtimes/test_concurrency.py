@@ -35,7 +35,8 @@ async def test_sessions_beyond_the_default_executor_run_concurrently(runtimes: A
     assert all(r.exit_code == 0 for r in results), [r.output for r in results]
     latest_start, earliest_end = max(s for s, _ in spans), min(e for _, e in spans)
     assert latest_start < earliest_end, f"{n} execs did not all overlap (waves?): spans {spans}"
-    assert wall < 2 * SLEEP_S, f"{n} concurrent {SLEEP_S} s execs took {wall:.1f} s"
+    # waves of the default executor would take >= 2 * SLEEP_S; the overlap above is the proof, this a sanity bound
+    assert wall < 4 * SLEEP_S, f"{n} concurrent {SLEEP_S} s execs took {wall:.1f} s"
 
 
 @pytest.mark.slow
