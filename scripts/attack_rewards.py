@@ -13,7 +13,12 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from tests.evaluators.attacks import ATTACKS, USER_SITE_ATTACK, gold_command, run_attacks  # noqa: E402
+from tests.evaluators.attacks import (
+    ATTACKS,
+    USER_SITE_ATTACK,
+    gold_command,
+    run_attacks,
+)
 
 
 def main() -> None:

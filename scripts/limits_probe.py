@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from tests.evaluators.attacks import run_sessions  # noqa: E402
+from tests.evaluators.attacks import run_sessions
 
 
 def main() -> None:

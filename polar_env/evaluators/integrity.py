@@ -155,7 +155,7 @@ def protected_rule(path: str, policy: IntegrityPolicy, *, added: bool, test_file
     if not parts:
         return None
     name = parts[-1]
-    stem = name[:-3] if name.endswith(".py") else name
+    stem = name.removesuffix(".py")
     if path in test_files:
         return "test file (owned by the test patch)"
     if name == "conftest.py":
@@ -173,10 +173,10 @@ def protected_rule(path: str, policy: IntegrityPolicy, *, added: bool, test_file
     if parts[0] == ".git" or name == ".gitattributes":
         return "git metadata"
     if added:
-        modules = {p[:-3] if p.endswith(".py") else p for p in parts}
+        modules = {p.removesuffix(".py") for p in parts}
         if modules & RUNNER_MODULES:
             return "module shadowing the test runner"
-        top = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
+        top = parts[0].removesuffix(".py")
         in_test_dir = posixpath.dirname(path) in _test_dirs(test_files)
         if (len(parts) == 1 or parts[0] == "src" and len(parts) == 2) and top in STDLIB_MODULES:
             return "module shadowing the standard library"
@@ -267,7 +267,7 @@ def split_patch(patch: str) -> tuple[list[str], list[Section]]:
         elif bare.startswith("new file mode"):
             cur.added = True
             cur.symlink |= bare.endswith("120000")
-        elif bare.startswith("new mode") or bare.startswith("old mode"):
+        elif bare.startswith(("new mode", "old mode")):
             cur.symlink |= bare.endswith("120000")
         elif bare.startswith("--- "):
             p = _side(bare[4:], "a/")
@@ -306,7 +306,7 @@ def restrict_patch(patch: str, policy: IntegrityPolicy, test_files: Sequence[str
     for s in sections:
         rule = None
         for p in s.paths or ["?"]:
-            if p.startswith("../") or p.startswith("/") or p == "..":
+            if p.startswith(("../", "/")) or p == "..":
                 rule = "path outside the repository"
             elif policy.enabled and policy.drop_symlinks and s.symlink and not any(
                 fnmatch.fnmatchcase(p, pat) for pat in policy.allow

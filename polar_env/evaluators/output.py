@@ -23,7 +23,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.integrity import IntegrityParams, apply_restricted, grading_env, prepare_grading_home, resolve_policy
+from polar_env.evaluators.integrity import (
+    IntegrityParams,
+    apply_restricted,
+    grading_env,
+    prepare_grading_home,
+    resolve_policy,
+)
 from polar_env.records import Status
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)

@@ -46,10 +46,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import shutil
 import logging
 import os
 import posixpath
+import shutil
 import socket
 import tarfile
 import tempfile

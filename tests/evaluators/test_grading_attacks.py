@@ -15,10 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.evaluators.integrity import restrict_patch, resolve_policy
+from polar_env.evaluators.integrity import resolve_policy, restrict_patch
 from polar_env.tasks.toy import toy_tasks
 from tests.conftest import require_bwrap, unavailable
-from tests.evaluators.attacks import ATTACKS, USER_SITE_ATTACK, gold_command, run_attacks
+from tests.evaluators.attacks import (
+    ATTACKS,
+    USER_SITE_ATTACK,
+    gold_command,
+    run_attacks,
+)
 
 pytestmark = pytest.mark.slow
 TOY = "toy__calc-1"
@@ -123,7 +128,12 @@ async def _custom_grade(ctx):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("fix", ["gold", "conftest_root", "pytest_ini_plugin"])
 async def test_a_custom_evaluator_grades_through_the_policy(ready: None, tmp_path: Path, fix: str) -> None:
-    from polar_env.evaluators import EVALUATORS, EvalContext, register_evaluator, run_evaluator
+    from polar_env.evaluators import (
+        EVALUATORS,
+        EvalContext,
+        register_evaluator,
+        run_evaluator,
+    )
     from polar_env.runtimes import RuntimeSpec, make_runtime
     from polar_env.staging.lifecycle import evaluation_runtime_spec
 

@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from polar_env.runtimes import RuntimeSpec, make_runtime
-from polar_env.runtimes.limits import CappedBuffer, Cgroup, LimitExceeded, cgroup_version
+from polar_env.runtimes.limits import (
+    CappedBuffer,
+    Cgroup,
+    LimitExceeded,
+    cgroup_version,
+)
 from tests.conftest import require_bwrap
 
 FLOOD_BYTES = 2_000_000_000

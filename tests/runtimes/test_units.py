@@ -20,10 +20,16 @@ from polar_env.runtimes import (
     SandboxRuntime,
     make_runtime,
 )
-from polar_env.tasks.images import swebench_image, swegym_image
 from polar_env.runtimes.apptainer import apptainer_argv, apptainer_env
 from polar_env.runtimes.docker import timeout_argv, unix_daemon_problem
-from polar_env.runtimes.sandbox import RELAY_SOURCE, bwrap_argv, relay_argv, shell_argv, system_mounts
+from polar_env.runtimes.sandbox import (
+    RELAY_SOURCE,
+    bwrap_argv,
+    relay_argv,
+    shell_argv,
+    system_mounts,
+)
+from polar_env.tasks.images import swebench_image, swegym_image
 
 
 def test_runtimes_table_and_factory() -> None:
