@@ -47,6 +47,7 @@ READER_GRACE_S = 5.0
 SANDBOX_UID_BASE = 100_000
 SANDBOX_UID_SLOTS = 60_000
 ARGS_FD = "{ARGS_FD}"
+STAGE_PREFIX = "polar-stage-"
 _GIT = "git -c safe.directory='*' -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.relative=false"
 BASELINE_SCRIPT = (
     f"if [ ! -e .git ]; then {_GIT} init -q && {_GIT} add -A && "
@@ -278,7 +279,9 @@ class HostWorkspaceRuntime(abc.ABC):
         if reachable(root, uid):
             stage = root / "stage"
         else:  # e.g. a root_dir under a 0700 directory: reach the whole runtime through a stage
-            self._stage_base = stage = Path(tempfile.mkdtemp(prefix="polar-stage-"))
+            # named after the runtime, so leftovers.sweep finds it when this process dies
+            self._stage_base = stage = Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{root.name}"
+            stage.mkdir(mode=0o700)
             (stage / "r").mkdir()
             self._stage.append((str(root), str(stage / "r")))
         for i, src in enumerate(sources):

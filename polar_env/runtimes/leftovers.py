@@ -15,10 +15,11 @@ import fcntl
 import logging
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_env.runtimes.hostworkspace import _force_rmtree
+from polar_env.runtimes.hostworkspace import STAGE_PREFIX, _force_rmtree
 from polar_env.runtimes.limits import CGROUP_ROOT, GROUP, Cgroup
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ def sweep(base: Path) -> list[str]:
                     continue  # alive
                 runtimes = [p.name for p in inc.iterdir() if p.is_dir()]
                 _remove_cgroups(runtimes)
+                for name in runtimes:  # stage folders outside the runtime (hostworkspace.py)
+                    _force_rmtree(Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{name}")
                 _force_rmtree(inc)
                 removed.append(str(inc))
                 log.warning("removed %s (%d runtime folders) left by a dead node process", inc, len(runtimes))
