@@ -1,6 +1,8 @@
 """EVALUATORS: name → evaluator. Add one more with one module and one entry here, or from outside the
 package with ``@register_evaluator("name")``; ``get_evaluator`` also takes an import path
-(``"pkg.module:attr"``). ``run_evaluator`` is the one wrapper every evaluation goes through: a crash
+(``"pkg.module:attr"``). Every evaluator that runs the agent's code grades through the named integrity policy in
+``integrity.py`` (re-exported here for custom evaluators: ``fresh_graded_runtime`` is the one-call
+helper). ``run_evaluator`` is the one wrapper every evaluation goes through: a crash
 becomes an ERROR result with the exception in its report, an overrun a TIMEOUT.
 """
 
@@ -25,6 +27,18 @@ from polar_env.evaluators.base import (
 )
 from polar_env.evaluators.completion import SessionCompletion
 from polar_env.evaluators.harbor import HarborEvaluator
+from polar_env.evaluators.integrity import (
+    POLICIES,
+    Applied,
+    IntegrityParams,
+    IntegrityPolicy,
+    apply_restricted,
+    fresh_graded_runtime,
+    grading_env,
+    register_policy,
+    resolve_policy,
+    restrict_patch,
+)
 from polar_env.evaluators.output import OutputEvaluator
 from polar_env.evaluators.swebench import SweBenchEvaluator
 from polar_env.records import Status
@@ -32,14 +46,24 @@ from polar_env.runtimes.base import Runtime
 
 __all__ = [
     "EVALUATORS",
+    "POLICIES",
+    "Applied",
     "EvalContext",
     "EvalResult",
     "Evaluator",
     "EvaluatorSpec",
     "FunctionEvaluator",
+    "IntegrityParams",
+    "IntegrityPolicy",
+    "apply_restricted",
+    "fresh_graded_runtime",
     "get_evaluator",
+    "grading_env",
     "prewarm",
     "register_evaluator",
+    "register_policy",
+    "resolve_policy",
+    "restrict_patch",
     "run_evaluator",
 ]
 

@@ -1,9 +1,15 @@
 """``output``: check the final answer, a workspace file, or a command's exit code.
 
 Exactly one check per spec: ``regex`` (``re.search``), ``exact`` (string equality), ``json``
-(``{"path": "a.b.0", "equals": value}`` on the answer or file parsed as JSON) or ``command`` (run in
-the agent's runtime, or a fresh one with ``refresh_runtime``; passes on ``exit_code``). ``file``
-reads a workspace file instead of the final answer. A failed check is reward 0 with the reason.
+(``{"path": "a.b.0", "equals": value}`` on the answer or file parsed as JSON) or ``command`` (passes
+on ``exit_code``). ``file`` reads a workspace file instead of the final answer. A failed check is
+reward 0 with the reason.
+
+``command`` runs in a fresh runtime by default: the task's pristine base plus the agent's diff
+restricted by the grading-integrity policy (``integrity.py``), under the policy's isolated interpreter
+environment, so nothing the agent planted in its own ``$HOME``, ``/tmp`` or site directories runs.
+``refresh_runtime: false`` runs it in the agent's runtime instead (the report says ``runtime:
+"agent"``; the environment is still isolated, the diff filter cannot apply there).
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
+from polar_env.evaluators.integrity import (
+    IntegrityParams,
+    apply_restricted,
+    grading_env,
+    prepare_grading_home,
+    resolve_policy,
+)
 from polar_env.records import Status
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -43,7 +56,12 @@ class OutputCheck(BaseModel):
     ignore_case: bool = False
     strip: bool = True  # exact: compare with surrounding whitespace stripped
     timeout_s: float = 60.0
-    refresh_runtime: bool = False
+    refresh_runtime: bool | None = None  # default: True for command, False for the others
+    integrity: IntegrityParams = IntegrityParams()
+
+    @property
+    def fresh(self) -> bool:
+        return self.refresh_runtime if self.refresh_runtime is not None else self.command is not None
 
     @model_validator(mode="before")
     @classmethod
@@ -82,7 +100,7 @@ class OutputEvaluator:
             raise ConfigError(f"bad output evaluator spec {ctx.params!r}: {exc}") from exc
 
     def wants_fresh_runtime(self, ctx: EvalContext) -> bool:
-        return bool(ctx.params.get("refresh_runtime"))
+        return self.check_of(ctx).fresh
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         check = self.check_of(ctx)
@@ -90,7 +108,7 @@ class OutputEvaluator:
             return await self._command(ctx, check)
         report: dict[str, Any] = {"mode": check.mode}
         if check.file is not None:
-            runtime = await ctx.fresh_runtime() if check.refresh_runtime else ctx.agent_runtime()
+            runtime = await ctx.fresh_runtime() if check.fresh else ctx.agent_runtime()
             path = posixpath.join(runtime.spec.workdir, check.file)
             report["file"] = path
             try:
@@ -120,10 +138,28 @@ class OutputEvaluator:
 
     async def _command(self, ctx: EvalContext, check: OutputCheck) -> EvalResult:
         assert check.command is not None
-        runtime = await ctx.fresh_runtime() if check.refresh_runtime else ctx.agent_runtime()
-        res = await runtime.exec(check.command, cwd=runtime.spec.workdir, timeout_s=check.timeout_s)
-        report: dict[str, Any] = {
-            "mode": "command",
+        policy = resolve_policy(check.integrity)
+        report: dict[str, Any] = {"mode": "command", "policy": policy.name if policy.enabled else "off",
+                                  "dropped_paths": [], "flagged": []}
+        if check.fresh:
+            runtime = await ctx.fresh_runtime()
+            patch = ctx.patch if ctx.patch is not None else await ctx.agent_runtime().diff() if ctx.runtime else ""
+            report["runtime"] = "fresh"
+            if patch.strip():
+                applied = await apply_restricted(runtime, patch, policy)
+                report.update(applied.as_report())
+                if not applied.applied:
+                    return _verdict(False, "the agent's diff does not apply to a fresh runtime",
+                                    {**report, "apply_logs": applied.logs})
+            else:
+                await prepare_grading_home(runtime, policy)
+        else:
+            runtime = ctx.agent_runtime()
+            report["runtime"] = "agent"
+            await prepare_grading_home(runtime, policy)
+        workdir = runtime.spec.workdir
+        res = await runtime.exec(check.command, env=grading_env(policy, workdir), cwd=workdir, timeout_s=check.timeout_s)
+        report |= {
             "command": check.command,
             "exit_code": res.exit_code,
             "output_tail": res.output[-OUTPUT_TAIL_CHARS:],

@@ -1,10 +1,13 @@
 """``swebench``: grade the agent's diff the way the SWE-bench harness does, reusing swebench 5.x's
 grading library (``make_test_spec``, ``get_eval_report`` and its log parsers).
 
-Flow: the agent's diff → a fresh runtime holding the repo at base_commit → apply with the harness's
-fallback chain (reset between attempts) → put the test patch's files back to base_commit (an added
+Flow: the agent's diff → a fresh runtime holding the repo at base_commit → the diff restricted by the
+task's grading-integrity policy (``integrity.py``: runner config, conftest files, import hooks and
+test files dropped, each listed in ``dropped_paths``) → apply with the harness's fallback chain (reset
+between attempts) → put the test patch's files back to base_commit (an added
 test file the agent wrote is removed, so the test patch cannot fail to apply and leave the agent's
-version in place) → run the instance's eval script, stdout and stderr merged → grade FAIL_TO_PASS /
+version in place) → run the instance's eval script in the policy's isolated interpreter environment,
+stdout and stderr merged → grade FAIL_TO_PASS /
 PASS_TO_PASS. swebench is an optional extra, imported on first use (it pulls docker, modal and
 datasets in at import time). Running containers is the runtime's job, never swebench's.
 """
@@ -24,6 +27,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
+from polar_env.evaluators.integrity import (
+    GIT_ENV,
+    IntegrityParams,
+    apply_restricted,
+    grading_env,
+    prepare_grading_home,
+    resolve_policy,
+)
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 from polar_env.tasks.swe import (
@@ -33,18 +44,6 @@ from polar_env.tasks.swe import (
     build_eval_script,
 )
 
-# The SWE-bench harness's order: strict first, then three-way merge, then partial hunks, then fuzz.
-APPLY_COMMANDS = (
-    "git apply --verbose {patch}",
-    "git apply --verbose --3way {patch}",
-    "git apply --verbose --reject {patch}",
-    "patch --batch --forward --fuzz=5 -p1 -i {patch}",
-)
-# `git reset` first: a failed --3way leaves unmerged index entries that `git checkout -- .` refuses.
-RESET_COMMAND = "git reset -q && git checkout -- . && git clean -fd"
-# Repos copied into a runtime may belong to another uid; git then refuses them as "dubious".
-GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
-PATCH_FILE = ".git/polar_model.patch"  # inside .git: invisible to git status, git clean and the diff
 EVAL_FILE = ".git/polar_eval.sh"
 
 
@@ -57,6 +56,7 @@ class SweBenchParams(BaseModel):
     skip_empty_patch: bool = True  # an empty diff is not resolved; do not spend a test run proving it
     log_tail_chars: int = 20_000
     test_command: str | None = None  # builds a swebench-layout eval script for rows that have none
+    integrity: IntegrityParams = IntegrityParams()  # the grading-integrity policy and the task's allow-list
 
 
 @functools.cache
@@ -106,19 +106,27 @@ class SweBenchEvaluator:
         runtime = await ctx.fresh_runtime() if params.refresh_runtime else ctx.agent_runtime()
         timings["runtime"] = _since(started)
         workdir = runtime.spec.workdir
+        policy = resolve_policy(params.integrity)
+        report.update({"policy": policy.name if policy.enabled else "off", "dropped_paths": [], "flagged": []})
         if params.refresh_runtime and patch.strip():
             started = time.monotonic()
-            method, logs = await _apply(runtime, patch, params.apply_timeout_s)
+            applied = await apply_restricted(runtime, patch, policy, test_files=list(task.test_files()),
+                                             timeout_s=params.apply_timeout_s)
             timings["apply"] = _since(started)
-            report["apply_logs"] = logs
-            if method is None:
+            report.update(applied.as_report())
+            report["apply_logs"] = applied.logs
+            if not applied.applied:
                 return _unresolved(report, "patch does not apply")
-            report["apply_method"] = method
+            report["apply_method"] = applied.method
+        else:
+            report["runtime"] = "agent"  # graded in place: the policy's environment applies, its diff filter cannot
+            await prepare_grading_home(runtime, policy)
         await _reset_test_files(runtime, task)
 
         started = time.monotonic()
         await runtime.write_file(posixpath.join(workdir, EVAL_FILE), spec.eval_script.encode())
-        run = await runtime.exec(f"bash {EVAL_FILE}", env=GIT_ENV, cwd=workdir, timeout_s=params.timeout_s)
+        run = await runtime.exec(f"bash {EVAL_FILE}", env=grading_env(policy, workdir), cwd=workdir,
+                                 timeout_s=params.timeout_s)
         timings["eval"] = _since(started)
         report["eval_exit_code"] = run.exit_code
         report["log_tail"] = run.output[-params.log_tail_chars :]
@@ -156,27 +164,6 @@ def _test_spec(task: SweTask, params: SweBenchParams) -> Any:
             base_commit=task.base_commit, test_patch=task.test_patch, test_command=params.test_command
         )
     return make_test_spec(task.to_swebench_instance(script))
-
-
-async def _apply(runtime: Runtime, patch: str, timeout_s: float) -> tuple[str | None, list[dict[str, Any]]]:
-    """Try each apply command in turn; returns (the one that worked or None, one log per attempt)."""
-    workdir = runtime.spec.workdir
-    await runtime.write_file(
-        posixpath.join(workdir, PATCH_FILE), (patch if patch.endswith("\n") else patch + "\n").encode()
-    )
-    logs: list[dict[str, Any]] = []
-    for template in APPLY_COMMANDS:
-        command = template.format(patch=PATCH_FILE)
-        res = await runtime.exec(command, env=GIT_ENV, cwd=workdir, timeout_s=timeout_s)
-        logs.append(
-            {"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out, "output": res.output[-4000:]}
-        )
-        if res.exit_code == 0 and not res.timed_out:
-            return template.replace(" -i {patch}", "").replace(" {patch}", ""), logs
-        reset = await runtime.exec(RESET_COMMAND, env=GIT_ENV, cwd=workdir, timeout_s=timeout_s)
-        if reset.exit_code != 0:
-            raise RuntimeError(f"cannot reset the grading workspace after a failed apply: {reset.output[-2000:]}")
-    return None, logs
 
 
 async def _reset_test_files(runtime: Runtime, task: SweTask) -> None:

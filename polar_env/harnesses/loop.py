@@ -56,7 +56,7 @@ class LoopSettings:
 
 @dataclass(frozen=True, slots=True)
 class LoopOutcome:
-    exit_code: int  # 0: answered; 1: the gateway refused a turn; 2: max_turns reached
+    exit_code: int  # 0: answered; 1: the gateway refused a turn; 2: max_turns reached; 3: a runtime limit was hit
     turns: int
     final_answer: str | None
     output: str
@@ -95,6 +95,10 @@ async def run_loop_agent(runtime: Runtime | None, *, socket: Path | None, base_u
                 output = await _run_tool(runtime, call, settings)
                 log.append(f"turn {turn}: {call['function']['name']} -> {output[:200]!r}")
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+                hit = getattr(runtime, "limit_hit", None)
+                if hit is not None:  # the runtime killed the session's processes: stop here
+                    log.append(f"turn {turn}: session limit: {hit}")
+                    return LoopOutcome(3, turn, None, "\n".join(log), time.monotonic() - started)
     return LoopOutcome(2, settings.max_turns, None, "\n".join(log), time.monotonic() - started)
 
 
@@ -112,5 +116,10 @@ async def _run_tool(runtime: Runtime | None, call: dict[str, Any], settings: Loo
     if runtime is None:
         return "error: this session has no runtime to run commands in"
     result = await runtime.exec(["bash", "-lc", command], cwd=runtime.spec.workdir, timeout_s=settings.command_timeout_s)
-    text = result.output[-TOOL_OUTPUT_LIMIT:]
+    text = result.output
+    if len(text) > TOOL_OUTPUT_LIMIT:  # head and tail, and the model is told what it did not see
+        half = TOOL_OUTPUT_LIMIT // 2
+        dropped = getattr(result, "truncated_bytes", 0)
+        more = f"; {dropped} more bytes of output were dropped by the runtime's output cap" if dropped else ""
+        text = f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated{more} ...]\n{text[-half:]}"
     return f"{text}\n[exit code {result.exit_code}{', timed out' if result.timed_out else ''}]"

@@ -17,6 +17,24 @@ from polar_env.errors import RequestError
 from polar_env.qwen.template import content_text
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
+MAX_ARGUMENT_DEPTH = 128  # nesting of tool-call arguments; the template re-parses them recursively
+
+
+def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` (iterative: no recursion of our own)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _check_arguments(call: Any, where: str) -> None:
@@ -29,8 +47,12 @@ def _check_arguments(call: Any, where: str) -> None:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
             raise RequestError(f"{where}: tool call arguments are not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise RequestError(f"{where}: tool call arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels") from None
     if not isinstance(args, Mapping):
         raise RequestError(f"{where}: tool call arguments must be a JSON object")
+    if _too_deep(args):
+        raise RequestError(f"{where}: tool call arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels")
 
 
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:

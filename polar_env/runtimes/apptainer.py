@@ -23,8 +23,12 @@ through ``APPTAINERENV_HOME``). ``IMAGE`` is a ``.sif``, a sandbox directory or 
 variables (``--cleanenv`` keeps those and drops the rest of the host's), so values never appear in
 argv; PATH is the image's unless ``spec.env`` sets it. The relay is per exec (launch mode, like the
 sandbox): with ``--network none`` every exec has its own network namespace; ``relay.py`` brings ``lo``
-up if Apptainer left it down. ``spec.memory_mb``/``spec.pids_limit`` are not enforced (rootless
-Apptainer has no cgroup limits without systemd delegation).
+up if Apptainer left it down.
+
+Limits (``limits.py``): each exec joins the runtime's own cgroup first when the host gives one (as
+root, or a delegated v2 subtree), else rlimits; with ``cgroup_flags=True`` (clusters whose Apptainer
+has cgroup support: root, or rootless with systemd delegation) Apptainer's own ``--memory`` and
+``--pids-limit`` are passed as well. Output, patch and disk caps are the shared ones.
 
 CI has never run a real Apptainer (none is installable on Debian 12): the lifecycle is tested with a
 fake ``apptainer`` that maps ``exec`` onto bwrap with a directory image
@@ -37,11 +41,12 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import RuntimeSpec
-from polar_env.runtimes.sandbox import GATEWAY_SOCKET, HOME, RELAY_PATH, RELAY_SOURCE, HostWorkspaceRuntime, _inside
+from polar_env.runtimes.hostworkspace import HOME, HostWorkspaceRuntime, _inside
+from polar_env.runtimes.sandbox import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 
 APPTAINER_INSTALL = "install Apptainer (https://apptainer.org/docs/admin/main/installation.html); Debian 12 has no package"
 URI_SCHEMES = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
@@ -67,6 +72,8 @@ def apptainer_argv(
     command: Sequence[str],
     gateway_socket: Path | None = None,
     binds: Sequence[tuple[Path, str]] = (),
+    memory_mb: int | None = None,
+    pids_limit: int | None = None,
 ) -> list[str]:
     """The exact ``apptainer exec`` command line for one exec (see the module docstring)."""
     b = _bind_part
@@ -76,6 +83,10 @@ def apptainer_argv(
         argv += ["-B", f"{b(RELAY_SOURCE)}:{RELAY_PATH}:ro", "-B", f"{b(gateway_socket)}:{GATEWAY_SOCKET}"]
     for src, dst in binds:
         argv += ["-B", f"{b(src)}:{b(dst)}:ro"]
+    if memory_mb is not None:
+        argv += ["--memory", f"{memory_mb}M", "--memory-swap", f"{memory_mb}M"]
+    if pids_limit is not None:
+        argv += ["--pids-limit", str(pids_limit)]
     argv += ["--net", "--network", "none", image, *command]
     return argv
 
@@ -96,8 +107,10 @@ class ApptainerRuntime(HostWorkspaceRuntime):
 
     name: ClassVar[str] = "apptainer"
 
-    def __init__(self, spec: RuntimeSpec, *, root_dir: str | Path | None = None, binary: str | None = None) -> None:
+    def __init__(self, spec: RuntimeSpec, *, root_dir: str | Path | None = None, binary: str | None = None,
+                 cgroup_flags: bool = False) -> None:
         super().__init__(spec, root_dir=root_dir)
+        self._cgroup_flags = cgroup_flags
         self._binary_hint = binary
         self._binary: str | None = None
 
@@ -129,7 +142,16 @@ class ApptainerRuntime(HostWorkspaceRuntime):
             command=argv,
             gateway_socket=Path(self.spec.gateway_socket) if self.relay_enabled and self.spec.gateway_socket else None,
             binds=self.spec.binds,
+            memory_mb=self.spec.memory_mb if self._cgroup_flags else None,
+            pids_limit=self.spec.pids_limit if self._cgroup_flags else None,
         )
+
+    def limits_report(self) -> dict[str, Any]:
+        report = super().limits_report()
+        if self._cgroup_flags and report:
+            for key, flag in (("memory_mb", "--memory"), ("pids_limit", "--pids-limit")):
+                report["mechanisms"][key] = f"apptainer {flag} (cgroups) + {report['mechanisms'][key]}"
+        return report
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {"LANG": "C.UTF-8", **self.spec.env, **(extra or {})}

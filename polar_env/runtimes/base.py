@@ -30,8 +30,12 @@ class RuntimeSpec(BaseModel):
     gateway_socket: Path | None = None  # the gateway's unix socket, bridged to 127.0.0.1:gateway_port
     gateway_port: int = 8100
     network: Literal["gateway", "none"] = "gateway"  # "gateway": loopback + the bridged gateway only
-    memory_mb: int | None = None
-    pids_limit: int | None = None
+    # per-session limits (None: unlimited); see runtimes/limits.py for how each runtime enforces them
+    pids_limit: int | None = Field(default=1024, ge=16)
+    memory_mb: int | None = Field(default=4096, ge=64)
+    disk_mb: int | None = Field(default=8192, ge=16)  # the writable trees (workspace, /tmp, HOME)
+    output_mb: float = Field(default=8, gt=0)  # merged output kept per exec (head and tail; marker between)
+    patch_mb: float = Field(default=32, gt=0)  # the agent's diff
     binds: list[tuple[Path, str]] = Field(default_factory=list)  # extra read-only binds (e.g. harness installs)
 
 
@@ -54,6 +58,8 @@ class ExecResult:
     output: str  # stdout and stderr merged, in order (SWE-bench markers arrive on stderr)
     timed_out: bool
     duration_s: float
+    limit: str | None = None  # the limit this exec (or its session) hit, e.g. "memory_mb=4096 exceeded (...)"
+    truncated_bytes: int = 0  # output dropped by the output_mb cap
 
 
 @dataclass(slots=True)

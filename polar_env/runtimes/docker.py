@@ -16,13 +16,24 @@ prepare:
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
   (SWE-bench/SWE-Gym images have one).
 
-exec: ``exec_run`` of ``timeout -s KILL <t> /bin/sh -c 'exec "$@" 2>&1' sh CMD...`` (coreutils
-``timeout`` must exist in the image; checked at prepare), so stderr shares stdout's pipe (output
-merged in order) and the whole process group is killed at the deadline. ``timed_out`` is set when
+exec: ``docker exec`` (the CLI, as an asyncio subprocess: no thread per running exec, output
+streamed through the ``output_mb`` cap) of ``timeout -s KILL <t> /bin/sh -c 'exec "$@" 2>&1' sh
+CMD...`` (coreutils ``timeout`` must exist in the image; checked at prepare), so stderr shares
+stdout's pipe (output merged in order) and the whole process group is killed at the deadline. The
+environment reaches ``docker exec`` as ``-e NAME`` with the values in the CLI's own environment,
+never in argv. Without the CLI, the SDK's ``exec_run`` runs on the bounded executor instead. The
+SDK's blocking calls (create, put_archive, remove) run on one bounded executor (``EXECUTOR``,
+``POLAR_DOCKER_THREADS`` threads), never the default one. ``timed_out`` is set when
 the exec ended by SIGKILL/124 at or after the deadline, and ``exit_code`` is then 124. A host-side
 watchdog (deadline + 30 s) covers a hung daemon. Processes that escaped the group with ``setsid``
 live on until ``stop``. ``diff`` runs git inside the container; ``read_file`` is ``cat`` inside;
 ``write_file`` is ``put_archive``. ``stop`` removes the container (force) and is idempotent.
+
+Limits: ``pids_limit`` and ``memory_mb`` are Docker's own (``--pids-limit``, ``--memory`` with swap
+off); an OOM kill or a refused fork inside is read from the container's cgroup on this host and ends
+the session like in the other runtimes. ``disk_mb`` is a watchdog (``du`` inside, at most every
+``DISK_CHECK_S``; ``storage_opt`` needs xfs project quotas); ``output_mb`` and ``patch_mb`` are the
+shared stream caps.
 
 Containers carry the label ``polar_env.runtime=docker``; after a crash, leftovers can be removed with
 ``docker rm -f $(docker ps -aq --filter label=polar_env.runtime)``. Bind mounts (gateway socket,
@@ -33,20 +44,25 @@ so the gateway must keep the same socket file for the container's lifetime.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
 import os
 import posixpath
+import shutil
 import socket
 import tarfile
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
+from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 from polar_env.runtimes.sandbox import (
     BASELINE_SCRIPT,
     DIFF_SCRIPT,
@@ -64,6 +80,31 @@ LABEL = "polar_env.runtime"
 WATCHDOG_GRACE_S = 30.0
 IDLE_LOOP = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done"]
 DOCKER_INSTALL = "pip install 'docker>=7'"
+DISK_CHECK_S = 5.0
+LIMIT_EXIT_CODE = 137
+EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("POLAR_DOCKER_THREADS", "8")),
+                              thread_name_prefix="polar-docker")
+
+
+async def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
+    """A blocking SDK call on the bounded Docker executor."""
+    return await asyncio.get_running_loop().run_in_executor(EXECUTOR, fn, *args)
+
+
+def _container_cgroup(container_id: str) -> Cgroup | None:
+    """The container's cgroup on this host (cgroupfs v1, or v2 under docker/ or system.slice)."""
+    root = Path("/sys/fs/cgroup")
+    v1 = (root / "memory" / "docker" / container_id, root / "pids" / "docker" / container_id)
+    if v1[0].is_dir():
+        group = Cgroup("v1", list(v1), [], memory_events=v1[0] / "memory.oom_control", pids_events=v1[1] / "pids.events")
+    else:
+        d = next((c for c in (root / "docker" / container_id, root / "system.slice" / f"docker-{container_id}.scope")
+                  if c.is_dir()), None)
+        if d is None:
+            return None
+        group = Cgroup("v2", [d], [], memory_events=d / "memory.events", pids_events=d / "pids.events")
+    group.baseline = group.counters()
+    return group
 
 
 def docker_host() -> str:
@@ -135,6 +176,10 @@ class DockerRuntime:
         self._init = init
         self._container: Any = None
         self._stopped = False
+        self._cli = shutil.which("docker")
+        self._cgroup: Cgroup | None = None
+        self.limit_hit: str | None = None
+        self._last_disk = 0.0
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def _connect(self) -> Any:
@@ -215,14 +260,15 @@ class DockerRuntime:
             raise ConfigError(f"workdir must be absolute, got {self.spec.workdir!r}")
         check_host_paths(self.spec)
         try:
-            await asyncio.to_thread(self._create)
+            await _blocking(self._create)
+            self._cgroup = _container_cgroup(self._container.id)
             probe = await self._exec_raw(["/bin/sh", "-c", "command -v timeout"], None, None, demux=True)
             if probe[0] != 0:
                 raise ConfigError(f"docker image {self.spec.image} has no `timeout` (coreutils); exec needs it")
             if self.spec.source_dir is not None:
-                await asyncio.to_thread(self._put_workspace)
+                await _blocking(self._put_workspace)
             if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
-                await asyncio.to_thread(
+                await _blocking(
                     self._container.put_archive, POLAR_RUN_DIR, _tar_file(posixpath.basename(RELAY_PATH), RELAY_SOURCE.read_bytes())
                 )
                 code, out = await self._exec_raw(
@@ -233,7 +279,7 @@ class DockerRuntime:
                     None, None, demux=False,
                 )  # fmt: skip
                 if code != 0:
-                    text = out.decode("utf-8", "replace").strip()
+                    text = out.text().strip()
                     raise ConfigError(f"docker: the gateway relay does not start in {self.spec.image} (needs python3): {text}")
             res = await self.exec(BASELINE_SCRIPT, timeout_s=120)
             if res.exit_code != 0:
@@ -268,7 +314,7 @@ class DockerRuntime:
             if self._own_client and self._client is not None:
                 self._client.close()
 
-        await asyncio.to_thread(remove)
+        await _blocking(remove)
 
     # ----- exec --------------------------------------------------------------------------------
     def _live(self) -> Any:
@@ -277,33 +323,102 @@ class DockerRuntime:
         return self._container
 
     async def _exec_raw(
-        self, argv: list[str], env: dict[str, str] | None, cwd: str | None, *, demux: bool, watchdog_s: float | None = None
+        self, argv: list[str], env: dict[str, str] | None, cwd: str | None, *, demux: bool,
+        watchdog_s: float | None = None, cap: int | None = None,
     ) -> tuple[int, Any]:
+        """(exit code, output) — ``(stdout, stderr)`` with ``demux`` — each capped at ``cap`` bytes
+        (a ``CappedBuffer``); streams from ``docker exec`` without holding a thread."""
         container = self._live()
+        cap = cap if cap is not None else int(self.spec.output_mb * MIB)
+        out, err = CappedBuffer(cap), CappedBuffer(cap, what="stderr")
+        if self._cli is None:  # no CLI: the SDK on the bounded executor (output arrives whole)
+            def run() -> tuple[int, Any]:
+                res = container.exec_run(argv, environment=env or None, workdir=cwd or self.spec.workdir, demux=demux)
+                return res.exit_code, res.output
 
-        def run() -> tuple[int, Any]:
-            res = container.exec_run(argv, environment=env or None, workdir=cwd or self.spec.workdir, demux=demux)
-            return res.exit_code, res.output
+            fut = _blocking(run)
+            code, raw = await (asyncio.wait_for(fut, watchdog_s) if watchdog_s is not None else fut)
+            if demux:
+                out.add(raw[0] or b"")
+                err.add(raw[1] or b"")
+                return code, (out, err)
+            out.add(raw or b"")
+            return code, out
+        names = sorted(env or {})
+        cli = [self._cli, "exec", "-w", cwd or self.spec.workdir, *(x for n in names for x in ("-e", n)), container.id, *argv]
+        proc = await asyncio.create_subprocess_exec(
+            *cli, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **(env or {}), "DOCKER_HOST": docker_host()}, start_new_session=True)
 
-        if watchdog_s is None:
-            return await asyncio.to_thread(run)
-        return await asyncio.wait_for(asyncio.to_thread(run), watchdog_s)
+        async def drain(stream: asyncio.StreamReader | None, into: CappedBuffer) -> None:
+            while stream is not None and (chunk := await stream.read(65536)):
+                into.add(chunk)
+
+        readers = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err if demux else out))
+        try:
+            await (asyncio.wait_for(proc.wait(), watchdog_s) if watchdog_s is not None else proc.wait())
+            await asyncio.wait_for(readers, 10)
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+            readers.cancel()
+        code = proc.returncode
+        return code, ((out, err) if demux else out)
 
     async def exec(
         self, command: str | list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, timeout_s: float = 600.0
     ) -> ExecResult:
+        if self.limit_hit is not None:
+            return ExecResult(LIMIT_EXIT_CODE, f"[polar_env: {self.limit_hit}]", False, 0.0, limit=self.limit_hit)
         argv = timeout_argv(shell_argv(command), timeout_s)
         start = time.monotonic()
+        truncated = 0
         try:
-            code, out = await self._exec_raw(argv, env, cwd, demux=False, watchdog_s=timeout_s + WATCHDOG_GRACE_S)
+            code, buf = await self._exec_raw(argv, env, cwd, demux=False, watchdog_s=timeout_s + WATCHDOG_GRACE_S)
+            text, truncated = buf.text(), max(buf.truncated, 0)
         except TimeoutError:
-            code, out = TIMEOUT_EXIT_CODE, b"[polar_env: docker exec did not return; watchdog fired]\n"
+            code, text = TIMEOUT_EXIT_CODE, "[polar_env: docker exec did not return; watchdog fired]\n"
         duration = time.monotonic() - start
         timed_out = code in (TIMEOUT_EXIT_CODE, 137, -9) and duration >= timeout_s
         if timed_out:
             code = TIMEOUT_EXIT_CODE
         self.timings.exec_s.append(duration)
-        return ExecResult(code, (out or b"").decode("utf-8", "replace"), timed_out, duration)
+        hit = await self._check_limits()
+        return ExecResult(LIMIT_EXIT_CODE if hit else code, text, timed_out, duration, limit=hit, truncated_bytes=truncated)
+
+    async def _check_limits(self) -> str | None:
+        if self.limit_hit is None and self._cgroup is not None and (which := self._cgroup.hit()) is not None:
+            why = "OOM kill" if which == "memory_mb" else "fork refused"
+            await self._trip(which, f"docker --{'memory' if which == 'memory_mb' else 'pids-limit'} (cgroup)", why)
+        if (self.limit_hit is None and self.spec.disk_mb is not None and self._container is not None
+                and time.monotonic() - self._last_disk >= DISK_CHECK_S):
+            self._last_disk = time.monotonic()
+            dirs = sorted({self.spec.workdir, "/tmp", "/root"})
+            code, buf = await self._exec_raw(["du", "-skxc", *dirs], None, "/", demux=True, cap=MIB)
+            lines = buf[0].text().split()
+            used_kib = int(lines[-2]) if code in (0, 1) and len(lines) >= 2 and lines[-2].isdigit() else 0
+            if used_kib * 1024 > self.spec.disk_mb * MIB:
+                await self._trip("disk_mb", f"watchdog (du inside, every {DISK_CHECK_S:g} s)", f"{used_kib // 1024} MiB written")
+        return self.limit_hit
+
+    async def _trip(self, limit: str, mechanism: str, why: str) -> None:
+        self.limit_hit = f"{limit}={getattr(self.spec, limit)} ({mechanism}): {why}"
+        log.warning("docker runtime: %s; killing the container", self.limit_hit)
+        container = self._container
+        if container is not None:
+            with contextlib.suppress(Exception):
+                await _blocking(container.kill)
+
+    def limits_report(self) -> dict[str, Any]:
+        spec = self.spec
+        return {"limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
+                "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",
+                               "memory_mb": "docker --memory, swap off (cgroup)" if spec.memory_mb else "none",
+                               "disk_mb": f"watchdog (du inside, every {DISK_CHECK_S:g} s)" if spec.disk_mb else "none",
+                               "output_mb": "stream cap on docker exec", "patch_mb": "stream cap on diff()"},
+                "hit": self.limit_hit}
 
     # ----- files and diff ----------------------------------------------------------------------
     async def write_file(self, path: str, data: bytes) -> None:
@@ -313,7 +428,7 @@ class DockerRuntime:
         parent, name = posixpath.split(path)
         code, out = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False)
         if code != 0:
-            raise ConfigError(f"docker: cannot create {parent}: {out.decode('utf-8', 'replace').strip()}")
+            raise ConfigError(f"docker: cannot create {parent}: {out.text().strip()}")
         container = self._live()
 
         def put() -> None:
@@ -326,26 +441,31 @@ class DockerRuntime:
             if not ok:
                 raise ConfigError(f"docker: cannot write {path}")
 
-        await asyncio.to_thread(put)
+        await _blocking(put)
 
     async def read_file(self, path: str) -> bytes:
         if not path.startswith("/"):
             raise ConfigError(f"runtime paths must be absolute, got {path!r}")
-        code, (out, err) = await self._exec_raw(["cat", "--", path], None, "/", demux=True)
+        code, (out, err) = await self._exec_raw(["cat", "--", path], None, "/", demux=True, cap=int(self.spec.patch_mb * MIB))
         if code != 0:
-            msg = (err or b"").decode("utf-8", "replace").strip()
+            msg = err.text().strip()
             if "No such file" in msg:
                 raise FileNotFoundError(path)
             raise ConfigError(f"docker: cannot read {path}: {msg}")
-        return out or b""
+        if out.truncated > 0:
+            raise LimitExceeded("patch_mb", f"{path} is over {self.spec.patch_mb:g} MiB")
+        return out.data()
 
     async def diff(self) -> str:
         argv = ["timeout", "-s", "KILL", "300", "/bin/sh", "-c", DIFF_SCRIPT]  # stdout alone: the patch
-        code, (out, err) = await self._exec_raw(argv, None, None, demux=True)
+        if self.limit_hit is not None:
+            raise LimitExceeded(self.limit_hit.split("=", 1)[0], self.limit_hit)
+        code, (out, err) = await self._exec_raw(argv, None, None, demux=True, cap=int(self.spec.patch_mb * MIB))
+        if out.truncated > 0:
+            raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={self.spec.patch_mb:g}")
         if code != 0:
-            msg = (err or b"").decode("utf-8", "replace").strip()
-            raise ConfigError(f"docker: git diff failed in {self.spec.workdir} (exit {code}): {msg}")
-        return (out or b"").decode("utf-8", "replace")
+            raise ConfigError(f"docker: git diff failed in {self.spec.workdir} (exit {code}): {err.text().strip()}")
+        return out.data().decode("utf-8", "replace")
 
     async def __aenter__(self) -> Self:
         await self.prepare()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
 from polar_env.errors import ConfigError
-from polar_env.staging.node import GatewayNode, NodeConfig, node_actor
+from polar_env.staging.node import GatewayNode, NodeConfig, node_actor, runtime_base
 from polar_env.staging.server import LocalNode, NodeHandle, RayNode, RolloutServer
 
 
@@ -36,6 +37,7 @@ class Cluster:
     handles: list[NodeHandle]
     local_nodes: list[GatewayNode] = field(default_factory=list)
     actors: list[Any] = field(default_factory=list)
+    runtime_base: Path | None = None  # swept at the end for what dead node processes left
 
     async def aclose(self) -> None:
         await self.server.aclose()
@@ -47,6 +49,11 @@ class Cluster:
                     ray.kill(actor)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
+        if self.runtime_base is not None:
+            from polar_env.runtimes import leftovers
+
+            await asyncio.sleep(0.5)  # a killed actor's process releases its lock as it exits
+            await asyncio.to_thread(leftovers.sweep, self.runtime_base)
 
 
 def init_ray(address: str | None) -> None:
@@ -74,9 +81,9 @@ async def start_cluster(config: ClusterConfig, engine: EngineClient | None = Non
     actor_cls = node_actor()
     # num_cpus=0: nodes are mostly I/O (HTTP, subprocesses); do not let Ray's CPU count cap them
     actors = [actor_cls.options(num_cpus=0, max_concurrency=10_000).remote(c.model_dump_json()) for c in configs]
-    handles = [RayNode(c.node_id, a) for c, a in zip(configs, actors, strict=True)]
+    handles = [RayNode(c.node_id, a, store=Path(c.store) / c.node_id) for c, a in zip(configs, actors, strict=True)]
     await asyncio.gather(*(a.start.remote() for a in actors))
-    return Cluster(RolloutServer(handles), handles, actors=actors)
+    return Cluster(RolloutServer(handles), handles, actors=actors, runtime_base=runtime_base(config.node))
 
 
 def server_actor() -> Any:

@@ -143,6 +143,9 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
             except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
                 run.status, run.error = SessionStatus.ERROR, f"harness failed: {_one_line(exc)}"
             finally:
+                hit = getattr(run.runtime, "limit_hit", None)
+                if hit is not None:  # the runtime ended the session: say which limit, whatever else happened
+                    run.status, run.error = SessionStatus.ERROR, f"limit exceeded: {hit}"
                 _enter(node, run, Stage.POSTRUN)  # off the engine: the RUNNING slot frees now
     finally:
         if holds_place:
@@ -224,7 +227,8 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
     return SessionResult(
         session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
         node_id=node.node_id, status=run.status, reward=reward, evaluation=evaluation, trajectory=trajectory,
-        stage_times=run.stage_times, records=len(records), harness_exit_code=run.exit_code, error=run.error)
+        stage_times=run.stage_times, records=len(records), harness_exit_code=run.exit_code, error=run.error,
+        limits=outcome["limits"])
 
 
 async def _build(builder: str, records: list[Any], run: Run) -> Trajectory | None:
@@ -240,8 +244,10 @@ async def _build(builder: str, records: list[Any], run: Run) -> Trajectory | Non
 
 
 def _outcome(run: Run, reward: float, evaluation: dict[str, Any], records: list[Any], node: GatewayNode) -> dict[str, Any]:
+    limits = getattr(run.runtime, "limits_report", None)
     return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, node.node_id),
             "status": run.status.value, "reward": reward, "evaluation": evaluation,
+            "limits": limits() if limits is not None else {},
             "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None}),
             "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "error": run.error}
 

@@ -114,6 +114,7 @@ class SessionResult(BaseModel):
     records: int = 0  # captured engine calls
     harness_exit_code: int | None = None
     error: str | None = None
+    limits: dict[str, Any] = Field(default_factory=dict)  # per limit: value, mechanism; which was hit
 
     @property
     def usable(self) -> bool:

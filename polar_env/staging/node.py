@@ -102,6 +102,11 @@ class MeteredEngine:
         await self.inner.aclose()
 
 
+def runtime_base(config: NodeConfig) -> Path:
+    """Where this node's runtime folders live: ``<runtime_root or $TMPDIR/polar-runtimes>/<node_id>/<pid-…>``."""
+    return Path(config.runtime_root) if config.runtime_root is not None else Path(tempfile.gettempdir()) / "polar-runtimes"
+
+
 class GatewayNode:
     def __init__(self, config: NodeConfig, engine: EngineClient | None = None) -> None:
         """``engine``: an already-built client to use instead of ``config.engine`` (an in-process
@@ -123,6 +128,7 @@ class GatewayNode:
         self._sock_dir: Path | None = None
         self._harnesses: dict[str, HarnessSpec] = {}
         self._install_locks: dict[str, asyncio.Lock] = {}
+        self._incarnation: Any = None  # this process's locked runtime folder (runtimes/leftovers.py)
         self.started_at = time.monotonic()
         self.completed = 0
 
@@ -134,6 +140,11 @@ class GatewayNode:
 
         if self.config.template not in QUIRKS:
             raise ConfigError(f"unknown template {self.config.template!r}; known: {sorted(QUIRKS)}")
+        from polar_env.runtimes import leftovers
+
+        base = runtime_base(self.config)
+        await asyncio.to_thread(leftovers.sweep, base)  # what dead node processes left (repo copies, cgroups)
+        self._incarnation = await asyncio.to_thread(leftovers.claim, base, self.node_id)
         if self.engine is None:
             self.engine = await asyncio.to_thread(build_engine, self.config.engine)
         model = getattr(self.engine, "model_name", None)
@@ -176,6 +187,9 @@ class GatewayNode:
             self._runner = None
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
+        if self._incarnation is not None:
+            await asyncio.to_thread(self._incarnation.release)
+            self._incarnation = None
 
     # -- sessions -----------------------------------------------------------------------------
     async def run(self, spec: SessionSpec) -> SessionResult:
@@ -256,8 +270,8 @@ class GatewayNode:
                 spec = await asyncio.to_thread(with_harness, spec, harness, self.harness_cache,
                                                install=self.config.install_harnesses)
         options: dict[str, Any] = {}
-        if self.config.runtime_root is not None and spec.kind in ("sandbox", "apptainer"):
-            options["root_dir"] = self.config.runtime_root
+        if self._incarnation is not None and spec.kind in ("sandbox", "apptainer"):
+            options["root_dir"] = self._incarnation.path
         return await prepared(self.make_runtime(spec, session.session_id, **options))
 
     def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Runtime:

@@ -17,6 +17,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -81,9 +82,10 @@ class NodeDied(Exception):
 class RayNode:
     """A node actor. Ray's actor errors (the process died) become ``NodeDied``."""
 
-    def __init__(self, node_id: str, actor: Any) -> None:
+    def __init__(self, node_id: str, actor: Any, store: Path | None = None) -> None:
         self.node_id = node_id
         self.actor = actor
+        self.store = store  # this node's shard of the capture store, for salvaging a dead node's sessions
 
     async def _call(self, method: str, *args: Any) -> Any:
         import ray.exceptions
@@ -222,7 +224,13 @@ class RolloutServer:
         except NodeDied as exc:
             self.dead[node.node_id] = str(exc)
             _log.error("%s; its sessions are reported as errors", exc)
-            return self._error_result(spec, node.node_id, str(exc))
+            result = self._error_result(spec, node.node_id, str(exc))
+            store = getattr(node, "store", None)
+            if store is None:
+                return result
+            from polar_env.staging.salvage import salvage
+
+            return await asyncio.to_thread(salvage, Path(store), spec, result)
         except Exception as exc:  # noqa: BLE001 - a node bug must not lose the group
             return self._error_result(spec, node.node_id, f"node {node.node_id} failed: {type(exc).__name__}: {exc}")
         finally:
@@ -326,7 +334,9 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
         import hmac
 
         sent = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {request.app[TOKEN]}".encode()):
+        # surrogateescape: aiohttp hands undecodable header bytes over as surrogates (a non-ASCII
+        # header must be a 401, not a crash)
+        if not hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), f"Bearer {request.app[TOKEN]}".encode()):
             return _error(401, "missing or wrong bearer token (see the server's token file)")
     return await handler(request)
 

@@ -32,6 +32,10 @@ def build_session(store: CaptureStore, session_id: str, build: Builder) -> Traje
     if meta is not None:
         trajectory.metadata["session"] = meta["metadata"]
     outcome = read_outcome(store.root, session_id)
+    if outcome is None and meta is not None and "group_id" in (meta.get("metadata") or {}):
+        # a rollout-pipeline session with no outcome: its node died before POSTRUN. Never COMPLETED.
+        outcome = {"session_id": session_id, "status": "error", "reward": 0.0, "metadata": meta["metadata"],
+                   "error": "no outcome was written for this session (its node died before POSTRUN)"}
     return with_outcome(trajectory, outcome) if outcome is not None else trajectory
 
 

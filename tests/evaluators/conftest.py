@@ -72,7 +72,9 @@ class LocalRuntime:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=self.host_path(cwd or self.spec.workdir),
-            env={**os.environ, **self.spec.env, **(env or {})},
+            # paths under spec.workdir in the env (e.g. PYTEST_ADDOPTS' --rootdir) point at the stand-in
+            env={**os.environ, **self.spec.env,
+                 **{k: v.replace(self.spec.workdir, str(self.workdir)) for k, v in (env or {}).items()}},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -104,19 +104,20 @@ async def test_output_command_exit_code(local_runtimes) -> None:  # type: ignore
     agent = local_runtimes()
     await agent.prepare()
     await agent.write_file("/testbed/answer.txt", b"42\n")
-    passed = await check({"command": "grep -qx 42 answer.txt"}, runtime=agent)
-    assert passed.reward == 1.0 and passed.report["exit_code"] == 0
-    failed = await check({"command": "echo checking >&2; grep -qx 41 answer.txt"}, runtime=agent)
+    in_place = {"refresh_runtime": False}  # the task asks for the agent's own runtime
+    passed = await check({"command": "grep -qx 42 answer.txt", **in_place}, runtime=agent)
+    assert passed.reward == 1.0 and passed.report["exit_code"] == 0 and passed.report["runtime"] == "agent"
+    failed = await check({"command": "echo checking >&2; grep -qx 41 answer.txt", **in_place}, runtime=agent)
     assert failed.reward == 0.0 and failed.report["reason"] == "command exited 1, expected 0"
     assert "checking" in failed.report["output_tail"]
-    expected_3 = await check({"command": "exit 3", "exit_code": 3}, runtime=agent)
+    expected_3 = await check({"command": "exit 3", "exit_code": 3, **in_place}, runtime=agent)
     assert expected_3.reward == 1.0
 
 
 async def test_output_command_timeout(local_runtimes) -> None:  # type: ignore[no-untyped-def]
     agent = local_runtimes()
     await agent.prepare()
-    result = await check({"command": "sleep 30", "timeout_s": 0.3}, runtime=agent)
+    result = await check({"command": "sleep 30", "timeout_s": 0.3, "refresh_runtime": False}, runtime=agent)
     assert (result.status, result.reward) == (Status.TIMEOUT, 0.0)
     assert result.report["reason"] == "command exceeded 0.3 s"
 
@@ -124,7 +125,10 @@ async def test_output_command_timeout(local_runtimes) -> None:  # type: ignore[n
 async def test_output_command_in_a_fresh_runtime(local_runtimes) -> None:  # type: ignore[no-untyped-def]
     agent = local_runtimes()
     await agent.prepare()
+    base = await agent.exec("git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m base")
+    assert base.exit_code == 0, base.output
     await agent.write_file("/testbed/dirty.txt", b"agent was here")
+    await agent.write_file("/testbed/conftest.py", b"raise SystemExit(0)\n")
     made = []
 
     def factory():  # type: ignore[no-untyped-def]
@@ -133,9 +137,11 @@ async def test_output_command_in_a_fresh_runtime(local_runtimes) -> None:  # typ
 
     ctx = EvalContext(
         task={},
-        params={"command": "test ! -e dirty.txt", "refresh_runtime": True},
+        params={"command": "test -e dirty.txt && test ! -e conftest.py"},  # fresh is the default
         runtime=agent,
         runtime_factory=factory,
     )
     result = await run_evaluator("output", ctx)
-    assert result.reward == 1.0 and len(made) == 1 and made[0].stopped
+    assert result.reward == 1.0 and len(made) == 1 and made[0].stopped, result.report
+    assert result.report["runtime"] == "fresh" and result.report["policy"] == "pytest-strict"
+    assert result.report["dropped_paths"] == [{"path": "conftest.py", "rule": "runner plugin (conftest.py)"}]

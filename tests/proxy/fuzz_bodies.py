@@ -46,6 +46,12 @@ class RenderingFakeEngine:
 
     async def generate(self, request: ChatRequest) -> Generation:
         self.calls += 1
+        # the sampling contract the real engines enforce (vLLM answers 400, the embedded sampler
+        # raises): a body that gets here with these values was not validated
+        if request.temperature is not None and not request.temperature >= 0:
+            raise ValueError(f"temperature {request.temperature} < 0")
+        if request.top_p is not None and not (2.2250738585072014e-308 <= request.top_p <= 1):
+            raise ValueError(f"top_p {request.top_p} not in (0, 1]")
         text = render(request.messages, request.tools, add_generation_prompt=True)
         prompt = request.prompt_ids if request.prompt_ids is not None else self.tokenizer.encode(text)
         return Generation(
@@ -99,7 +105,18 @@ schema = st.fixed_dictionaries({"type": st.just("object")}, optional={
                                   max_size=3),
     "required": st.lists(text, max_size=2)})
 tool_name = st.sampled_from(["bash", "shell", "exec_command", "read", "x"])
-arguments = st.one_of(st.just('{"command":"ls"}'), text, json_values)
+
+
+def _deep_text(levels: int) -> str:
+    return "{\"a\":" * levels + "1" + "}" * levels if levels % 3 else "[" * levels + "]" * levels
+
+
+# JSON nested 100-5,000 deep *inside a string* (tool-call arguments are JSON text): the server parses it
+deep_string = st.integers(min_value=100, max_value=5000).map(_deep_text)
+arguments = st.one_of(st.just('{"command":"ls"}'), text, json_values, deep_string)
+# sampling values at and past the edges: negative, zero, subnormal, tiny, huge
+temperature = st.one_of(st.floats(0, 2), st.floats(-5, 5), st.sampled_from([-2.0, -0.0, 0.0, 5e-324, 1e-320, 1e308]))
+top_p = st.one_of(st.floats(0, 1), st.floats(-1, 1.5), st.sampled_from([0.0, -0.0, 5e-324, 1e-320, 1e-300, 1.0, 1.0000001]))
 
 # OpenAI Chat
 chat_tool = fields({"type": st.just("function"), "function": fields({"name": tool_name}, {"parameters": schema, "description": text})}, {})
@@ -118,7 +135,7 @@ def opened_by(first: st.SearchStrategy[Any], rest: st.SearchStrategy[Any], max_s
 
 chat_body = fields({"messages": opened_by(st.fixed_dictionaries({"role": st.just("user"), "content": text}), chat_message)}, {
     "model": text, "tools": st.lists(chat_tool, max_size=3), "tool_choice": st.sampled_from(["auto", "none", "required"]),
-    "temperature": st.floats(0, 2), "top_p": st.floats(0, 1), "max_tokens": st.integers(1, 4096),
+    "temperature": temperature, "top_p": top_p, "max_tokens": st.integers(1, 4096),
     "max_completion_tokens": st.integers(1, 4096), "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "stop": st.one_of(text, st.lists(text, max_size=2)),
     "seed": st.integers(0, 2**31), "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object"])}),
@@ -140,7 +157,7 @@ anthropic_body = fields({"model": text, "max_tokens": st.integers(1, 4096),
     "tools": st.lists(a_tool, max_size=3), "stream": st.booleans(),
     "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "tool", "none"])}, optional={"name": tool_name}),
     "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])}, optional={"budget_tokens": st.integers(0, 9999)}),
-    "temperature": st.floats(0, 1), "stop_sequences": st.lists(text, max_size=2), "metadata": json_values,
+    "temperature": temperature, "top_p": top_p, "stop_sequences": st.lists(text, max_size=2), "metadata": json_values,
 })
 
 # OpenAI Responses
@@ -159,7 +176,7 @@ responses_body = fields({"input": st.one_of(text, opened_by(st.fixed_dictionarie
     "tool_choice": st.sampled_from(["auto", "none", "required"]), "max_output_tokens": st.integers(1, 4096),
     "reasoning": st.fixed_dictionaries({}, optional={"effort": st.sampled_from(["low", "high"]), "summary": st.just("auto")}),
     "text": st.fixed_dictionaries({}, optional={"format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_schema"])})}),
-    "store": st.booleans(), "include": st.lists(text, max_size=2), "temperature": st.floats(0, 2),
+    "store": st.booleans(), "include": st.lists(text, max_size=2), "temperature": temperature, "top_p": top_p,
 })
 
 # Gemini
@@ -176,12 +193,24 @@ gemini_body = fields({"contents": opened_by(g_query, g_content, 3)}, {
     "tools": st.lists(fields({}, {"functionDeclarations": st.lists(g_decl, max_size=2)}), max_size=2),
     "toolConfig": fields({}, {"functionCallingConfig": fields({"mode": st.sampled_from(["AUTO", "ANY", "NONE"])},
                                                               {"allowedFunctionNames": st.lists(tool_name, max_size=2)})}),
-    "generationConfig": fields({}, {"temperature": st.floats(0, 2), "maxOutputTokens": st.integers(1, 4096),
+    "generationConfig": fields({}, {"temperature": temperature, "topP": top_p, "maxOutputTokens": st.integers(1, 4096),
                                     "thinkingConfig": fields({}, {"includeThoughts": st.booleans(), "thinkingBudget": st.integers(-1, 999)}),
                                     "stopSequences": st.lists(text, max_size=2), "responseMimeType": st.sampled_from(["text/plain", "application/json"])}),
 })
 
+# the same deep argument text in the two places a string carries JSON the gateway parses
+_user = {"role": "user", "content": "hi"}
+deep_chat_body = deep_string.map(lambda d: {"messages": [
+    _user, {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                  "function": {"name": "bash", "arguments": d}}]},
+    {"role": "tool", "tool_call_id": "c", "content": "x"}]})
+deep_responses_body = deep_string.map(lambda d: {"input": [
+    _user, {"type": "function_call", "call_id": "c", "name": "bash", "arguments": d},
+    {"type": "function_call_output", "call_id": "c", "output": "x"}]})
+
 PROVIDER_ROUTES = {
+    "openai_chat_deep_args": ("/v1/chat/completions", deep_chat_body),
+    "openai_responses_deep_args": ("/v1/responses", deep_responses_body),
     "openai_chat": ("/v1/chat/completions", chat_body),
     "anthropic": ("/v1/messages", anthropic_body),
     "openai_responses": ("/v1/responses", responses_body),

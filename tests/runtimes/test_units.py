@@ -20,10 +20,16 @@ from polar_env.runtimes import (
     SandboxRuntime,
     make_runtime,
 )
-from polar_env.tasks.images import swebench_image, swegym_image
 from polar_env.runtimes.apptainer import apptainer_argv, apptainer_env
 from polar_env.runtimes.docker import timeout_argv, unix_daemon_problem
-from polar_env.runtimes.sandbox import RELAY_SOURCE, bwrap_argv, relay_argv, shell_argv, system_mounts
+from polar_env.runtimes.sandbox import (
+    RELAY_SOURCE,
+    bwrap_argv,
+    relay_argv,
+    shell_argv,
+    system_mounts,
+)
+from polar_env.tasks.images import swebench_image, swegym_image
 
 
 def test_runtimes_table_and_factory() -> None:
@@ -91,6 +97,12 @@ def test_apptainer_argv_exact(tmp_path: Path) -> None:
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="cannot contain"):
         apptainer_argv(binary="a", image="i", workdir="/w", workspace=Path("/a:b"), tmp=tmp, home=home, cwd="/w", command=["x"])
+    # cgroup_flags: Apptainer's own limits (clusters where its cgroup support works)
+    limited = apptainer_argv(binary="a", image="i.sif", workdir="/w", workspace=ws, tmp=tmp, home=home, cwd="/w",
+                             command=["x"], memory_mb=512, pids_limit=100)
+    i = limited.index("--memory")
+    assert limited[i:i + 6] == ["--memory", "512M", "--memory-swap", "512M", "--pids-limit", "100"]
+    assert limited.index("--pids-limit") < limited.index("i.sif")
 
 
 def test_apptainer_env_passes_values_outside_argv() -> None:

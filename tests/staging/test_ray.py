@@ -35,7 +35,7 @@ def ray_local() -> Iterator[None]:
 
 def cluster_config(tmp_path: Path, latency_s: float) -> ClusterConfig:
     node = NodeConfig(engine=EngineConfig(kind="simulated", latency_s=latency_s), store=tmp_path / "store",
-                      limits=PoolLimits(max_running=8), tcp_port=None)
+                      limits=PoolLimits(max_running=8), tcp_port=None, runtime_root=tmp_path / "runtimes")
     return ClusterConfig(nodes=2, ray=True, node=node)
 
 
@@ -60,7 +60,12 @@ async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp
     cluster = await start_cluster(cluster_config(tmp_path, 1.5))  # slow engine: sessions are mid-run
     try:
         running = asyncio.create_task(cluster.server.run(loop_task(4, evaluator=None)))
-        await asyncio.sleep(1.0)
+        dead_dirs = tmp_path / "runtimes" / "node-0"
+        for _ in range(200):  # until node-0 has journaled a call and prepared its sandboxes
+            journals = list((tmp_path / "store" / "node-0").glob("*.jsonl"))
+            if journals and any(p.stat().st_size for p in journals) and any(dead_dirs.glob("*/polar-sandbox-*")):
+                break
+            await asyncio.sleep(0.05)
         ray.kill(cluster.actors[0])
         status = await asyncio.wait_for(running, 120)
         by_node: dict[str, list[SessionStatus]] = {}
@@ -68,6 +73,17 @@ async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp
             by_node.setdefault(r.node_id, []).append(r.status)
         assert by_node["node-0"] == [SessionStatus.ERROR] * 2
         assert all("node node-0 died" in (r.error or "") for r in status.results if r.node_id == "node-0")
+        # the dead node's sessions keep their partial calls, as ERROR trajectories with an outcome on disk
+        dead = [r for r in status.results if r.node_id == "node-0"]
+        assert sum(r.records for r in dead) >= 1 and any(r.trajectory is not None for r in dead)
+        for r in dead:
+            if r.trajectory is not None:
+                assert r.trajectory.status.value == "error" and r.trajectory.reward == 0.0
+            assert (tmp_path / "store" / "node-0" / f"{r.session_id}.result.json").exists()
+        from polar_env.trajectory.reader import build_trajectories
+
+        rebuilt = {t.session_id: t for t in build_trajectories(tmp_path / "store" / "node-0")}
+        assert rebuilt and all(t.status.value == "error" for t in rebuilt.values())
         assert by_node["node-1"] == [SessionStatus.COMPLETED] * 2
         # the server keeps serving, on the live node only
         again = await asyncio.wait_for(cluster.server.run(loop_task(2, evaluator=None)), 120)
@@ -77,3 +93,5 @@ async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp
         assert "dead" in stats[0] and stats[1]["completed"] == 4
     finally:
         await cluster.aclose()
+    # the job's end swept the folders (repo copies) the dead node left; the live node removed its own
+    assert not any((tmp_path / "runtimes").rglob("polar-sandbox-*"))

@@ -98,6 +98,14 @@ async def test_http_task_api_requires_the_token(node_config) -> None:  # type: i
                              ("DELETE", "/rollout/task/x")):
             resp = await client.request(method, path, data=body, headers={"Authorization": "Bearer wrong"})
             assert resp.status == 401, path
+        for raw in ("Bearer s3cr\u00e9t".encode(), b"Bearer \xff\xfe\x80", "Bearer \u20ac".encode()):  # non-ASCII
+            reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+            writer.write(b"GET /rollout/status HTTP/1.1\r\nHost: x\r\nAuthorization: " + raw + b"\r\nConnection: close\r\n\r\n")
+            answer = await reader.read()
+            writer.close()
+            head, _, payload = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 401"), answer[:200]
+            assert b'"error"' in payload and b"application/json" in head
         assert (await client.get("/health")).status == 200
         auth = {"Authorization": "Bearer s3cret"}
         resp = await client.post("/rollout/task/submit", data=body, headers=auth)

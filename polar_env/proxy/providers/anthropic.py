@@ -11,7 +11,6 @@ event sequence Claude Code needs: text only in deltas, never in ``content_block_
 from __future__ import annotations
 
 import base64
-
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,8 +22,9 @@ from polar_env.proxy.providers.base import (
     Reply,
     Route,
     arguments_object,
-    as_float,
     as_int,
+    as_temperature,
+    as_top_p,
     id_suffix,
     object_list,
     require,
@@ -269,8 +269,8 @@ def _chat(body: Mapping[str, Any], notes: list[str], max_tokens: int | None) -> 
         messages=_messages(body, notes),
         tools=_tools(body.get("tools"), notes),
         tool_choice=_tool_choice(body.get("tool_choice")),
-        temperature=as_float(body.get("temperature"), "temperature"),
-        top_p=as_float(body.get("top_p"), "top_p"),
+        temperature=as_temperature(body.get("temperature"), "temperature"),
+        top_p=as_top_p(body.get("top_p"), "top_p"),
         max_tokens=max_tokens,
         stop=stop_list(body.get("stop_sequences"), "stop_sequences"),
         response_format=_response_format(body.get("output_config"), notes),

@@ -16,6 +16,8 @@ one module here plus one entry in ``providers/__init__.py``.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -124,7 +126,26 @@ def as_float(value: Any, name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"'{name}' must be a number")
-    return float(value)
+    number = float(value)
+    if not math.isfinite(number):
+        raise RequestError(f"'{name}' must be a finite number")
+    return number
+
+
+def as_temperature(value: Any, name: str) -> float | None:
+    """A sampling temperature: a finite number >= 0 (what vLLM and SGLang accept)."""
+    number = as_float(value, name)
+    if number is not None and number < 0:
+        raise RequestError(f"'{name}' must be >= 0, got {number}")
+    return number
+
+
+def as_top_p(value: Any, name: str) -> float | None:
+    """A nucleus mass in (0, 1]; zero, negative and subnormal values are client errors."""
+    number = as_float(value, name)
+    if number is not None and not (sys.float_info.min <= number <= 1.0):
+        raise RequestError(f"'{name}' must be in (0, 1], got {number}")
+    return number
 
 
 def stop_list(value: Any, name: str) -> list[str]:

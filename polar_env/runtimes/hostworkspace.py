@@ -1,0 +1,465 @@
+"""Shared machinery of the runtimes whose workspace is a host directory and whose every exec is a
+fresh process (bubblewrap, Apptainer): temp dirs, copying, path mapping, process groups, timeouts,
+the session's limits (``limits.py``) and, when the caller is root, the unprivileged uid the agent
+runs as.
+
+Privileges. As root, each runtime gets its own host uid (``SANDBOX_UID_BASE`` + a random slot); its
+writable trees are chowned to it, and every exec drops to it (``setpriv``) after joining the cgroup,
+so uid 0 inside the sandbox's user namespace is that uid outside — never the host's root. Host
+sources that uid cannot reach (``/root`` is 0700: the interpreter, the harness installs, the gateway
+socket's private directory) are bind-mounted into the runtime's ``stage/`` directory in a private
+mount namespace of that one exec (``unshare --mount``), which vanishes with it.
+
+Subclasses supply ``_check``, ``_wrap`` (the full host argv for one in-runtime argv, ``{ARGS_FD}``
+standing for a file descriptor that carries ``_args_payload``) and ``_env``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import os
+import posixpath
+import random
+import shlex
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from polar_env.errors import ConfigError
+from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
+from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
+
+log = logging.getLogger(__name__)
+
+HOME = "/root"
+TIMEOUT_EXIT_CODE = 124
+LIMIT_EXIT_CODE = 137
+READER_GRACE_S = 5.0
+SANDBOX_UID_BASE = 100_000
+SANDBOX_UID_SLOTS = 60_000
+ARGS_FD = "{ARGS_FD}"
+STAGE_PREFIX = "polar-stage-"
+_GIT = "git -c safe.directory='*' -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.relative=false"
+BASELINE_SCRIPT = (
+    f"if [ ! -e .git ]; then {_GIT} init -q && {_GIT} add -A && "
+    f"{_GIT} -c user.name=polar -c user.email=polar@localhost commit -q --no-verify --allow-empty -m 'polar baseline'; fi"
+)
+DIFF_SCRIPT = f"{_GIT} add -A && {_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv"
+
+
+def _inside(path: str) -> str:
+    if not path.startswith("/"):
+        raise ConfigError(f"runtime paths must be absolute, got {path!r}")
+    return posixpath.normpath(path)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy ``src`` into the existing ``dst`` (symlinks kept as links, .git included)."""
+    if not src.is_dir():
+        raise ConfigError(f"source_dir {src} is not a directory")
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+
+
+def chown_tree(root: Path, uid: int) -> None:
+    os.lchown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            with contextlib.suppress(OSError):
+                os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def reachable(path: str | Path, uid: int) -> bool:
+    """Whether ``uid`` (no supplementary groups) can traverse to ``path``."""
+    real = os.path.realpath(path)
+    parts = Path(real).parents
+    for d in [*reversed(parts)]:
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        mode = st.st_mode
+        if not (mode & stat.S_IXOTH or (st.st_uid == uid and mode & stat.S_IXUSR) or (st.st_gid == uid and mode & stat.S_IXGRP)):
+            return False
+    return True
+
+
+def _force_rmtree(path: Path) -> None:
+    """rmtree that also removes trees the harness made read-only."""
+
+    def retry(func, p, _exc):  # type: ignore[no-untyped-def]
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+        func(p)
+
+    if not path.exists():
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
+
+
+def _killpg(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _drain(stream: asyncio.StreamReader | None, into: CappedBuffer) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        into.add(chunk)
+
+
+def swap_timeout(code: int, timed_out: bool) -> int:
+    return TIMEOUT_EXIT_CODE if timed_out else code
+
+
+class HostWorkspaceRuntime(abc.ABC):
+    """See the module docstring."""
+
+    name: ClassVar[str] = ""
+    drops_root: ClassVar[bool] = False  # True: as root, execs drop to the runtime's own uid
+
+    def __init__(self, spec: RuntimeSpec, *, root_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        self.timings = Timings()
+        self._root_parent = root_dir or os.environ.get("POLAR_RUNTIME_DIR") or None
+        self._root: Path | None = None
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._stopped = False
+        self.uid: int | None = None
+        self.limits: SessionLimits | None = None
+        self._stage: list[tuple[str, str]] = []  # (host source, staged path) for this runtime's execs
+        self._stage_base: Path | None = None  # outside the runtime's root, when the root is unreachable
+
+    # ----- to override -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _check(self) -> None: ...
+
+    @abc.abstractmethod
+    def _wrap(self, argv: list[str], cwd: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]: ...
+
+    def _args_payload(self, argv: list[str], cwd: str) -> bytes | None:
+        return None
+
+    # ----- layout ------------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        if self._root is None or self._stopped:
+            raise ConfigError(f"{self.name} runtime is not prepared (or already stopped)")
+        return self._root
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def home_dir(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def relay_enabled(self) -> bool:
+        return self.spec.network == "gateway" and self.spec.gateway_socket is not None
+
+    @property
+    def limit_hit(self) -> str | None:
+        return self.limits.hit if self.limits is not None else None
+
+    def limits_report(self) -> dict[str, Any]:
+        return self.limits.report() if self.limits is not None else {}
+
+    def _mounts(self) -> list[tuple[str, Path, bool]]:
+        """(path inside, host path, writable), longest inside path first."""
+        mounts = [
+            (_inside(self.spec.workdir), self.workspace, True),
+            ("/tmp", self.tmp_dir, True),
+            (HOME, self.home_dir, True),
+            *((_inside(dst), Path(src), False) for src, dst in self.spec.binds),
+        ]
+        return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
+
+    def host_path(self, path: str, *, write: bool = False) -> Path:
+        """Map a path inside the runtime to the host, refusing escapes (symlinks included)."""
+        inside = _inside(path)
+        for prefix, host, writable in self._mounts():
+            if not _under(inside, prefix):
+                continue
+            if write and not writable:
+                raise ConfigError(f"{path} is on a read-only bind")
+            rel = posixpath.relpath(inside, prefix)
+            target = host if rel == "." else host / rel
+            base = os.path.realpath(host)
+            real = os.path.realpath(target)
+            if real != base and not real.startswith(base + os.sep):
+                raise ConfigError(f"{path} resolves outside the runtime's {prefix} (symlink escape refused)")
+            return Path(real)
+        allowed = ", ".join(m[0] for m in self._mounts())
+        raise ConfigError(f"{path} is not under a runtime directory the host can reach ({allowed})")
+
+    def staged(self, source: str | Path) -> str:
+        """The path an exec reaches ``source`` by (itself, or its stage when the uid cannot)."""
+        src = str(source)
+        for host, stage in self._stage:
+            if src == host or src.startswith(host + "/"):
+                return stage + src[len(host):]
+        return src
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+    async def prepare(self) -> None:
+        if self._root is not None:
+            raise ConfigError(f"{self.name} runtime already prepared")
+        start = time.monotonic()
+        _inside(self.spec.workdir)
+        check_host_paths(self.spec)
+        self._check()
+        parent = Path(self._root_parent) if self._root_parent else None
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        self._root = Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-", dir=parent))
+        try:
+            for d in (self.workspace, self.tmp_dir, self.home_dir):
+                d.mkdir()
+            os.chmod(self.tmp_dir, 0o1777)
+            if self.spec.source_dir is not None:
+                await asyncio.to_thread(copy_tree, Path(self.spec.source_dir), self.workspace)
+            if self.drops_root and os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("unshare"):
+                self.uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SLOTS)
+                await asyncio.to_thread(self._own, self.uid)
+            self.limits = SessionLimits(self.spec, self._root.name, trees=[self.workspace, self.tmp_dir, self.home_dir],
+                                        uid=self.uid)
+            self.limits.start(self._kill_all)
+            if self.relay_enabled:
+                res = await self.exec(["true"], timeout_s=60)
+                if res.exit_code != 0:
+                    raise ConfigError(f"{self.name}: the gateway relay does not start inside the runtime (needs python3): {res.output.strip()}")
+            res = await self.exec(BASELINE_SCRIPT, timeout_s=120)
+            if res.exit_code != 0:
+                log.warning("%s: no git baseline in %s (diff() will fail): %s", self.name, self.spec.workdir, res.output.strip())
+        except BaseException:
+            await self._cleanup()
+            raise
+        self.timings.exec_s.clear()
+        self.timings.prepare_s = time.monotonic() - start
+
+    def _own(self, uid: int) -> None:
+        """Hand the writable trees to ``uid`` and stage what it cannot reach (see the module doc)."""
+        root = self.root
+        chown_tree(root, uid)
+        os.chmod(root, 0o700)
+        sources: list[Path] = [Path(src) for src, _dst in self.spec.binds]
+        if self.relay_enabled and self.spec.gateway_socket is not None:
+            sock = Path(self.spec.gateway_socket)
+            with contextlib.suppress(OSError):  # the relay connects as the sandbox uid; the key still gates it
+                os.chmod(sock, 0o666)
+            sources.append(sock)
+        sources += self._extra_sources()
+        if reachable(root, uid):
+            stage = root / "stage"
+        else:  # e.g. a root_dir under a 0700 directory: reach the whole runtime through a stage
+            # named after the runtime, so leftovers.sweep finds it when this process dies
+            self._stage_base = stage = Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{root.name}"
+            stage.mkdir(mode=0o700)
+            (stage / "r").mkdir()
+            self._stage.append((str(root), str(stage / "r")))
+        for i, src in enumerate(sources):
+            if reachable(src, uid):
+                continue
+            stage.mkdir(exist_ok=True)
+            target = stage / str(i)
+            if src.is_dir():
+                target.mkdir()
+            else:
+                target.touch()
+            self._stage.append((str(src), str(target)))
+        if stage.exists():
+            chown_tree(stage, uid)
+
+    def _extra_sources(self) -> list[Path]:
+        return []
+
+    async def stop(self) -> None:
+        if self._stopped or self._root is None:
+            self._stopped = True
+            return
+        start = time.monotonic()
+        await self._cleanup()
+        self.timings.stop_s = time.monotonic() - start
+
+    def _kill_all(self) -> None:
+        for proc in list(self._procs):
+            _killpg(proc)
+
+    async def _cleanup(self) -> None:
+        self._stopped = True
+        procs = list(self._procs)
+        for proc in procs:
+            _killpg(proc)
+        if procs:
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=10)
+        if self.limits is not None:
+            try:
+                await self.limits.aclose()
+            except OSError as e:
+                log.warning("%s: could not remove its cgroup: %s", self.name, e)
+        if self._stage_base is not None:  # only empty mount points: the mounts lived in the execs' namespaces
+            await asyncio.to_thread(shutil.rmtree, self._stage_base, True)
+        if self._root is not None:
+            try:
+                await asyncio.to_thread(_force_rmtree, self._root)
+            except OSError as e:  # never let teardown raise; say what is left behind
+                log.warning("%s: could not remove %s: %s", self.name, self._root, e)
+
+    # ----- exec --------------------------------------------------------------------------------
+    def _privileged_prefix(self) -> list[str]:
+        """As root: a private mount namespace holding the stages, then the drop to the uid."""
+        if self.uid is None:
+            return []
+        mounts = "".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)} && " for src, dst in self._stage)
+        uid = str(self.uid)
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+        if not mounts:
+            return drop
+        return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mounts + 'exec "$@"', "polar-stage", *drop]
+
+    async def exec(
+        self, command: str | list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, timeout_s: float = 600.0
+    ) -> ExecResult:
+        _ = self.root  # ConfigError unless prepared and not stopped
+        from polar_env.runtimes.sandbox import relay_argv, shell_argv
+
+        if self.limit_hit is not None:  # the session is over; its processes were killed
+            return ExecResult(LIMIT_EXIT_CODE, f"[polar_env: {self.limit_hit}]", False, 0.0, limit=self.limit_hit)
+        argv = shell_argv(command)
+        if self.relay_enabled:
+            argv = relay_argv(self.spec.gateway_port, argv)
+        elif not isinstance(command, str):  # via sh, so a missing program exits 127 (bwrap says 1)
+            argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]
+        out = CappedBuffer(int(self.spec.output_mb * MIB))
+        code, _err, timed_out, duration = await self._run(argv, _inside(cwd or self.spec.workdir), self._env(env),
+                                                          timeout_s, out, None)
+        self.timings.exec_s.append(duration)
+        hit = self.limits.check() if self.limits is not None else None
+        return ExecResult(LIMIT_EXIT_CODE if hit else swap_timeout(code, timed_out), out.text(), timed_out, duration,
+                          limit=hit, truncated_bytes=max(out.truncated, 0))
+
+    async def _run(
+        self, argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, out: CappedBuffer, err: CappedBuffer | None
+    ) -> tuple[int, CappedBuffer | None, bool, float]:
+        """Run one in-runtime argv; stdout into ``out`` (stderr too unless ``err`` is given)."""
+        _ = self.root  # prepared and not stopped
+        start = time.monotonic()
+        full = [*(self.limits.prefix() if self.limits else []), *self._privileged_prefix(), *self._wrap(argv, cwd)]
+        payload = self._args_payload(argv, cwd)
+        fds: tuple[int, ...] = ()
+        if payload is not None:
+            fd = os.memfd_create("polar-args", 0)
+            os.write(fd, payload)
+            os.lseek(fd, 0, os.SEEK_SET)
+            fds = (fd,)
+            full = [a.replace(ARGS_FD, str(fd)) for a in full]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT if err is None else asyncio.subprocess.PIPE,
+                env=env,
+                pass_fds=fds,
+                start_new_session=True,  # its own process group: a timeout kills all of it
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self._procs.add(proc)
+        readers = [asyncio.ensure_future(_drain(proc.stdout, out))]
+        if err is not None:
+            readers.append(asyncio.ensure_future(_drain(proc.stderr, err)))
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                _killpg(proc)
+                await proc.wait()
+            _done, pending = await asyncio.wait(readers, timeout=READER_GRACE_S)
+            for task in pending:  # something outside the namespace still holds the pipe
+                task.cancel()
+        finally:
+            if proc.returncode is None:  # cancelled from outside
+                _killpg(proc)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(proc.wait())
+            for task in readers:
+                task.cancel()
+            self._procs.discard(proc)
+        assert proc.returncode is not None
+        return proc.returncode, err, timed_out, time.monotonic() - start
+
+    # ----- files and diff ----------------------------------------------------------------------
+    async def write_file(self, path: str, data: bytes) -> None:
+        target = self.host_path(path, write=True)
+        uid = self.uid
+
+        def write() -> None:
+            missing = [p for p in [target.parent, *target.parent.parents] if not p.exists()]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.host_path(str(path), write=True)  # re-check after creating parents
+            with open(target, "wb") as f:
+                f.write(data)
+            if uid is not None:  # the agent's own files stay its own
+                for p in [*missing, target]:
+                    with contextlib.suppress(OSError):
+                        os.lchown(p, uid, uid)
+
+        await asyncio.to_thread(write)
+
+    async def read_file(self, path: str) -> bytes:
+        target = self.host_path(path)
+        if not target.is_file():
+            raise FileNotFoundError(path)
+        return await asyncio.to_thread(target.read_bytes)
+
+    async def diff(self) -> str:
+        _ = self.root
+        if self.limit_hit is not None:
+            raise LimitExceeded(self.limit_hit.split("=", 1)[0], self.limit_hit)
+        cap = int(self.spec.patch_mb * MIB)
+        out, err = CappedBuffer(cap, what="patch"), CappedBuffer(1 * MIB, what="stderr")
+        code, _, timed_out, _ = await self._run(["/bin/sh", "-c", DIFF_SCRIPT], _inside(self.spec.workdir),
+                                                self._env(None), 300.0, out, err)
+        if out.truncated > 0:
+            raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={self.spec.patch_mb:g}")
+        if code != 0 or timed_out:
+            raise ConfigError(f"{self.name}: git diff failed in {self.spec.workdir} (exit {code}): {err.text().strip()}")
+        return out.data().decode("utf-8", "replace")
+
+    async def __aenter__(self) -> Self:
+        await self.prepare()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

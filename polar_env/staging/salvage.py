@@ -1,0 +1,50 @@
+"""A session whose node died mid-run: what its journal holds becomes its trajectory.
+
+The node process is gone, so its POSTRUN never ran: no outcome file, no trajectory in the result.
+The server still reaches the node's shard of the capture store (same host or shared filesystem),
+so it builds the partial trajectory from the journal with the session's own builder, marks it
+ERROR (never trainable as a success), and writes the outcome file the node could not, so a later
+``polar-env build`` of that store agrees with the job's trajectories.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from polar_env.errors import PolarError
+from polar_env.staging.lifecycle import session_metadata
+from polar_env.staging.models import SessionResult, SessionSpec
+from polar_env.trajectory.builders import BUILDERS
+from polar_env.trajectory.outcome import with_outcome, write_outcome
+
+log = logging.getLogger(__name__)
+
+
+def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> SessionResult:
+    """``result`` (the ERROR the server made) with the partial trajectory and an outcome on disk."""
+    from polar_env.proxy.capture import CaptureStore
+
+    try:
+        records = CaptureStore(store_root).read(spec.session_id) if store_root.is_dir() else []
+    except (PolarError, OSError) as exc:
+        log.warning("session %s: its journal is unreadable after its node died: %s", spec.session_id, exc)
+        records = []
+    outcome = {"session_id": spec.session_id, "metadata": session_metadata(spec, result.node_id),
+               "status": result.status.value, "reward": 0.0, "evaluation": {}, "error": result.error,
+               "stage_times": {**result.stage_times, "salvaged": time.time()}, "harness_exit_code": None,
+               "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None})}
+    trajectory = None
+    build = BUILDERS.get(spec.request.builder)
+    if records and build is not None:
+        try:
+            trajectory = with_outcome(build(records), outcome)
+        except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the result
+            log.warning("session %s: building its partial trajectory failed: %s", spec.session_id, exc)
+    try:
+        store_root.mkdir(parents=True, exist_ok=True)
+        write_outcome(store_root, spec.session_id, outcome)
+    except OSError as exc:
+        log.warning("session %s: cannot write its outcome: %s", spec.session_id, exc)
+    return result.model_copy(update={"trajectory": trajectory, "records": len(records)})
