@@ -6,8 +6,11 @@ Harbor's verifier copies the task's ``tests/`` to ``/tests`` in the agent's cont
 container is the adversary's, so nothing it left there (a planted ``/tests``, a pre-written
 reward file, a patched interpreter) may reach the grader. What does reach it is one small step,
 ``graded_workspace``: the agent's diff of the workdir, applied to a clean copy of the task's
-workspace. ``tests/`` always comes from the task folder on the host; the reward file is removed
-before the verifier runs, so only the verifier can write it.
+workspace, restricted by the shared grading-integrity policy (``integrity.py``: runner config,
+conftest files, import hooks and site customisation are dropped and reported in ``dropped_paths``),
+and the verifier runs under that policy's isolated interpreter environment. ``tests/`` always comes
+from the task folder on the host; the reward file is removed before the verifier runs, so only the
+verifier can write it.
 """
 
 from __future__ import annotations
@@ -23,13 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
+from polar_env.evaluators.integrity import IntegrityParams, apply_restricted, grading_env, resolve_policy
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 
 TESTS_DIR = "/tests"
 VERIFIER_DIR = "/logs/verifier"
-PATCH_FILE = ".git/polar_agent.patch"  # inside .git: invisible to the diff and to test.sh's globbing
-GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 STAGE_TESTS = "/tmp/polar_harbor/tests"
 STAGE_OUT = "/tmp/polar_harbor/verifier"
 STAGING_FAILED = 97
@@ -47,6 +49,7 @@ class HarborParams(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # task.toml [verifier] env
     apply_timeout_s: float = 120.0
     log_tail_chars: int = 20_000
+    integrity: IntegrityParams = IntegrityParams()  # the grading-integrity policy and the task's allow-list
 
 
 async def graded_workspace(ctx: EvalContext) -> str:
@@ -117,20 +120,20 @@ class HarborEvaluator:
         started = time.monotonic()
         runtime = await ctx.fresh_runtime()
         workdir = runtime.spec.workdir
-        if patch.strip():
-            await runtime.write_file(posixpath.join(workdir, PATCH_FILE), patch.encode())
-            applied = await runtime.exec(f"git apply --verbose {PATCH_FILE}", env=GIT_ENV, cwd=workdir,
-                                         timeout_s=params.apply_timeout_s)
-            if applied.exit_code != 0:
-                report.update(reason="the agent's diff does not apply", apply_log=applied.output[-2000:])
-                return EvalResult(reward=0.0, report=report)
+        policy = resolve_policy(params.integrity)
+        applied = await apply_restricted(runtime, patch, policy, timeout_s=params.apply_timeout_s)
+        report.update(applied.as_report(), apply_method=applied.method)
+        if patch.strip() and not applied.applied:
+            report.update(reason="the agent's diff does not apply", apply_log=applied.logs[-1:])
+            return EvalResult(reward=0.0, report=report)
         # The task's tests, from the host folder, staged where every runtime lets the host write
         # (/tmp); one shell puts them at /tests, gives the verifier a clean /logs/verifier, runs
         # it and copies what it wrote back out (a sandbox's / lives only as long as one exec).
         tests = task_dir / "tests"
         for f in sorted(p for p in tests.rglob("*") if p.is_file()):
             await runtime.write_file(posixpath.join(STAGE_TESTS, f.relative_to(tests).as_posix()), f.read_bytes())
-        run = await runtime.exec(VERIFY_SCRIPT, env={**GIT_ENV, **params.env}, cwd=workdir, timeout_s=params.timeout_s)
+        run = await runtime.exec(VERIFY_SCRIPT, env={**grading_env(policy, workdir), **params.env}, cwd=workdir,
+                                timeout_s=params.timeout_s)
         report.update(verifier_exit_code=run.exit_code, log_tail=run.output[-params.log_tail_chars:],
                       verify_s=round(time.monotonic() - started, 3))
         if run.timed_out:

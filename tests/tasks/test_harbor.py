@@ -90,3 +90,16 @@ def test_rollout_on_harbor_tasks(tmp_path: Path, command: str, reward: float) ->
     report = _rollout(tmp_path, command)
     assert report["statuses"] == {"completed": 1}, report["session_rows"]
     assert report["mean_reward"] == reward, report["session_rows"]
+
+
+def test_harbor_grading_drops_planted_runner_files(tmp_path: Path) -> None:
+    """The shared grading-integrity policy applies to Harbor: a planted conftest.py and
+    sitecustomize.py are dropped from the graded diff and reported; the real fix still scores."""
+    require_bwrap()
+    fix = "printf '#!/bin/sh\\necho \"Hello, world\"\\n' > greet.sh"
+    report = _rollout(tmp_path, f"{fix} && echo 'import os' > conftest.py && echo 'import os' > sitecustomize.py")
+    assert report["mean_reward"] == 1.0, report["session_rows"]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "sessions.jsonl").read_text().splitlines()]
+    evaluation = rows[0]["evaluation"]
+    assert evaluation["policy"] == "pytest-strict"
+    assert sorted(d["path"] for d in evaluation["dropped_paths"]) == ["conftest.py", "sitecustomize.py"]
