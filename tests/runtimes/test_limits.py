@@ -6,8 +6,10 @@ limit named, while a normal session next to them completes; the agent is never t
 
 from __future__ import annotations
 
+import json
 import os
-import resource
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -98,15 +100,22 @@ async def test_patch_over_the_cap_is_refused() -> None:
         await rt.stop()
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+_CHILD = """
+import json, resource, sys
+from pathlib import Path
+from tests.evaluators.attacks import run_sessions
+tmp, cases = Path(sys.argv[1]), json.loads(sys.argv[2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+results = run_sessions(tmp, {name: (cmd, rt) for name, (cmd, rt) in cases.items()})
+print(json.dumps({"before_mb": before, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "results": {k: v.model_dump(mode="json", exclude={"trajectory"}) for k, v in results.items()}}))
+"""
 
 
 @pytest.mark.slow
 def test_limits_end_their_own_session_and_spare_the_others(tmp_path: Path) -> None:
+    """The rollout runs in a fresh process so its peak RSS is its own, not the test run's."""
     require_bwrap()
-    from tests.evaluators.attacks import run_sessions
-
     small = {"pids_limit": 64, "memory_mb": 256, "disk_mb": 64}
     cases: dict[str, tuple[str, dict[str, Any]]] = {
         "flood": (f"head -c {FLOOD_BYTES} /dev/zero | tr '\\0' a; echo flood-done", {}),
@@ -115,13 +124,16 @@ def test_limits_end_their_own_session_and_spare_the_others(tmp_path: Path) -> No
         "disk": ("for i in 1 2 3 4 5; do head -c 30000000 /dev/zero > /testbed/f$i; done; sleep 12; echo filled", small),
         "normal": ("echo 6*7=$((6*7))", small),
     }
-    before = _rss_mb()
-    results = run_sessions(tmp_path, cases)
-    after = _rss_mb()
-    assert after < 1024, f"peak RSS {after:.0f} MiB (before the flood {before:.0f} MiB)"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path), json.dumps(cases)], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = out["results"]
+    assert out["peak_mb"] < 1024, f"peak RSS {out['peak_mb']:.0f} MiB (before the sessions {out['before_mb']:.0f} MiB)"
     flood = results["flood"]
-    assert flood.status.value == "completed", flood.error
-    seen = _tool_outputs(tmp_path, flood.session_id)  # what the model was sent
+    assert flood["status"] == "completed", flood["error"]
+    seen = _tool_outputs(tmp_path, flood["session_id"])  # what the model was sent
     assert "characters truncated; " in seen and "bytes of output were dropped by the runtime's output cap" in seen
     assert "flood-done" in seen
     # without a writable cgroup (rootless, no delegation) pids and memory fall back to rlimits, which
@@ -129,10 +141,10 @@ def test_limits_end_their_own_session_and_spare_the_others(tmp_path: Path) -> No
     enforced = [("forks", "pids_limit"), ("memory", "memory_mb")] if cgroup_version() else []
     for name, limit in (*enforced, ("disk", "disk_mb")):
         r = results[name]
-        assert r.status.value == "error" and r.error is not None and f"limit exceeded: {limit}=" in r.error, (name, r.error)
-        assert r.limits["hit"] and r.limits["hit"].startswith(limit)
-    assert results["normal"].status.value == "completed" and results["normal"].reward == 1.0
-    assert results["normal"].limits["limits"]["pids_limit"] == 64
+        assert r["status"] == "error" and r["error"] is not None and f"limit exceeded: {limit}=" in r["error"], (name, r["error"])
+        assert r["limits"]["hit"] and r["limits"]["hit"].startswith(limit)
+    assert results["normal"]["status"] == "completed" and results["normal"]["reward"] == 1.0
+    assert results["normal"]["limits"]["limits"]["pids_limit"] == 64
 
 
 def _tool_outputs(tmp: Path, session_id: str) -> str:
