@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import uuid
 from typing import Any, Literal
 
 import aiohttp
@@ -70,6 +71,7 @@ class SGLangClient:
         self._session = session
         self._owns_session = session is None
         self._tokenizer: Any = None
+        self._inflight: dict[asyncio.Task[Any], tuple[str, str]] = {}  # task -> (worker, rid)
 
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
@@ -116,6 +118,27 @@ class SGLangClient:
         extra = dict(request.extra_body)
         key = extra.pop("session_id", None)
         worker = self.pick(await self.workers(), None if key is None else str(key))
+        extra.setdefault("rid", uuid.uuid4().hex)  # what /abort_request names (abort hook below)
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight[task] = (worker, str(extra["rid"]))
+        try:
+            return await self._generate_on(worker, request, extra)
+        finally:
+            if task is not None:
+                self._inflight.pop(task, None)
+
+    # ---- abort hook (the gateway calls it before cancelling a session's engine task) ----------
+    def abort(self, task: asyncio.Task[Any]) -> Any:
+        """``POST /abort_request {"rid"}`` to the worker running ``task``'s request (coroutine),
+        or None if the task has no request in flight here."""
+        entry = self._inflight.get(task)
+        if entry is None:
+            return None
+        worker, rid = entry
+        return post_json(self._http(), f"{worker}/abort_request", {"rid": rid}, engine=self.name, timeout_s=10.0)
+
+    async def _generate_on(self, worker: str, request: ChatRequest, extra: dict[str, Any]) -> Generation:
         if self.mode == "chat":
             url = f"{worker}/v1/chat/completions"
             body = self.chat_body(request, extra)

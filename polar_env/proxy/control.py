@@ -9,6 +9,7 @@ routes at all: they are served ``gateway.provider_app``, which has only the prov
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import Any
@@ -128,19 +129,62 @@ async def get_session(request: web.Request) -> web.Response:
         return _plain_error(exc.status, exc.message)
 
 
-async def session_completions(request: web.Request) -> web.Response:
-    """The session's journal, read back from disk (what a trainer or builder consumes)."""
+_PAGE = 8  # records decoded per trip to the reader thread; the loop serves others in between
+
+
+def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit():
+        raise RequestError(f"{name} must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+async def session_completions(request: web.Request) -> web.StreamResponse:
+    """The session's journal, read back from disk (what a trainer or builder consumes), as whole
+    records. ``?start=N&limit=M`` pages through it. The journal is decoded on a reader thread a
+    few records at a time and streamed, so a 100-call session never stalls the event loop."""
     try:
         session_id = authorize_session(request).id
+        start = _int_param(request, "start", 0) or 0
+        limit = _int_param(request, "limit", None)
     except RequestError as exc:
         return _plain_error(exc.status, exc.message)
+    records = request.app[GATEWAY].store.iter_records(session_id, start)
+
+    def page() -> list[bytes]:
+        out = []
+        for record in records:
+            out.append(record.to_json())
+            if len(out) == _PAGE:
+                break
+        return out
+
+    remaining = limit
     try:
-        records = request.app[GATEWAY].store.read(session_id)
+        chunk = await asyncio.to_thread(page)  # the first page before the 200: errors still get a 500
     except JournalError as exc:
         log.error("%s", exc)
         return json_response({"error": {"message": f"journal unreadable: {exc}", "type": "server_error", "code": 500}}, 500)
-    body = b'{"session_id":' + orjson.dumps(session_id) + b',"completions":[' + b",".join(r.to_json() for r in records) + b"]}"
-    return web.Response(body=body, content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await resp.prepare(request)
+    await resp.write(b'{"session_id":' + orjson.dumps(session_id) + b',"completions":[')
+    first = True
+    try:
+        while chunk and (remaining is None or remaining > 0):
+            if remaining is not None:
+                chunk, remaining = chunk[:remaining], remaining - len(chunk[:remaining])
+            await resp.write((b"" if first else b",") + b",".join(chunk))
+            first = False
+            chunk = await asyncio.to_thread(page)
+    except JournalError as exc:  # past the status line: end the body unparseable rather than short
+        log.error("%s", exc)
+        await resp.write(b"]")
+        return resp
+    await resp.write(b"]}")
+    await resp.write_eof()
+    return resp
 
 
 async def delete_session(request: web.Request) -> web.Response:

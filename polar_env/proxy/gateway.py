@@ -32,7 +32,9 @@ from aiohttp import web
 
 from polar_env.engines.base import EngineClient
 from polar_env.proxy.admin import new_admin_token
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.format import PromptRef
+from polar_env.journal.writer import JournalWriter
+from polar_env.proxy.capture import CaptureError, CaptureStore
 from polar_env.proxy.continuation import Continuation
 from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.sessions import Session, SessionRegistry
@@ -61,14 +63,15 @@ class GatewayConfig:
     drain_s: float = 30.0  # aclose waits this long for in-flight captures before closing the journal
 
 
-EVENT_KINDS = ("session_opened", "session_closed", "call_recorded", "call_failed", "paused", "resumed")
+EVENT_KINDS = ("session_opened", "session_closed", "call_recorded", "call_failed", "calls_aborted", "paused", "resumed")
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayEvent:
     """``kind`` is one of ``EVENT_KINDS``. ``data`` by kind — call_recorded: seq, provider,
     prompt_tokens, response_tokens, engine_ms, total_ms, finish_reason, notes; call_failed:
-    provider, error (class name), status; session_closed: reason; paused: drained;
+    provider, error (class name), status; session_closed: reason; calls_aborted: calls, reason;
+    paused: drained;
     resumed: weight_version."""
 
     kind: str
@@ -113,11 +116,15 @@ class Gateway:
         self.events = GatewayEvents()
         self.stats: dict[str, int] = {"engine_errors": 0, "capture_errors": 0, "abandoned": 0, "unexpected": 0}
         self.in_flight: set[asyncio.Future[Generation]] = set()  # strong references to shielded captures
+        self._engine_calls: dict[str, set[asyncio.Task[Generation]]] = {}  # session -> running engine calls
+        self.aborted: dict[asyncio.Task[Generation], str] = {}  # engine calls the gateway cancelled, and why
+        self._background: set[asyncio.Future[Any]] = set()
         self._app: web.Application | None = None
         self._provider_app: web.Application | None = None
         self._runners: list[web.AppRunner] = []
         self._expiry: asyncio.Task[None] | None = None
         self._closed = False
+        self._writer: JournalWriter | None = None  # started on the first record
         self._port: int | None = None
         self._host = "127.0.0.1"
         self.socket: Path | None = None  # the unix socket sandboxes reach (provider routes only)
@@ -211,9 +218,13 @@ class Gateway:
                 await self._expiry
             self._expiry = None
         await self.drain(self.config.drain_s)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=5.0)
         try:
             await self.engine.aclose()
         finally:
+            if self._writer is not None:
+                await asyncio.to_thread(self._writer.close)  # everything queued is written first
             self.store.close()
 
     async def drain(self, timeout_s: float) -> bool:
@@ -225,6 +236,68 @@ class Gateway:
         if still:
             log.error("%d capture(s) still running after %gs at shutdown; closing anyway", len(still), timeout_s)
         return not still
+
+    # -- engine calls -------------------------------------------------------------------------
+    def start_engine_call(self, session_id: str, call: Any) -> asyncio.Task[Generation]:
+        """Run one engine call as its own task, so ``abort_session`` can stop it."""
+        task: asyncio.Task[Generation] = asyncio.ensure_future(call)
+        calls = self._engine_calls.setdefault(session_id, set())
+        calls.add(task)
+
+        def done(t: asyncio.Task[Generation]) -> None:
+            calls.discard(t)
+            if not calls and self._engine_calls.get(session_id) is calls:
+                del self._engine_calls[session_id]
+
+        task.add_done_callback(done)
+        return task
+
+    def abort_session(self, session_id: str, reason: str) -> int:
+        """Stop the session's in-flight engine calls (cancel, early stop, close): the engine
+        client's ``abort(task)`` hook runs first where it has one (SGLang ``/abort_request``),
+        then the task is cancelled, which closes the HTTP request (vLLM aborts a request whose
+        connection closed). Returns how many calls were aborted."""
+        tasks = [t for t in self._engine_calls.get(session_id, ()) if not t.done()]
+        hook = getattr(self.engine, "abort", None)
+        for task in tasks:
+            self.aborted[task] = reason
+            if callable(hook):
+                try:
+                    pending = hook(task)
+                except Exception:  # noqa: BLE001 - the cancel below still stops our side
+                    log.exception("engine abort hook failed for session %s", session_id)
+                    pending = None
+                if pending is not None:
+                    self._spawn(pending)
+            task.cancel()
+        if tasks:
+            self.stats["aborted"] = self.stats.get("aborted", 0) + len(tasks)
+            self.events.emit("calls_aborted", session_id, calls=len(tasks), reason=reason)
+        return len(tasks)
+
+    def _spawn(self, awaitable: Any) -> None:
+        future = asyncio.ensure_future(awaitable)
+        self._background.add(future)
+
+        def settled(f: asyncio.Future[Any]) -> None:
+            self._background.discard(f)
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("engine abort request failed: %s", f.exception())
+
+        future.add_done_callback(settled)
+
+    async def mark_aborted(self, session_id: str, mark: dict[str, Any]) -> None:
+        """Journal that a call was aborted (no tokens to record), in order with the records."""
+        if self._writer is None:
+            self._writer = JournalWriter(self.store.append)
+        await self._writer.submit(self.store.append_event, session_id, {"event": "aborted", **mark})
+
+    def _forget(self, session_id: str) -> None:
+        """Drop a closed session's journal state after whatever is still queued for it."""
+        if self._writer is not None:
+            self._writer.call(lambda: self.store.forget(session_id))
+        else:
+            self.store.forget(session_id)
 
     def track(self, capture: asyncio.Future[Generation]) -> None:
         """Keep a strong reference to a shielded capture until it settles."""
@@ -243,6 +316,7 @@ class Gateway:
             await asyncio.sleep(min(60.0, max(idle_s / 4, 0.05)))
             for sid in self.sessions.expire_idle(idle_s):
                 log.info("session %s closed after %gs idle", sid, idle_s)
+                self._forget(sid)
                 self.events.emit("session_closed", sid, reason="idle")
 
     # -- sessions -----------------------------------------------------------------------------
@@ -261,14 +335,23 @@ class Gateway:
         return session
 
     def close_session(self, session_id: str, reason: str = "closed") -> Session:
+        """Close a session: no new calls; its in-flight engine calls are aborted (nobody will
+        use them), and each is marked in its journal."""
         session = self.sessions.close(session_id)
+        self.abort_session(session_id, reason)
+        self._forget(session_id)
         self.events.emit("session_closed", session_id, reason=reason)
         return session
 
-    async def record(self, record: CompletionRecord) -> None:
+    async def record(self, record: CompletionRecord, ref: PromptRef | None = None) -> None:
         """Journal one record whole (CaptureError otherwise); returns once it is durable, so
-        the reply that follows is never for a lost call."""
-        self.store.append(record)
+        the reply that follows is never for a lost call. Encoding, write and fsync run on the
+        journal writer thread, in submission order; the loop only enqueues."""
+        if self._writer is None:
+            if self._closed:
+                raise CaptureError("the gateway is closed")
+            self._writer = JournalWriter(self.store.append)
+        await self._writer.append(record, ref)
         self.events.emit("call_recorded", record.session_id, seq=record.seq, provider=record.provider_api.value,
                          prompt_tokens=len(record.prompt_ids), response_tokens=len(record.response_ids),
                          engine_ms=record.timings.engine_ms, total_ms=record.timings.total_ms,

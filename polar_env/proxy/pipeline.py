@@ -36,7 +36,9 @@ from polar_env.errors import (
     PolarError,
     RequestError,
 )
+from polar_env.journal.format import PromptRef
 from polar_env.proxy.capture import CaptureError
+from polar_env.proxy.continuation import Plan
 from polar_env.proxy.gateway import GATEWAY, Gateway, GatewayConfig
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Provider, Reply
@@ -53,6 +55,10 @@ _JSON_TYPES = ("application/json", "text/json", "application/x-ndjson", "")
 
 def json_response(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+class CallAborted(PolarError):
+    """The gateway aborted this call's generation (session cancelled, stopped early or closed)."""
 
 
 class ClientGone(PolarError):
@@ -136,6 +142,8 @@ def provider_handler(provider: Provider) -> Callable[[web.Request], Awaitable[we
                                              error=type(exc).__name__, status=500)
             log.error("capture failed, answered 500: %s", exc)
             return json_response(provider.error_body(500, f"the gateway could not record this call ({exc}); retry"), 500)
+        except CallAborted as exc:
+            return json_response(provider.error_body(503, str(exc)), 503)
         except ClientGone:
             return web.Response(status=499)  # nobody reads it
 
@@ -187,44 +195,61 @@ async def generate_and_record(
     notes: list[str],
     received: float,
     started: float,
+    plan: Plan | None = None,
 ) -> Generation:
-    """Call the engine through the pause gate and journal the completion before returning it."""
+    """Call the engine through the pause gate and journal the completion before returning it.
+    The gate is held until the record is durable, so a drained pause has nothing half-recorded."""
     gw = request.app[GATEWAY]
-    try:
-        async with gw.gate.call(session.id) as weight_version:
-            if client_gone(request):  # gave up while queued behind a pause: spend nothing on it
-                gw.stats["abandoned"] += 1
-                raise ClientGone(session.id)
-            engine_started = time.perf_counter()  # after the gate: pause time is not engine time
-            generation = await call_engine(gw, engine_chat)
-            engine_ms = (time.perf_counter() - engine_started) * 1000
-    except EngineError:
-        session.errors += 1
-        raise
-    # Generation and ChatRequest are validated already; construct without re-validating the
-    # (possibly 100k-long) token lists on the hot path.
-    seq = session.take_seq()
-    record = CompletionRecord.model_construct(
-        **{name: getattr(generation, name) for name in type(generation).model_fields},
-        session_id=session.id,
-        seq=seq,
-        provider_api=provider.API,
-        provider_request=body,
-        chat_request=chat,
-        timings=Timings(received_at=received, engine_ms=engine_ms, total_ms=(time.perf_counter() - started) * 1000),
-        notes=notes,
-    )
-    if record.weight_version is None:
-        record.weight_version = weight_version  # engines that do not report one: the gate's version
-    try:
-        await gw.record(record)  # before the reply: an answered call is never lost
-    except CaptureError:
-        session.errors += 1
-        if session.next_seq == seq + 1:
-            session.next_seq = seq  # nothing was written: the number is free again
-        raise
+    async with gw.gate.call(session.id) as weight_version:
+        if client_gone(request):  # gave up while queued behind a pause: spend nothing on it
+            gw.stats["abandoned"] += 1
+            raise ClientGone(session.id)
+        engine_started = time.perf_counter()  # after the gate: pause time is not engine time
+        engine_call = gw.start_engine_call(session.id, call_engine(gw, engine_chat))
+        try:
+            generation = await engine_call
+        except EngineError:
+            session.errors += 1
+            raise
+        except asyncio.CancelledError:
+            reason = gw.aborted.pop(engine_call, None)
+            current = asyncio.current_task()
+            if reason is None or (current is not None and current.cancelling()):
+                raise  # our own cancellation (shutdown), not an abort
+            session.errors += 1
+            await gw.mark_aborted(session.id, {
+                "provider_api": provider.API.value, "received_at": received, "reason": reason,
+                "engine_ms": round((time.perf_counter() - engine_started) * 1000, 3),
+                "prompt_tokens": len(engine_chat.prompt_ids) if engine_chat.prompt_ids is not None else None,
+            })
+            raise CallAborted(f"call aborted: session {reason}") from None
+        gw.aborted.pop(engine_call, None)
+        engine_ms = (time.perf_counter() - engine_started) * 1000
+        # Generation and ChatRequest are validated already; construct without re-validating the
+        # (possibly 100k-long) token lists on the hot path.
+        seq = session.take_seq()
+        record = CompletionRecord.model_construct(
+            **{name: getattr(generation, name) for name in type(generation).model_fields},
+            session_id=session.id,
+            seq=seq,
+            provider_api=provider.API,
+            provider_request=body,
+            chat_request=chat,
+            timings=Timings(received_at=received, engine_ms=engine_ms, total_ms=(time.perf_counter() - started) * 1000),
+            notes=notes,
+        )
+        if record.weight_version is None:
+            record.weight_version = weight_version  # engines that do not report one: the gate's version
+        try:
+            ref = PromptRef(plan.parent.seq, plan.keep, plan.ids) if plan is not None else None
+            await gw.record(record, ref)  # before the reply: an answered call is never lost
+        except CaptureError:
+            session.errors += 1
+            if session.next_seq == seq + 1:
+                session.next_seq = seq  # nothing was written: the number is free again
+            raise
     if session.continuation is not None:
-        session.continuation.remember(chat, generation)
+        session.continuation.remember(chat, generation, seq, plan)
     return generation
 
 
@@ -277,18 +302,19 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
     check_messages(chat.messages)  # what the template would refuse, refused before the engine
     # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
     engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
+    plan = None
     if session.continuation is not None:
-        prompt_ids, note = session.continuation.plan(chat)
+        plan, note = session.continuation.plan(chat)
         notes.append(note)
-        if prompt_ids is not None:
-            engine_update["prompt_ids"] = prompt_ids
+        if plan is not None:
+            engine_update["prompt_ids"] = plan.ids
     engine_chat = chat.model_copy(update=engine_update)
 
     # The engine call and the capture run as their own task, shielded: a harness that disconnects
     # (which cancels this handler) must not cancel a generation that is already paid for, nor
     # lose its record.
     capture = asyncio.ensure_future(
-        generate_and_record(request, session, provider, body, chat, engine_chat, notes, received, started)
+        generate_and_record(request, session, provider, body, chat, engine_chat, notes, received, started, plan)
     )
     gw.track(capture)
     generation = await asyncio.shield(capture)
@@ -345,11 +371,15 @@ async def count_tokens(request: web.Request) -> web.Response:
         notes: list[str] = []
         chat = apply_quirks(chat, notes)
         thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
-        text = render(chat.messages, chat.tools, enable_thinking=thinking, quirks=request.app[GATEWAY].config.template)
-        ids = load_tokenizer().encode(text)
+        quirks = request.app[GATEWAY].config.template
+
+        def count() -> int:  # a whole history's render + tokenization: not on the event loop
+            return len(load_tokenizer().encode(render(chat.messages, chat.tools, enable_thinking=thinking, quirks=quirks)))
+
+        n = await asyncio.to_thread(count)
     except RequestError as exc:
         return json_response(provider.error_body(exc.status, exc.message), exc.status)
-    return json_response({"input_tokens": len(ids)})
+    return json_response({"input_tokens": n})
 
 
 async def refuse_websocket(request: web.Request) -> web.Response:

@@ -29,6 +29,7 @@ from polar_env.runtimes.base import prepared
 from polar_env.staging import lifecycle
 from polar_env.staging.models import SessionResult, SessionSpec, Stage
 from polar_env.staging.pools import PoolLimits, StagePools
+from polar_env.staging.postrun_pool import PostrunPool
 
 if TYPE_CHECKING:
     from polar_env.proxy.gateway import Gateway
@@ -100,6 +101,11 @@ class MeteredEngine:
         extra = time.monotonic() - self._busy_since if self.in_flight else 0.0
         return self.busy_s + extra
 
+    def abort(self, task: asyncio.Task[Any]) -> Any:
+        """The inner client's abort hook (Gateway.abort_session), if it has one."""
+        hook = getattr(self.inner, "abort", None)
+        return hook(task) if callable(hook) else None
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -114,6 +120,7 @@ class GatewayNode:
         self.meter: MeteredEngine | None = None
         self.model = config.engine.model
         self.pools = StagePools(config.limits)
+        self.postrun = PostrunPool(config.limits.max_postrun)  # read + build off this process
         self.runs: dict[str, lifecycle.Run] = {}
         self.work: dict[str, asyncio.Future[None]] = {}
         self.harness_cache = config.harness_cache
@@ -164,6 +171,7 @@ class GatewayNode:
             await asyncio.sleep(0.05)
         if self.gateway is not None:
             await self.gateway.aclose()  # drains in-flight captures, then closes the engine client and the store
+        await asyncio.to_thread(self.postrun.close)
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 
@@ -180,6 +188,8 @@ class GatewayNode:
         work = self.work.get(session_id)
         if work is None or work.done():
             return False
+        if self.gateway is not None:  # its in-flight generations stop now, not when they finish
+            self.gateway.abort_session(session_id, "cancelled")
         work.cancel()
         return True
 
