@@ -220,12 +220,17 @@ class Decoder:
             context = self._contexts.get(stored["parent"])
             if context is None or stored["keep"] > len(context):
                 raise FormatError(f"prompt refers to record {stored['parent']}, which is not in the window before it")
-            prompt = context[: stored["keep"]] + stored["suffix"]
+            prompt = None
         fields = {k: raw[k] for k in ("session_id", "seq", "provider_api", "response_ids", "response_logprobs",
                                       "message", "timings", "notes", *_SCALAR_FIELDS) if k in raw}
-        return CompletionRecord.model_validate({
+        # Validate only what this line adds (the suffix): the kept part is the parent's context,
+        # validated when the parent was read. Re-validating it would cost turns × context.
+        record = CompletionRecord.model_validate({
             **fields,
-            "prompt_ids": prompt,
+            "prompt_ids": stored["ids"] if prompt is not None else stored["suffix"],
             "provider_request": _undelta(raw["provider_request"], self._provider, "provider_request"),
             "chat_request": _undelta(raw["chat_request"], self._chat, "chat_request"),
         })
+        if prompt is None:
+            record.prompt_ids = context[: stored["keep"]] + record.prompt_ids
+        return record

@@ -59,9 +59,16 @@ def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
 
 
 def _warm() -> None:
-    """Imported in each worker at start, so the first POSTRUN does not pay the imports."""
+    """Each worker at start: lower its CPU priority (POSTRUN is throughput work; the gateway's
+    replies are latency work and must win the cores) and import what builds need."""
+    import os
+
+    os.nice(POSTRUN_NICE)
     import polar_env.proxy.capture  # noqa: F401
     import polar_env.trajectory.builders  # noqa: F401
+
+
+POSTRUN_NICE = 10  # on a node whose cores the gateway shares, a finishing session yields to running ones
 
 
 class PostrunPool:
