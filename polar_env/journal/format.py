@@ -22,6 +22,7 @@ copy). ``Encoder`` is the writer's per-session state, ``Decoder`` the reader's; 
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,20 +43,34 @@ class FormatError(ValueError):
     """A line that is JSON but not a record this reader can rebuild (e.g. a dangling reference)."""
 
 
-def _delta(prev: Mapping[str, Any] | None, prev_seq: int | None, cur: Mapping[str, Any]) -> dict[str, Any]:
-    """``cur`` as a delta against ``prev`` (see the module docstring), or whole."""
+Fingerprint = dict[str, "bytes | list[bytes]"]
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.blake2b(orjson.dumps(value), digest_size=16).digest()
+
+
+def fingerprint(body: Mapping[str, Any]) -> Fingerprint:
+    """What the writer remembers of a request instead of the request itself: a digest per
+    top-level field, and per item for list fields (the history). 16 bytes a message, so a
+    session's writer state does not hold a copy of its history."""
+    return {key: [_digest(v) for v in value] if type(value) is list else _digest(value) for key, value in body.items()}
+
+
+def _delta(prev: Fingerprint | None, prev_seq: int | None, cur: Mapping[str, Any], cur_fp: Fingerprint) -> dict[str, Any]:
+    """``cur`` as a delta against the request fingerprinted as ``prev`` (module docstring), or whole."""
     if prev is None or prev_seq is None:
         return {"whole": cur}
     changed: dict[str, Any] = {}
     appended: dict[str, Any] = {}
     shared = 0
     for key, value in cur.items():
-        old = prev.get(key, _MISSING)
-        if old is _MISSING:
+        old, new = prev.get(key), cur_fp[key]
+        if old is None:
             changed[key] = value
-        elif old == value:  # C-level comparison; the common case for tools, system, params
+        elif old == new:  # the common case for tools, system, sampling params
             shared += 1
-        elif type(value) is list and type(old) is list and len(old) <= len(value) and value[: len(old)] == old:
+        elif type(old) is list and type(new) is list and len(old) <= len(new) and new[: len(old)] == old:
             appended[key] = value[len(old):]
             shared += 1
         else:
@@ -86,8 +101,6 @@ def _undelta(stored: Mapping[str, Any], bases: Mapping[int, dict[str, Any]], wha
     return out
 
 
-_MISSING = object()
-
 
 def chat_fields(chat: ChatRequest) -> dict[str, Any]:
     """The chat request as a plain dict from its fields (no model_dump deep copy)."""
@@ -104,8 +117,8 @@ class _SessionState:
     seqs: OrderedDict[int, None] = field(default_factory=OrderedDict)  # the last WINDOW seqs written
     last_seq: int | None = None
     last_context: list[int] | None = None  # prompt + response of the last record (prefix checks)
-    last_provider: dict[str, Any] | None = None
-    last_chat: dict[str, Any] | None = None
+    last_provider: Fingerprint | None = None
+    last_chat: Fingerprint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +155,15 @@ class Encoder:
                 stored_prompt = {"parent": state.last_seq, "keep": keep, "suffix": prompt[keep:]}
         provider = record.provider_request
         chat = chat_fields(record.chat_request)
+        provider_fp, chat_fp = fingerprint(provider), fingerprint(chat)
         line: dict[str, Any] = {
             "v": VERSION, "session_id": record.session_id, "seq": record.seq, "provider_api": record.provider_api,
             "prompt": stored_prompt if stored_prompt is not None else {"ids": prompt},
             "response_ids": record.response_ids, "response_logprobs": record.response_logprobs,
             "message": _message(record.message),
             **{name: getattr(record, name) for name in _SCALAR_FIELDS},
-            "provider_request": _delta(state.last_provider, state.last_seq, provider),
-            "chat_request": _delta(state.last_chat, state.last_seq, chat),
+            "provider_request": _delta(state.last_provider, state.last_seq, provider, provider_fp),
+            "chat_request": _delta(state.last_chat, state.last_seq, chat, chat_fp),
             "timings": {"received_at": record.timings.received_at, "engine_ms": record.timings.engine_ms,
                         "total_ms": record.timings.total_ms},
             "notes": record.notes,
@@ -159,7 +173,7 @@ class Encoder:
         # reference: in continuation mode the gateway's references carry the sharing, and a
         # session then holds no copy of its context here.
         context = None if referenced else prompt + record.response_ids
-        return data, (record.session_id, state, record.seq, context, provider, chat)
+        return data, (record.session_id, state, record.seq, context, provider_fp, chat_fp)
 
     def commit(self, token: Any) -> None:
         session_id, state, seq, context, provider, chat = token
@@ -214,23 +228,21 @@ class Decoder:
 
     def _v2(self, raw: Mapping[str, Any]) -> CompletionRecord:
         stored = raw["prompt"]
-        if "ids" in stored:
-            prompt = stored["ids"]
-        else:
+        context: list[int] | None = None
+        if "ids" not in stored:
             context = self._contexts.get(stored["parent"])
             if context is None or stored["keep"] > len(context):
                 raise FormatError(f"prompt refers to record {stored['parent']}, which is not in the window before it")
-            prompt = None
         fields = {k: raw[k] for k in ("session_id", "seq", "provider_api", "response_ids", "response_logprobs",
                                       "message", "timings", "notes", *_SCALAR_FIELDS) if k in raw}
         # Validate only what this line adds (the suffix): the kept part is the parent's context,
         # validated when the parent was read. Re-validating it would cost turns × context.
         record = CompletionRecord.model_validate({
             **fields,
-            "prompt_ids": stored["ids"] if prompt is not None else stored["suffix"],
+            "prompt_ids": stored["ids"] if context is None else stored["suffix"],
             "provider_request": _undelta(raw["provider_request"], self._provider, "provider_request"),
             "chat_request": _undelta(raw["chat_request"], self._chat, "chat_request"),
         })
-        if prompt is None:
+        if context is not None:
             record.prompt_ids = context[: stored["keep"]] + record.prompt_ids
         return record

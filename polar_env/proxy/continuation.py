@@ -27,6 +27,17 @@ from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, QwenTokenizer
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 _KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
+# One int object per token id for the whole process: ids parsed from engine replies are fresh
+# 28-byte objects each; remembered contexts point into this table instead, so a session's tip
+# costs 8 bytes an id (its list) — ~0.8 MB at 100k tokens, ~200 MB for 256 sessions, not ~1 GB.
+_IDS = list(range(1 << 18))
+
+
+def _interned(ids: list[int]) -> list[int]:
+    table = _IDS
+    if ids and max(ids) < len(table) and min(ids) >= 0:
+        return list(map(table.__getitem__, ids))
+    return list(ids)
 
 
 @dataclass(slots=True, eq=False)
@@ -127,7 +138,7 @@ class Continuation:
         glue = "\n" if self.quirks.newline_after_turn else ""
         new_text = glue + render(messages, chat.tools, enable_thinking=thinking, quirks=self.quirks, from_index=start)
         context = best.context()
-        ids = context + ([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text)
+        ids = context + _interned(([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text))
         return Plan(ids, best, len(context)), f"continuation: token-in over {len(context)} earlier tokens"
 
     def remember(self, chat: ChatRequest, generation: Generation, seq: int, plan: Plan | None = None) -> None:
@@ -136,10 +147,10 @@ class Continuation:
         last = self.turns[-1] if self.turns else None
         messages = chat.messages
         if plan is not None and generation.prompt_ids == plan.ids:
-            parent, keep, prompt = plan.parent, plan.keep, plan.ids
+            parent, keep, prompt = plan.parent, plan.keep, plan.ids  # interned already
             messages = parent.messages + messages[len(parent.messages):]  # share the unchanged prefix
         else:  # templated: share what the previous turn's context has in common with it
-            prompt = generation.prompt_ids
+            prompt = _interned(generation.prompt_ids)
             parent, keep = last, 0
             if last is not None:
                 keep = common_prefix(last.context(), prompt)
@@ -149,10 +160,11 @@ class Continuation:
             tools = last.tools
         if parent is not None:
             parent.cache = None  # the new turn is the chain's tip now
+        response = _interned(generation.response_ids)
         self.turns.append(
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
-                 parent=parent, keep=keep, suffix=prompt[keep:], response_ids=generation.response_ids,
-                 message=generation.message, cache=prompt + generation.response_ids)
+                 parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
+                 message=generation.message, cache=prompt + response)
         )
 

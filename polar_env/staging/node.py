@@ -151,7 +151,7 @@ class GatewayNode:
         gateway = GatewayConfig(engine_model=self.model, temperature=self.config.temperature,
                                 top_p=self.config.top_p, max_tokens_cap=self.config.max_tokens,
                                 template=QUIRKS[self.config.template])
-        self.gateway = Gateway(self.meter, store, gateway)  # type: ignore[arg-type]
+        self.gateway = Gateway(self.meter, store, gateway)
         # The unix socket is what sandboxes reach (through their relay): it serves the provider
         # routes only, never the control plane (Gateway.provider_app). Unix socket paths are
         # limited to ~107 bytes: keep it short, under the system temp dir. TCP is host loopback
