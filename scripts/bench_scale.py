@@ -9,7 +9,9 @@ token-in ids it was sent, or ids derived from the messages), ``R`` sampled ids w
 a ``bash`` tool call whose command is long enough that each turn adds ``C/T`` tokens — after
 ``--engine-ms`` of simulated generation. The last turn answers without a tool call. Each
 session's first call waits a session-dependent extra (up to half a session's length), so
-sessions finish — and enter POSTRUN — while others still run.
+sessions finish — and enter POSTRUN — while others still run. Sessions go straight to
+``node.run``; each result is consumed as a trainer's callback would (its trajectory is not kept),
+so the node's RSS is the node's own state.
 
 Printed per variant: journal bytes per session and per final-context token; peak RSS of the node
 process (and of its largest child: POSTRUN workers); the gateway's added latency (a record's
@@ -145,13 +147,22 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from polar_env.engines.config import EngineConfig
     from polar_env.runtimes.simulated import SimulatedRuntime
-    from polar_env.staging.models import AgentSpec, SessionStatus, TaskRequest
+    from polar_env.staging.models import AgentSpec, SessionSpec, SessionStatus, TaskRequest
     from polar_env.staging.node import GatewayNode, NodeConfig
     from polar_env.staging.pools import PoolLimits
-    from polar_env.staging.server import LocalNode, RolloutServer
 
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)  # as the gateway CLI does (cli._tune_gc)
+    gc_pauses: list[float] = []  # the cyclic GC's pauses of this process (they stop the event loop)
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((time.perf_counter() - gc_started[0]) * 1000)
+
+    gc.callbacks.append(on_gc)
 
     class SimulatedNode(GatewayNode):
         def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
@@ -168,22 +179,34 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     sampler.start()
     request = TaskRequest(task_id="scale", instruction="Fix the failing test. " * 20, num_samples=args.sessions,
                           agent=AgentSpec(harness="loop", settings={"max_turns": args.turns + 1}),
-                          continuation=True)
+                          continuation=True, timeout_s=24 * 3600.0)  # measure the load, not the agent budget
 
-    async def run() -> tuple[Any, float, float, str]:
+    class Done:
+        """What the bench keeps of a SessionResult; the trajectory goes on, as to a trainer's
+        callback — a node does not keep its finished sessions' trajectories."""
+
+        def __init__(self, result: Any) -> None:
+            self.status, self.error, self.stage_times = result.status, result.error, result.stage_times
+            self.traced = result.trajectory is not None
+
+    async def run() -> tuple[list[Done], float, float, str]:
         node = SimulatedNode(config)
         await node.start()
-        server = RolloutServer([LocalNode(node)])
+        specs = [SessionSpec(session_id=f"scale-{i}", sample_index=i, group_id="scale", request=request)
+                 for i in range(args.sessions)]
+
+        async def one(spec: SessionSpec) -> Done:
+            return Done(await node.run(spec))
+
         cpu0, t0 = time.process_time(), time.monotonic()
-        status = await server.run(request)
+        done = await asyncio.gather(*(one(spec) for spec in specs))
         wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
         root = str(node.store.root)
-        await server.aclose()
-        return status, wall, cpu, root
+        await node.stop()
+        return list(done), wall, cpu, root
 
-    status, wall, cpu, root = asyncio.run(run())
+    results, wall, cpu, root = asyncio.run(run())
     stop.set()
-    results = status.results
     windows = sorted((r.stage_times["postrun"], r.stage_times.get("done", r.stage_times["postrun"])) for r in results)
     postrun_s = [b - a for a, b in windows]
     quiet: list[float] = []
@@ -214,7 +237,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 prompt_len = len(prompt)
             final_tokens += prompt_len + len(last["response_ids"])
     sessions = len(results)
-    errors = sum(1 for r in results if r.status is not SessionStatus.COMPLETED)
+    errors = sum(1 for r in results if r.status is not SessionStatus.COMPLETED or not r.traced)
     return {
         "sessions": sessions, "calls": calls, "errors": errors,
         "error_samples": [r.error for r in results if r.status is not SessionStatus.COMPLETED][:3],
@@ -228,6 +251,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "rps": calls / wall if wall else 0.0, "cpu_ms_per_call": cpu * 1000 / max(1, calls),
         "postrun_s_per_session": statistics.mean(postrun_s) if postrun_s else 0.0,
         "wall_s": wall,
+        "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
     }
 
 
@@ -280,6 +304,8 @@ ROWS = [
     ("calls", "calls", "{:,}"),
     ("errors", "errors", "{}"),
     ("wall s", "wall_s", "{:.1f}"),
+    ("GC pause max ms (node)", "gc_pause_max_ms", "{:.1f}"),
+    ("GC pause total s (node)", "gc_pause_total_s", "{:.2f}"),
 ]
 
 

@@ -43,6 +43,10 @@ class JournalWriter:
         self._jobs.put(((fn, args), loop, done))
         await done
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the writer thread after everything queued so far (descriptor closes)."""
         self._jobs.put(((), None, fn))

@@ -347,9 +347,9 @@ class Gateway:
         """Journal one record whole (CaptureError otherwise); returns once it is durable, so
         the reply that follows is never for a lost call. Encoding, write and fsync run on the
         journal writer thread, in submission order; the loop only enqueues."""
+        if self._closed and (self._writer is None or self._writer.closed):
+            raise CaptureError("the gateway is closed; the call was not recorded")
         if self._writer is None:
-            if self._closed:
-                raise CaptureError("the gateway is closed")
             self._writer = JournalWriter(self.store.append)
         await self._writer.append(record, ref)
         self.events.emit("call_recorded", record.session_id, seq=record.seq, provider=record.provider_api.value,
