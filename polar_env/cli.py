@@ -220,8 +220,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
     from polar_env.proxy.admin import load_or_create_admin_token
-    from polar_env.proxy.app import GatewayConfig, build_app, build_provider_app
     from polar_env.proxy.capture import CaptureStore
+    from polar_env.proxy.gateway import Gateway, GatewayConfig
 
     started = time.perf_counter()
     engine, model, engine_text = await _gateway_engine(args, kind)
@@ -238,12 +238,12 @@ async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) ->
         continuation=args.continuation,
         engine_timeout_s=args.engine_timeout,
     )
-    app = build_app(engine, store, config)
+    gateway = Gateway(engine, store, config)
     where = f"; store {store_root}; " + (f"admin token in {token_path}" if token_path else "admin token from --admin-token")
     what = f"polar-env gateway (engine: {engine_text}, model {model!r})"
     # sandboxes get the provider routes only (runtimes/relay.py)
-    sandbox = build_provider_app(app) if args.unix_socket else None
-    await _serve(app, args.host, args.port, what, started, unix_socket=args.unix_socket, unix_app=sandbox, suffix=where)
+    sandbox = gateway.provider_app if args.unix_socket else None
+    await _serve(gateway.app, args.host, args.port, what, started, unix_socket=args.unix_socket, unix_app=sandbox, suffix=where)
 
 
 # -- serving -----------------------------------------------------------------------------------

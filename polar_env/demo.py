@@ -24,7 +24,7 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.engines.embedded.server import build_app as build_engine_app
 from polar_env.engines.vllm import VLLMClient
-from polar_env.proxy.app import CONFIG, GatewayConfig, build_app as build_gateway_app
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore
 from polar_env.trajectory.fidelity import verify
 from polar_env.trajectory.per_request import build_per_request
@@ -75,13 +75,13 @@ async def run_demo(store_dir: str | None = None) -> int:
     engine_runner, engine_url = await _serve(build_engine_app(engine))
     store = CaptureStore(Path(store_dir or tempfile.mkdtemp(prefix="polar-demo-")))
     session_id = fresh_session_id(store)
-    gateway = build_gateway_app(VLLMClient(engine_url, engine.model_name), store, GatewayConfig(engine_model=engine.model_name))
-    gateway_runner, gateway_url = await _serve(gateway)
+    gateway = await Gateway(VLLMClient(engine_url, engine.model_name), store, GatewayConfig(engine_model=engine.model_name)).start()
+    gateway_url = gateway.url
     print(f"embedded engine {engine_url} + gateway {gateway_url} ready in {time.perf_counter() - started:.1f}s "
           f"({engine.describe()['parameters']:,}-parameter Qwen3, Qwen3.5 tokenizer and template)")
     try:
         async with aiohttp.ClientSession() as http:
-            admin = {"Authorization": f"Bearer {gateway[CONFIG].admin_token}"}
+            admin = {"Authorization": f"Bearer {gateway.config.admin_token}"}
             async with http.post(f"{gateway_url}/sessions", json={"session_id": session_id}, headers=admin) as resp:
                 session = await resp.json()
             headers = {"x-api-key": session["key"], "anthropic-version": "2023-06-01"}
@@ -104,7 +104,7 @@ async def run_demo(store_dir: str | None = None) -> int:
                     results.append({"type": "tool_result", "tool_use_id": call["id"], "content": run.stdout})
                 messages.append({"role": "user", "content": results})
     finally:
-        await gateway_runner.cleanup()
+        await gateway.aclose()
         await engine_runner.cleanup()
 
     records = store.read(session_id)

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from polar_env.dashboard.server import Dashboard, build_dashboard
 from polar_env.observe.metrics import METRICS
-from polar_env.proxy.app import CONFIG, GatewayConfig, build_app
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore, SessionMeta
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
 from polar_env.trajectory.outcome import write_outcome
@@ -47,12 +47,13 @@ class BenchEngine:
 
 async def gateway_run(calls: int, concurrency: int, with_metrics: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
-        app = build_app(BenchEngine(), CaptureStore(Path(tmp)), GatewayConfig(engine_model="m"))  # type: ignore[arg-type]
+        gateway = Gateway(BenchEngine(), CaptureStore(Path(tmp)), GatewayConfig(engine_model="m"))  # type: ignore[arg-type]
+        app = gateway.app
         if not with_metrics:
             app.middlewares.pop()  # the metrics middleware is the last one installed
-            del app[METRICS]  # observe_call is then a dict miss
+            app[METRICS].unsubscribe()  # and no event subscriber: the call series cost nothing
         async with TestClient(TestServer(app)) as client:
-            admin = {"Authorization": f"Bearer {app[CONFIG].admin_token}"}
+            admin = {"Authorization": f"Bearer {gateway.config.admin_token}"}
             keys = []
             for i in range(concurrency):
                 s = await (await client.post("/sessions", json={"session_id": f"s{i}"}, headers=admin)).json()

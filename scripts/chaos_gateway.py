@@ -282,6 +282,11 @@ async def main_async(args: argparse.Namespace) -> int:
     engine = FaultyEngine(args.seed)
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/chat/completions", engine.chat)
+
+    async def models(request: web.Request) -> web.Response:  # the gateway's start-up probe reads it
+        return web.json_response({"object": "list", "data": [{"id": "chaos", "object": "model"}]})
+
+    app.router.add_get("/v1/models", models)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

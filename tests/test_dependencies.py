@@ -61,8 +61,8 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         import polar_env
         from polar_env.engines import make_engine
         from polar_env.evaluators import EvalContext, run_evaluator
-        from polar_env.proxy.app import CONFIG, GatewayConfig, build_app
         from polar_env.proxy.capture import CaptureStore
+        from polar_env.proxy.gateway import Gateway, GatewayConfig
         from polar_env.runtimes import RuntimeSpec, make_runtime
         from polar_env.tasks import toy
         from polar_env.trajectory.builders import BUILDERS
@@ -72,9 +72,9 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
             await engine_server.start_server()
             store = CaptureStore(Path({str(tmp_path / "capture")!r}))
             engine = make_engine("vllm", str(engine_server.make_url("/v1")), MODEL)
-            app = build_app(engine, store, GatewayConfig(engine_model=MODEL))
-            admin = {{"Authorization": f"Bearer {{app[CONFIG].admin_token}}"}}
-            gateway = TestClient(TestServer(app))
+            gw = Gateway(engine, store, GatewayConfig(engine_model=MODEL))
+            admin = {{"Authorization": f"Bearer {{gw.config.admin_token}}"}}
+            gateway = TestClient(TestServer(gw.app))
             await gateway.start_server()
             try:
                 session = await (await gateway.post("/sessions", json={{"session_id": "nt"}}, headers=admin)).json()

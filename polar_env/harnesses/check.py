@@ -263,12 +263,10 @@ def _kill_group(pid: int) -> None:
 
 
 async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, continuation: bool = False) -> CheckResult:
-    from aiohttp import web
-
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.policy import ScriptedPolicy
-    from polar_env.proxy.app import SESSIONS, GatewayConfig, build_app
     from polar_env.proxy.capture import CaptureStore
+    from polar_env.proxy.gateway import Gateway, GatewayConfig
     from polar_env.proxy.continuation import Continuation
     from polar_env.proxy.providers import PROVIDERS
     from polar_env.qwen.tokenizer import load_tokenizer
@@ -279,19 +277,17 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
         result.problems.append(f"the gateway has no provider registered for {spec.api.value}")
     engine = EmbeddedEngine(policy=policy_for(spec, ScriptedPolicy()))
     store = CaptureStore(workdir / "capture")
-    app = build_app(engine, store, GatewayConfig(engine_model=engine.model_name))
-    app.middlewares.append(http_logger(result))
-    tracker = Continuation(load_tokenizer(), engine.quirks) if continuation else None
-    session = app[SESSIONS].create(metadata={"check": spec.id}, continuation=tracker)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name))
+    gateway.app.middlewares.append(http_logger(result))
+    tracker = Continuation(load_tokenizer(), engine.quirks) if continuation else False
+    session = gateway.open_session(metadata={"check": spec.id}, continuation=tracker)
+    await gateway.start("127.0.0.1", 0)
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
+        port = gateway.port
         stdout = await run_cli(spec, f"http://127.0.0.1:{port}", session.key, engine.model_name, workdir,
                                timeout_s, result)
     finally:
-        await runner.cleanup()
+        await gateway.aclose()
     records = store.read(session.id)
     judge_records(records, result, spec.finish_command)
     if records:

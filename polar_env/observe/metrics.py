@@ -18,7 +18,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from polar_env.proxy.providers import PROVIDERS
-from polar_env.records import CompletionRecord
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Added latency is the gateway's own cost (parse, translate, journal): sub-millisecond to tens of ms.
@@ -34,6 +33,13 @@ class _Gate(Protocol):
 
     @property
     def in_flight(self) -> int: ...
+
+
+class _Gateway(Protocol):
+    """What the metrics read of a ``polar_env.proxy.gateway.Gateway``: its gate and its events."""
+
+    gate: Any
+    events: Any
 
 
 def _provider_paths() -> dict[str, str]:
@@ -70,20 +76,25 @@ class GatewayMetrics:
         Gauge("polar_gateway_paused", "1 while engine calls are paused for a weight sync", registry=r).set_function(
             lambda: float(gate.paused))
         self._paths = _provider_paths()
+        self.unsubscribe: Callable[[], None] = lambda: None  # set when subscribed to a gateway's events
 
     def provider_of(self, request: web.Request) -> str:
         resource = request.match_info.route.resource
         return self._paths.get(resource.canonical, "none") if resource is not None else "none"
 
-    def observe_call(self, record: CompletionRecord, journal_bytes: int) -> None:
-        provider = record.provider_api.value
-        engine_s = record.timings.engine_ms / 1000
+    def on_event(self, event: Any) -> None:
+        """A ``Gateway`` event subscriber: each recorded call moves the call series."""
+        if event.kind != "call_recorded":
+            return
+        data = event.data
+        provider = data["provider"]
+        engine_s = data["engine_ms"] / 1000
         self.engine_latency.labels(provider).observe(engine_s)
-        self.added_latency.labels(provider).observe(max(0.0, record.timings.total_ms / 1000 - engine_s))
-        self.prompt_tokens.labels(provider).inc(len(record.prompt_ids))
-        self.sampled_tokens.labels(provider).inc(len(record.response_ids))
-        self.records.labels(provider, record.finish_reason).inc()
-        self.journal_bytes.inc(journal_bytes)
+        self.added_latency.labels(provider).observe(max(0.0, data["total_ms"] / 1000 - engine_s))
+        self.prompt_tokens.labels(provider).inc(data["prompt_tokens"])
+        self.sampled_tokens.labels(provider).inc(data["response_tokens"])
+        self.records.labels(provider, data["finish_reason"]).inc()
+        self.journal_bytes.inc(data.get("journal_bytes", 0))
 
 
 METRICS = web.AppKey("polar_metrics", GatewayMetrics)
@@ -112,12 +123,13 @@ def metrics_response(registry: CollectorRegistry) -> web.Response:
     return response
 
 
-def install_gateway_metrics(app: web.Application, gate: _Gate,
+def install_gateway_metrics(app: web.Application, gateway: _Gateway,
                             authorized: Callable[[web.Request], bool]) -> GatewayMetrics:
-    """Count every request of ``app`` and serve ``GET /metrics`` to callers ``authorized`` admits
-    (the gateway's admin token: Prometheus sends it as ``authorization: {credentials: ...}``).
-    Call before the catch-all route is added."""
-    metrics = GatewayMetrics(gate)
+    """Count every request of ``app``, subscribe to ``gateway``'s events for the call series, and
+    serve ``GET /metrics`` to callers ``authorized`` admits (the gateway's admin token: Prometheus
+    sends it as ``authorization: {credentials: ...}``). Call before the catch-all route is added."""
+    metrics = GatewayMetrics(gateway.gate)
+    metrics.unsubscribe = gateway.events.subscribe(metrics.on_event)
     app[METRICS] = metrics
     app.middlewares.append(_middleware(metrics))
 
@@ -136,12 +148,6 @@ def share_gateway_metrics(sandbox: web.Application, app: web.Application) -> Non
     if METRICS in app:
         sandbox[METRICS] = app[METRICS]
         sandbox.middlewares.append(_middleware(app[METRICS]))
-
-
-def observe_call(app: web.Application, record: CompletionRecord, journal_bytes: int) -> None:
-    metrics = app.get(METRICS)
-    if metrics is not None:
-        metrics.observe_call(record, journal_bytes)
 
 
 class RolloutMetrics:

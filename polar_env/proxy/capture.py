@@ -1,5 +1,11 @@
 """Durable capture: one JSON-lines journal per session, appended before the reply is sent, plus
 each session's persisted state (``sessions/<id>.json``) so a restarted gateway knows its sessions.
+Lines are journal v2 (``polar_env/journal/format.py``: linear in tokens); ``version=1`` writes
+the earlier whole-record lines (kept for comparisons); readers take both, streamed.
+
+Threads. The gateway appends from its journal writer thread (``polar_env/journal/writer.py``)
+while the event loop opens and closes sessions: descriptors and the encoder state are guarded by
+one lock, so a close can never land between another thread's open and write.
 
 Whole records or nothing. Each record is a single ``os.write`` on an ``O_APPEND`` descriptor whose
 returned length is checked: a short or failed write (disk full, ``ulimit -f``) is truncated back
@@ -20,7 +26,9 @@ import hashlib
 import logging
 import os
 import re
+import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError, PolarError
+from polar_env.journal.format import Decoder, Encoder, FormatError, PromptRef
 from polar_env.records import CompletionRecord
 
 log = logging.getLogger("polar_env.gateway")
@@ -72,7 +81,7 @@ class CaptureStore:
     """Per-session journals under ``root`` (``<session_id>.jsonl``) and session state under
     ``root/sessions``."""
 
-    def __init__(self, root: Path, *, fsync: bool = False, max_open: int = 64) -> None:
+    def __init__(self, root: Path, *, fsync: bool = False, max_open: int = 64, version: int = 2) -> None:
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -81,6 +90,8 @@ class CaptureStore:
         self.fsync = fsync
         self.max_open = max(1, max_open)
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.RLock()
+        self._encoder = Encoder() if version == 2 else None
 
     def path(self, session_id: str) -> Path:
         return self.root / f"{check_session_id(session_id)}.jsonl"
@@ -104,33 +115,58 @@ class CaptureStore:
             os.close(old)
         return fd
 
-    def append(self, record: CompletionRecord) -> int:
+    def append(self, record: CompletionRecord, ref: PromptRef | None = None) -> int:
         """Journal one record whole and return its size in bytes, or raise CaptureError with the
-        journal unchanged."""
+        journal unchanged. ``ref``: the gateway's token-in prompt reference (continuation mode),
+        stored as such."""
+        with self._lock:
+            try:
+                if self._encoder is None:
+                    data, token = record.to_json() + b"\n", None
+                else:
+                    data, token = self._encoder.encode(record, ref)
+            except (TypeError, orjson.JSONEncodeError) as exc:
+                raise CaptureError(f"record cannot be serialized: {exc}") from exc
+            self._append_line(record.session_id, data)
+            if token is not None and self._encoder is not None:
+                self._encoder.commit(token)
+            return len(data)
+
+    def append_event(self, session_id: str, event: dict[str, Any]) -> None:
+        """A non-record line (``{"event": ...}``: an aborted call); readers of records skip it."""
+        with self._lock:
+            data = orjson.dumps({"v": 2, "session_id": session_id, **event}, option=orjson.OPT_APPEND_NEWLINE)
+            self._append_line(session_id, data)
+
+    def events(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's event lines (aborted calls), in journal order."""
+        path = self.path(session_id)
+        if not path.exists():
+            return []
+        with open(path, "rb") as f:
+            parsed = (orjson.loads(line) for line in f if b'"event":' in line and line.endswith(b"\n"))
+            return [e for e in parsed if "event" in e]
+
+    def _append_line(self, session_id: str, data: bytes) -> None:
         try:
-            data = record.to_json() + b"\n"
-        except (TypeError, orjson.JSONEncodeError) as exc:
-            raise CaptureError(f"record cannot be serialized: {exc}") from exc
-        try:
-            fd = self._fd(record.session_id)
+            fd = self._fd(session_id)
         except OSError as exc:
-            raise CaptureError(f"cannot open journal of {record.session_id!r}: {exc.strerror or exc}") from exc
+            raise CaptureError(f"cannot open journal of {session_id!r}: {exc.strerror or exc}") from exc
         size = os.fstat(fd).st_size
         try:
             written = os.write(fd, data)
         except OSError as exc:
-            self._undo(record.session_id, fd, size)
+            self._undo(session_id, fd, size)
             raise CaptureError(f"journal write failed: {exc.strerror or exc}") from exc
         if written != len(data):
-            self._undo(record.session_id, fd, size)
+            self._undo(session_id, fd, size)
             raise CaptureError(f"journal write cut short ({written} of {len(data)} bytes; disk full or file size limit)")
         if self.fsync:
             try:
                 os.fsync(fd)
             except OSError as exc:
-                self._undo(record.session_id, fd, size)
+                self._undo(session_id, fd, size)
                 raise CaptureError(f"journal fsync failed: {exc.strerror or exc}") from exc
-        return written
 
     def _undo(self, session_id: str, fd: int, size: int) -> None:
         try:
@@ -143,22 +179,16 @@ class CaptureStore:
     def read(self, session_id: str) -> list[CompletionRecord]:
         """All complete records of a session; a torn final line (crash mid-write) is skipped.
         A bad line anywhere else raises JournalError naming the file and line."""
+        return list(self.iter_records(session_id))
+
+    def iter_records(self, session_id: str, start: int = 0) -> Iterator[CompletionRecord]:
+        """The session's records in journal order, streamed line by line (v1 and v2); records
+        before the ``start``-th are decoded (v2 references need them) but not yielded."""
         path = self.path(session_id)
         if not path.exists():
-            return []
-        records = []
-        lines = path.read_bytes().split(b"\n")
-        for i, line in enumerate(lines):
-            if not line:
-                continue
-            try:
-                records.append(CompletionRecord.model_validate(orjson.loads(line)))
-            except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
-                if i == len(lines) - 1:  # no trailing newline: the write was cut short
-                    break
-                first = str(exc).splitlines()[0][:200]
-                raise JournalError(f"{path} line {i + 1} is not a valid record: {first}") from exc
-        return records
+            return
+        with open(path, "rb") as f:
+            yield from iter_journal(f, path, start)
 
     def count(self, session_id: str) -> int:
         path = self.path(session_id)
@@ -229,13 +259,63 @@ class CaptureStore:
         return len(self._fds)
 
     def close_session(self, session_id: str) -> None:
-        fd = self._fds.pop(session_id, None)
-        if fd is not None:
-            os.close(fd)
+        with self._lock:
+            fd = self._fds.pop(session_id, None)
+            if fd is not None:
+                os.close(fd)
+
+    def forget(self, session_id: str) -> None:
+        """Close the session's descriptor and drop its encoder state (a closed session)."""
+        with self._lock:
+            self.close_session(session_id)
+            if self._encoder is not None:
+                self._encoder.forget(session_id)
 
     def close(self) -> None:
-        for session_id in list(self._fds):
-            self.close_session(session_id)
+        with self._lock:
+            for session_id in list(self._fds):
+                self.close_session(session_id)
+
+
+def iter_journal(f: Any, path: Path, start: int = 0) -> Iterator[CompletionRecord]:
+    """Records from an open journal file, one line at a time (see ``CaptureStore.read``); the
+    ``start`` count and line numbers in errors are over record lines (event lines are skipped)."""
+    decoder = Decoder()
+    number = 0  # records seen
+    line_no = 0
+    pending: bytes | None = None
+    for raw in f:
+        if pending is not None:
+            line_no += 1
+            record = _decode(decoder, pending, path, line_no)
+            if record is not None:
+                number += 1
+                if number > start:
+                    yield record
+        pending = raw
+    if pending is None:
+        return
+    line_no += 1
+    if pending.endswith(b"\n"):
+        record = _decode(decoder, pending, path, line_no)
+    else:  # no trailing newline: the write was cut short (a torn tail) unless it parses whole
+        try:
+            record = _decode(decoder, pending, path, line_no)
+        except JournalError:
+            return
+    if record is not None and number + 1 > start:
+        yield record
+
+
+def _decode(decoder: Decoder, line: bytes, path: Path, number: int) -> CompletionRecord | None:
+    try:
+        raw = orjson.loads(line)
+        if isinstance(raw, dict) and "event" in raw:
+            return None
+        return decoder.decode(raw)
+    except (orjson.JSONDecodeError, ValidationError, ValueError, KeyError, TypeError, AttributeError, FormatError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise JournalError(f"{path} line {number} is not a valid record: {first}") from exc
 
 
 def repair_tail(fd: int, path: Path) -> None:

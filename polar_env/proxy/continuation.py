@@ -21,21 +21,57 @@ from typing import Any
 
 import orjson
 
+from polar_env.journal.format import common_prefix
 from polar_env.qwen.template import TemplateQuirks, content_text, render
 from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, QwenTokenizer
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 _KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
+# One int object per token id for the whole process: ids parsed from engine replies are fresh
+# 28-byte objects each; remembered contexts point into this table instead, so a session's tip
+# costs 8 bytes an id (its list) — ~0.8 MB at 100k tokens, ~200 MB for 256 sessions, not ~1 GB.
+_IDS = list(range(1 << 18))
 
 
-@dataclass(frozen=True, slots=True)
+def _interned(ids: list[int]) -> list[int]:
+    table = _IDS
+    if ids and max(ids) < len(table) and min(ids) >= 0:
+        return list(map(table.__getitem__, ids))
+    return list(ids)
+
+
+@dataclass(slots=True, eq=False)
 class Turn:
+    """One remembered call. Its prompt is ``parent``'s context (prompt + sampled ids) cut to
+    ``keep`` tokens, then ``suffix``: a session's turns form a tree whose stored ids add up to
+    the final context, not to turns × context. Messages and tool lists share the objects of the
+    turn they extend. Only chain tips cache their materialized context."""
+
+    seq: int
     messages: list[dict[str, Any]]
     tools: bytes
     thinking: bool
-    prompt_ids: list[int]
+    parent: Turn | None
+    keep: int
+    suffix: list[int]
     response_ids: list[int]
     message: AssistantMessage
+    cache: list[int] | None = None  # prompt + response ids, kept on tips only
+
+    def context(self) -> list[int]:
+        if self.cache is not None:
+            return self.cache
+        head = self.parent.context()[: self.keep] if self.parent is not None else []
+        return head + self.suffix + self.response_ids
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A token-in prompt: ``ids`` is ``parent.context()`` (``keep`` tokens) then new tokens."""
+
+    ids: list[int]
+    parent: Turn
+    keep: int
 
 
 def _arguments(value: Any) -> Any:
@@ -73,8 +109,8 @@ class Continuation:
         self.quirks = quirks
         self.turns: deque[Turn] = deque(maxlen=_KEEP_TURNS)
 
-    def plan(self, chat: ChatRequest) -> tuple[list[int] | None, str]:
-        """(token-in prompt ids, note); ids are None when normal templating must be used."""
+    def plan(self, chat: ChatRequest) -> tuple[Plan | None, str]:
+        """(token-in plan, note); the plan is None when normal templating must be used."""
         if not self.turns:
             return None, "continuation: first turn, templated"
         messages, tools = chat.messages, orjson.dumps(chat.tools)
@@ -101,17 +137,34 @@ class Continuation:
         ended = bool(best.response_ids) and best.response_ids[-1] in EOS_IDS
         glue = "\n" if self.quirks.newline_after_turn else ""
         new_text = glue + render(messages, chat.tools, enable_thinking=thinking, quirks=self.quirks, from_index=start)
-        ids = best.prompt_ids + best.response_ids + ([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text)
-        return ids, f"continuation: token-in over {len(best.prompt_ids) + len(best.response_ids)} earlier tokens"
+        context = best.context()
+        ids = context + _interned(([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text))
+        return Plan(ids, best, len(context)), f"continuation: token-in over {len(context)} earlier tokens"
 
-    def remember(self, chat: ChatRequest, generation: Generation) -> None:
+    def remember(self, chat: ChatRequest, generation: Generation, seq: int, plan: Plan | None = None) -> None:
+        """Remember a recorded call; ``plan`` is what it was generated from (None: templated)."""
+        tools = orjson.dumps(chat.tools)
+        last = self.turns[-1] if self.turns else None
+        messages = chat.messages
+        if plan is not None and generation.prompt_ids == plan.ids:
+            parent, keep, prompt = plan.parent, plan.keep, plan.ids  # interned already
+            messages = parent.messages + messages[len(parent.messages):]  # share the unchanged prefix
+        else:  # templated: share what the previous turn's context has in common with it
+            prompt = _interned(generation.prompt_ids)
+            parent, keep = last, 0
+            if last is not None:
+                keep = common_prefix(last.context(), prompt)
+                if keep == 0:
+                    parent = None
+        if last is not None and last.tools == tools:
+            tools = last.tools
+        if parent is not None:
+            parent.cache = None  # the new turn is the chain's tip now
+        response = _interned(generation.response_ids)
         self.turns.append(
-            Turn(
-                messages=chat.messages,
-                tools=orjson.dumps(chat.tools),
-                thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
-                prompt_ids=generation.prompt_ids,
-                response_ids=generation.response_ids,
-                message=generation.message,
-            )
+            Turn(seq=seq, messages=messages, tools=tools,
+                 thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
+                 parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
+                 message=generation.message, cache=prompt + response)
         )
+

@@ -20,13 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polar_env.errors import PolarError
 from polar_env.evaluators import EvalContext, EvaluatorSpec, prewarm, run_evaluator
 from polar_env.harnesses import loop
-from polar_env.records import Status, Trajectory
+from polar_env.records import Status
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
-from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.outcome import with_outcome, write_outcome
 
 if TYPE_CHECKING:
@@ -193,15 +191,14 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
     if run.stage is not Stage.POSTRUN:
         _enter(node, run, Stage.POSTRUN)
     async with node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
-        try:
-            records = await asyncio.to_thread(node.store.read, spec.session_id)
-        except PolarError as exc:  # a journal line that is not a record: nothing trustworthy to build
-            records = []
-            run.status, run.error = SessionStatus.ERROR, f"journal unreadable: {exc}"
-        if run.final_answer is None and records:
-            run.final_answer = records[-1].message.content
+        # read + build in a worker process (postrun_pool.py): never on the gateway's GIL
+        built = await node.postrun.build(node.store.root, spec.session_id, req.builder)
+        if built.error is not None:
+            run.status, run.error = SessionStatus.ERROR, built.error
+        if run.final_answer is None and built.records:
+            run.final_answer = built.final_answer
         reward, evaluation = 0.0, {}
-        trajectory = await _build(req.builder, records, run) if records else None
+        trajectory = built.trajectory
         if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
             run.eval_ctx.final_answer = run.final_answer
             run.eval_ctx.exit_code = run.exit_code
@@ -219,7 +216,7 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
             evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.error}"}
         await _cleanup(node, run)
         _enter(node, run, Stage.DONE)
-        outcome = _outcome(run, reward, evaluation, records, node)
+        outcome = _outcome(run, reward, evaluation, built.weight_versions, node)
         await asyncio.to_thread(write_outcome, node.store.root, spec.session_id, outcome)
         if trajectory is not None:
             trajectory = with_outcome(trajectory, outcome)
@@ -227,28 +224,16 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
     return SessionResult(
         session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
         node_id=node.node_id, status=run.status, reward=reward, evaluation=evaluation, trajectory=trajectory,
-        stage_times=run.stage_times, records=len(records), harness_exit_code=run.exit_code, error=run.error,
+        stage_times=run.stage_times, records=built.records, harness_exit_code=run.exit_code, error=run.error,
         limits=outcome["limits"])
 
 
-async def _build(builder: str, records: list[Any], run: Run) -> Trajectory | None:
-    build = BUILDERS.get(builder)
-    if build is None:
-        run.status, run.error = SessionStatus.ERROR, f"unknown builder {builder!r}; known: {sorted(BUILDERS)}"
-        return None
-    try:
-        return await asyncio.to_thread(build, records)
-    except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the session's result
-        run.status, run.error = SessionStatus.ERROR, f"builder {builder} failed: {_one_line(exc)}"
-        return None
-
-
-def _outcome(run: Run, reward: float, evaluation: dict[str, Any], records: list[Any], node: GatewayNode) -> dict[str, Any]:
+def _outcome(run: Run, reward: float, evaluation: dict[str, Any], weight_versions: list[str], node: GatewayNode) -> dict[str, Any]:
     limits = getattr(run.runtime, "limits_report", None)
     return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, node.node_id),
             "status": run.status.value, "reward": reward, "evaluation": evaluation,
             "limits": limits() if limits is not None else {},
-            "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None}),
+            "weight_versions": weight_versions,
             "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "error": run.error}
 
 

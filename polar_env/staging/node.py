@@ -15,9 +15,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
@@ -30,6 +29,10 @@ from polar_env.runtimes.base import prepared
 from polar_env.staging import lifecycle
 from polar_env.staging.models import SessionResult, SessionSpec, Stage
 from polar_env.staging.pools import PoolLimits, StagePools
+from polar_env.staging.postrun_pool import PostrunPool
+
+if TYPE_CHECKING:
+    from polar_env.proxy.gateway import Gateway
 
 
 class NodeConfig(BaseModel):
@@ -117,14 +120,13 @@ class GatewayNode:
         self.meter: MeteredEngine | None = None
         self.model = config.engine.model
         self.pools = StagePools(config.limits)
+        self.postrun = PostrunPool(config.limits.max_postrun)  # read + build off this process
         self.runs: dict[str, lifecycle.Run] = {}
         self.work: dict[str, asyncio.Future[None]] = {}
         self.harness_cache = config.harness_cache
         self.socket: Path | None = None
         self.port: int | None = None
-        self.app: web.Application | None = None
-        self._runner: web.AppRunner | None = None
-        self._sandbox_runner: web.AppRunner | None = None
+        self.gateway: Gateway | None = None
         self._sock_dir: Path | None = None
         self._harnesses: dict[str, HarnessSpec] = {}
         self._install_locks: dict[str, asyncio.Lock] = {}
@@ -134,8 +136,8 @@ class GatewayNode:
 
     # -- lifetime -----------------------------------------------------------------------------
     async def start(self) -> None:
-        from polar_env.proxy.app import GatewayConfig, build_app, build_provider_app
         from polar_env.proxy.capture import CaptureStore
+        from polar_env.proxy.gateway import Gateway, GatewayConfig
         from polar_env.qwen.template import QUIRKS
 
         if self.config.template not in QUIRKS:
@@ -155,21 +157,15 @@ class GatewayNode:
         gateway = GatewayConfig(engine_model=self.model, temperature=self.config.temperature,
                                 top_p=self.config.top_p, max_tokens_cap=self.config.max_tokens,
                                 template=QUIRKS[self.config.template])
-        self.app = build_app(self.meter, store, gateway)  # type: ignore[arg-type]
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
+        self.gateway = Gateway(self.meter, store, gateway)
         # The unix socket is what sandboxes reach (through their relay): it serves the provider
-        # routes only, never the control plane (proxy/app.py build_provider_app). Unix socket
-        # paths are limited to ~107 bytes: keep it short, under the system temp dir.
-        self._sandbox_runner = web.AppRunner(build_provider_app(self.app), access_log=None)
-        await self._sandbox_runner.setup()
+        # routes only, never the control plane (Gateway.provider_app). Unix socket paths are
+        # limited to ~107 bytes: keep it short, under the system temp dir. TCP is host loopback
+        # only, and only when asked for; the control plane needs the admin token.
         self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-node-"))
         self.socket = self._sock_dir / "gw.sock"
-        await web.UnixSite(self._sandbox_runner, str(self.socket)).start()
-        if self.config.tcp_port is not None:  # host loopback only; the control plane needs the admin token
-            site = web.TCPSite(self._runner, "127.0.0.1", self.config.tcp_port)
-            await site.start()
-            self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        await self.gateway.start("127.0.0.1", self.config.tcp_port, self.socket)
+        self.port = self.gateway.port
         self.started_at = time.monotonic()
 
     async def stop(self) -> None:
@@ -179,12 +175,9 @@ class GatewayNode:
         deadline = time.monotonic() + 60
         while self.runs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self._sandbox_runner is not None:
-            await self._sandbox_runner.cleanup()
-            self._sandbox_runner = None
-        if self._runner is not None:
-            await self._runner.cleanup()  # closes the engine client and the store
-            self._runner = None
+        if self.gateway is not None:
+            await self.gateway.aclose()  # drains in-flight captures, then closes the engine client and the store
+        await asyncio.to_thread(self.postrun.close)
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
         if self._incarnation is not None:
@@ -193,7 +186,7 @@ class GatewayNode:
 
     # -- sessions -----------------------------------------------------------------------------
     async def run(self, spec: SessionSpec) -> SessionResult:
-        if self.app is None:
+        if self.gateway is None:
             raise ConfigError("the node is not started (await node.start() first)")
         result = await lifecycle.run_session(self, spec)
         self.completed += 1
@@ -204,6 +197,8 @@ class GatewayNode:
         work = self.work.get(session_id)
         if work is None or work.done():
             return False
+        if self.gateway is not None:  # its in-flight generations stop now, not when they finish
+            self.gateway.abort_session(session_id, "cancelled")
         work.cancel()
         return True
 
@@ -212,16 +207,12 @@ class GatewayNode:
 
     @property
     def store(self) -> Any:
-        from polar_env.proxy.app import STORE
+        return self._gateway().store
 
-        assert self.app is not None
-        return self.app[STORE]
-
-    def _registry(self) -> Any:
-        from polar_env.proxy.app import SESSIONS
-
-        assert self.app is not None
-        return self.app[SESSIONS]
+    def _gateway(self) -> Gateway:
+        if self.gateway is None:
+            raise ConfigError("the node is not started (await node.start() first)")
+        return self.gateway
 
     async def open_session(self, spec: SessionSpec, metadata: dict[str, Any]) -> None:
         from polar_env.proxy.continuation import Continuation
@@ -232,23 +223,23 @@ class GatewayNode:
         if spec.request.continuation:
             tokenizer = await asyncio.to_thread(load_tokenizer)
             continuation = Continuation(tokenizer, QUIRKS[self.config.template])
-        self._registry().create(spec.session_id, metadata, continuation)
+        self._gateway().open_session(spec.session_id, metadata, continuation or False)
 
     def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Sessions for harnesses this node does not run (your own agents, load generators): the
         keys to send and where the gateway listens. Their journals land in this node's store."""
         out = []
         for sid in session_ids:
-            session = self._registry().create(sid, dict(metadata or {}), None)
+            session = self._gateway().open_session(sid, dict(metadata or {}), False)
             out.append({"session_id": sid, "key": session.key, "port": self.port, "socket": str(self.socket)})
         return out
 
     def session(self, session_id: str) -> Any:
-        return self._registry().get(session_id)
+        return self._gateway().sessions.get(session_id)
 
     def close_session(self, session_id: str) -> None:
         try:
-            self._registry().close(session_id)
+            self._gateway().close_session(session_id)
         except Exception:  # noqa: BLE001 - never opened (INIT failed early) or already closed
             pass
 
@@ -280,19 +271,16 @@ class GatewayNode:
 
     # -- weights --------------------------------------------------------------------------------
     def gate(self) -> Any:
-        from polar_env.proxy.app import GATE
-
-        assert self.app is not None
-        return self.app[GATE]
+        return self._gateway().gate
 
     async def pause(self, timeout_s: float = 600.0) -> bool:
-        return bool(await self.gate().pause(timeout_s))
+        return await self._gateway().pause(timeout_s)
 
     async def resume(self, weight_version: str | None = None) -> None:
         set_version = getattr(self.engine, "set_weight_version", None)
         if weight_version is not None and callable(set_version):
-            set_version(weight_version)  # engines that stamp records themselves carry the trainer's version
-        await self.gate().resume(weight_version)
+            set_version(weight_version)  # the gateway holds the meter; the engine itself stamps records
+        await self._gateway().resume(weight_version)
 
     async def update_weights(self, source: Any, version: str | None = None, timeout_s: float = 600.0) -> str:
         """Pause the gateway (in-flight calls drain), load new weights into the engine, resume under

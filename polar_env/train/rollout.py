@@ -24,14 +24,13 @@ from typing import Any, Protocol, Self
 
 import aiohttp
 import torch
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.env import PolarEnv
 from polar_env.evaluators import EvalContext, EvaluatorSpec, run_evaluator
-from polar_env.proxy.app import GatewayConfig, build_app
 from polar_env.proxy.capture import CaptureStore
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.records import Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 
@@ -92,7 +91,7 @@ class LocalGateway:
         self.max_tokens = max_tokens
         self.builder = BUILDERS[builder]
         self.store = CaptureStore(store_dir or Path(tempfile.mkdtemp(prefix="polar-train-")))
-        self._runner: web.AppRunner | None = None
+        self.gateway: Gateway | None = None
         self._http: aiohttp.ClientSession | None = None
         self.url = ""
 
@@ -105,20 +104,17 @@ class LocalGateway:
             admin_token=ADMIN_TOKEN,
             continuation=True,  # token-in: merged chains are exactly what the model saw
         )
-        app = build_app(self.engine, self.store, config)  # EmbeddedEngine.aclose is a no-op
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        # EmbeddedEngine.aclose is a no-op: the trainer keeps using the engine afterwards
+        self.gateway = await Gateway(self.engine, self.store, config).start("127.0.0.1", 0)
+        self.url = self.gateway.url or ""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._http is not None:
             await self._http.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self.gateway is not None:
+            await self.gateway.aclose()
 
     # -- rollouts ---------------------------------------------------------------------------
     async def rollout(self, task: ToyTask, n: int) -> list[Trajectory]:

@@ -98,30 +98,24 @@ class Gateway:
 
 @contextlib.asynccontextmanager
 async def gateway(policy: ScriptedPolicy, capture_dir: Path) -> AsyncIterator[Gateway]:
-    from aiohttp import web
-
     from polar_env.engines.embedded.engine import EmbeddedEngine
-    from polar_env.proxy.app import SESSIONS, GatewayConfig, build_app, build_provider_app
     from polar_env.proxy.capture import CaptureStore
+    from polar_env.proxy.gateway import Gateway as LiveGateway
+    from polar_env.proxy.gateway import GatewayConfig
 
     engine = EmbeddedEngine(policy=policy)
     store = CaptureStore(capture_dir)
-    app = build_app(engine, store, GatewayConfig(engine_model=engine.model_name))
-    session = app[SESSIONS].create(metadata={"test": "e2e"})
+    gw = LiveGateway(engine, store, GatewayConfig(engine_model=engine.model_name))
+    session = gw.open_session(metadata={"test": "e2e"})
     # unix socket paths are limited to ~107 bytes: pytest's tmp_path can be longer
     sock_dir = Path(tempfile.mkdtemp(prefix="polar-gw-"))
     # the sandbox's socket serves the provider routes only (as polar-env gateway --unix-socket does)
-    runner = web.AppRunner(app, access_log=None)
-    sandbox = web.AppRunner(build_provider_app(app), access_log=None)
-    await runner.setup()
-    await sandbox.setup()
     try:
         sock = sock_dir / "gw.sock"
-        await web.UnixSite(sandbox, str(sock)).start()
+        await gw.start(port=None, unix_socket=sock)
         yield Gateway(sock, session.key, session.id, engine.model_name, store)
     finally:
-        await sandbox.cleanup()
-        await runner.cleanup()
+        await gw.aclose()
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 

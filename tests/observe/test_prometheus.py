@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from polar_env.engines.config import EngineConfig
-from polar_env.proxy.app import build_provider_app
+from polar_env.proxy.gateway import Gateway
 from polar_env.staging.node import NodeConfig
 from polar_env.staging.pools import PoolLimits
 from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
@@ -72,7 +72,7 @@ async def test_gateway_metrics_move_with_traffic(tmp_path: Path) -> None:
         assert value(untouched, "polar_gateway_requests_total", provider="openai_chat", status="200") == 0
 
         # the sandbox-facing app counts into the same registry and has no /metrics of its own
-        sandbox = TestClient(TestServer(build_provider_app(client.server.app)))
+        sandbox = TestClient(TestServer(Gateway.of(client.server.app).provider_app))
         await sandbox.start_server()
         try:
             assert (await sandbox.post("/v1/chat/completions", json=CHAT_BODY, headers=key)).status == 200

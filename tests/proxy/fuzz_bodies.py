@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from hypothesis import strategies as st
 
-from polar_env.proxy.app import CONFIG, SESSIONS, GatewayConfig, build_app
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore
 from polar_env.qwen.template import render
 from polar_env.qwen.tokenizer import load_tokenizer
@@ -307,13 +307,14 @@ class Tally:
 
 
 class FuzzGateway:
-    """A real gateway (build_app) on 127.0.0.1 in a background thread, with a long-lived session."""
+    """A real gateway (Gateway) on 127.0.0.1 in a background thread, with a long-lived session."""
 
     def __init__(self, root: Path) -> None:
         self.engine = RenderingFakeEngine()
         self.store = CaptureStore(root)
-        self.app = build_app(self.engine, self.store, GatewayConfig(engine_model="fuzz", session_idle_s=None))
-        self.admin = self.app[CONFIG].admin_token or ""
+        self.gateway = Gateway(self.engine, self.store, GatewayConfig(engine_model="fuzz", session_idle_s=None))
+        self.app = self.gateway.app
+        self.admin = self.gateway.config.admin_token or ""
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(self.app, access_log=None)
         ready = threading.Event()
@@ -334,8 +335,8 @@ class FuzzGateway:
         self.thread.start()
         ready.wait(30)
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        own = self.app[SESSIONS].create("own")
-        other = self.app[SESSIONS].create("other")
+        own = self.gateway.open_session("own")
+        other = self.gateway.open_session("other")
         self.keys = {"session": own.key or "", "other": "sk-polar-" + "x" * 32, "none": ""}
         self.own, self.other = own.id, other.id
         del other
@@ -402,7 +403,7 @@ class FuzzGateway:
             self.send(Case("resume", "POST", "/admin/resume", b"{}", "admin"))
         if case.route == "delete" and status == 200:
             # the long-lived session was closed by a fuzzed DELETE: open a fresh one
-            fresh = self.app[SESSIONS].create()
+            fresh = self.gateway.open_session()
             self.keys["session"], self.own = fresh.key or "", fresh.id
         if problems:
             tally.failures.append(f"{case.method} {case.path} auth={case.auth} -> {status}: {'; '.join(problems)}; "

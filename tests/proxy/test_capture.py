@@ -91,7 +91,7 @@ CHILD = textwrap.dedent("""
         return CompletionRecord(
             message=AssistantMessage(content="ok"), prompt_ids=[1, 2], response_ids=[3], response_logprobs=[-0.5],
             finish_reason="stop", session_id=session_id, seq=seq, provider_api="openai_chat",
-            provider_request={{"pad": "x" * pad}}, chat_request=ChatRequest(messages=[{{"role": "user", "content": "q"}}]),
+            provider_request={{"pad": str(seq % 10) * pad}}, chat_request=ChatRequest(messages=[{{"role": "user", "content": "q"}}]),
             timings=Timings(received_at=0.0),
         )
     mode = sys.argv[1]

@@ -21,12 +21,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.proxy import capture
 from polar_env.proxy.admin import load_or_create_admin_token
-from polar_env.proxy.app import CONFIG, SESSIONS, STATS, STORE, GatewayConfig, build_app, build_provider_app
 from polar_env.proxy.capture import CaptureStore
+from polar_env.proxy.gateway import Gateway as LiveGateway
+from polar_env.proxy.gateway import GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
+from tests.proxy.conftest import live as live_gateway
 
 CHAT = "/v1/chat/completions"
 
@@ -68,14 +70,14 @@ async def test_control_plane_needs_the_admin_token_or_the_sessions_own_key(fake_
     assert status["paused"] is False and status["sessions"] == 2
 
 
-async def test_build_app_always_has_an_admin_token(tmp_path: Path) -> None:
-    app = build_app(FakeEngine(), CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
-    token = app[CONFIG].admin_token
+async def test_gateway_always_has_an_admin_token(tmp_path: Path) -> None:
+    gw = LiveGateway(FakeEngine(), CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
+    token = gw.config.admin_token
     assert token and len(token) >= 32
-    other = build_app(FakeEngine(), CaptureStore(tmp_path / "2"), GatewayConfig(engine_model="m"))
-    assert other[CONFIG].admin_token != token
-    given = build_app(FakeEngine(), CaptureStore(tmp_path / "3"), GatewayConfig(engine_model="m", admin_token="t0p"))
-    assert given[CONFIG].admin_token == "t0p"
+    other = LiveGateway(FakeEngine(), CaptureStore(tmp_path / "2"), GatewayConfig(engine_model="m"))
+    assert other.config.admin_token != token
+    given = LiveGateway(FakeEngine(), CaptureStore(tmp_path / "3"), GatewayConfig(engine_model="m", admin_token="t0p"))
+    assert given.config.admin_token == "t0p"
 
 
 def test_admin_token_file_is_created_0600_and_reused(tmp_path: Path) -> None:
@@ -97,12 +99,12 @@ async def test_keys_never_stored_in_clear(fake_gateway: Gateway, tmp_path: Path)
 
 async def test_provider_app_serves_no_control_plane(fake_engine: FakeEngine, tmp_path: Path) -> None:
     """What a sandbox reaches: provider routes for its own key, nothing else, whatever it sends."""
-    app = build_app(fake_engine, CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
-    session = app[SESSIONS].create("mine")
-    other = app[SESSIONS].create("theirs")
-    admin = admin_headers_for(app)
-    full = TestClient(TestServer(app))
-    sandbox = TestClient(TestServer(build_provider_app(app)))
+    gw = LiveGateway(fake_engine, CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
+    session = gw.open_session("mine")
+    other = gw.open_session("theirs")
+    admin = bearer(gw.config.admin_token or "")
+    full = TestClient(TestServer(gw.app))
+    sandbox = TestClient(TestServer(gw.provider_app))
     await full.start_server()
     await sandbox.start_server()
     try:
@@ -114,15 +116,11 @@ async def test_provider_app_serves_no_control_plane(fake_engine: FakeEngine, tmp
             resp = await sandbox.request(method, path, headers=admin)  # even with the admin token
             assert resp.status == 404 and "error" in await resp.json(), (method, path)
         assert (await sandbox.get("/v1/models")).status == 200
-        assert len(app[STORE].read("mine")) == 1 and app[STORE].read("theirs") == []
+        assert len(gw.store.read("mine")) == 1 and gw.store.read("theirs") == []
         del other
     finally:
         await sandbox.close()
         await full.close()
-
-
-def admin_headers_for(app: object) -> dict[str, str]:
-    return bearer(app[CONFIG].admin_token)  # type: ignore[index]
 
 
 # -- 2. non-finite logprobs ----------------------------------------------------------------------
@@ -384,7 +382,7 @@ async def test_session_id_with_newline_and_oversized_metadata_are_refused(tmp_pa
         assert resp.status == 400 and "invalid session id" in (await resp.json())["error"]["message"]
         resp = await gw.client.post("/sessions", json={"metadata": {"blob": "x" * 100_000}}, headers=gw.admin)
         assert resp.status == 413
-        assert len(gw.client.server.app[SESSIONS]) == 0
+        assert len(live_gateway(gw.client).sessions) == 0
     finally:
         await gw.client.close()
 
@@ -432,7 +430,7 @@ async def test_call_abandoned_behind_a_pause_is_not_generated(fake_gateway: Gate
     await fake_gateway.client.post("/admin/resume", headers=fake_gateway.admin)
     await asyncio.sleep(0.2)
     assert fake_engine.seen == [] and fake_gateway.store.read(s["session_id"]) == []
-    assert fake_gateway.client.server.app[STATS]["abandoned"] == 1
+    assert live_gateway(fake_gateway.client).stats["abandoned"] == 1
 
 
 async def test_session_that_cannot_be_persisted_is_not_issued(fake_gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -444,4 +442,4 @@ async def test_session_that_cannot_be_persisted_is_not_issued(fake_gateway: Gate
     monkeypatch.setattr(fake_gateway.store, "write_session_meta", disk_full)
     resp = await fake_gateway.client.post("/sessions", json={"session_id": "nope"}, headers=fake_gateway.admin)
     assert resp.status == 507 and "No space left" in (await resp.json())["error"]["message"]
-    assert len(fake_gateway.client.server.app[SESSIONS]) == 0
+    assert len(live_gateway(fake_gateway.client).sessions) == 0

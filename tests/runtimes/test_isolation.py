@@ -12,9 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from aiohttp import web
 
-from polar_env.proxy.app import CONFIG, GATE, SESSIONS, STORE, GatewayConfig, build_app, build_provider_app
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore
 from polar_env.runtimes import RuntimeSpec, make_runtime
 
@@ -61,16 +60,14 @@ print("PROBE " + json.dumps(out))
 async def test_sandboxed_process_reaches_only_its_own_provider_routes(tmp_path: Path) -> None:
     require_bwrap()
     engine = FakeEngine()
-    app = build_app(engine, CaptureStore(tmp_path / "capture"), GatewayConfig(engine_model="m"))
-    mine = app[SESSIONS].create("mine")
-    theirs = app[SESSIONS].create("theirs")
+    gw = Gateway(engine, CaptureStore(tmp_path / "capture"), GatewayConfig(engine_model="m"))
+    mine = gw.open_session("mine")
+    theirs = gw.open_session("theirs")
     # the admin token is handed in only to prove it does not help: sandboxes never get it
-    admin = app[CONFIG].admin_token or ""
-    runner = web.AppRunner(build_provider_app(app), access_log=None)
-    await runner.setup()
+    admin = gw.config.admin_token or ""
     sock_dir = Path(tempfile.mkdtemp(prefix="pgw-"))
     try:
-        await web.UnixSite(runner, str(sock_dir / "gw.sock")).start()
+        await gw.start(port=None, unix_socket=sock_dir / "gw.sock")
         runtime = make_runtime(RuntimeSpec(kind="sandbox", gateway_socket=sock_dir / "gw.sock", gateway_port=PORT))
         await runtime.prepare()
         try:
@@ -79,8 +76,7 @@ async def test_sandboxed_process_reaches_only_its_own_provider_routes(tmp_path: 
         finally:
             await runtime.stop()
     finally:
-        await runner.cleanup()
-        app[STORE].close()
+        await gw.aclose()
         shutil.rmtree(sock_dir, ignore_errors=True)
     line = next((ln for ln in res.output.splitlines() if ln.startswith("PROBE ")), None)
     assert res.exit_code == 0 and line is not None, res.output
@@ -89,7 +85,7 @@ async def test_sandboxed_process_reaches_only_its_own_provider_routes(tmp_path: 
                 "create_session": 404, "other_completions": 404, "other_info": 404, "close_other": 404,
                 "pause": 404, "status": 404}
     assert got == {name: [code, code] for name, code in expected.items()}, got  # relay and raw socket alike
-    store = app[STORE]
+    store = gw.store
     assert len(store.read("mine")) == 4 and store.read("theirs") == []
-    assert app[GATE].paused is False and not app[SESSIONS].get("theirs").closed
-    assert len(app[SESSIONS]) == 2
+    assert gw.gate.paused is False and not gw.sessions.get("theirs").closed
+    assert len(gw.sessions) == 2

@@ -197,11 +197,9 @@ async def test_the_store_is_self_describing(node_config) -> None:  # type: ignor
 async def test_the_sandbox_socket_serves_provider_routes_only(node_config) -> None:  # type: ignore[no-untyped-def]
     import aiohttp
 
-    from polar_env.proxy.app import CONFIG
-
     node = await started(FakeRuntimeNode(node_config()))
     try:
-        admin = {"Authorization": f"Bearer {node.app[CONFIG].admin_token}"}
+        admin = {"Authorization": f"Bearer {node.gateway.config.admin_token}"}
         key = node.open_external(["ext-0"])[0]["key"]
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(node.socket))) as http:
             for method, path in (("POST", "/sessions"), ("GET", "/sessions/ext-0/completions"),

@@ -15,7 +15,6 @@ import yaml
 
 from polar_env.cli import main
 from polar_env.engines.embedded.engine import EmbeddedEngine
-from polar_env.proxy.app import GATE
 from polar_env.train.loop import run_recipe
 from polar_env.train.recipe import Recipe
 from polar_env.train.rollout import LocalGateway, ToyTask
@@ -70,8 +69,8 @@ def test_update_weights_pauses_reloads_and_resumes(task: ToyTask) -> None:
 
     async def run() -> None:
         async with LocalGateway(engine, temperature=0.1, max_tokens=3) as gateway:
-            assert gateway._runner is not None
-            gate = gateway._runner.app[GATE]
+            assert gateway.gateway is not None
+            gate = gateway.gateway.gate
             reload = engine.reload_weights
 
             def watched_reload(state):  # type: ignore[no-untyped-def]

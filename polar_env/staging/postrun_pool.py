@@ -1,0 +1,94 @@
+"""POSTRUN's CPU work off the gateway's process: journal read + trajectory build in worker
+processes, so a finishing session never holds the GIL of the loop that serves the running ones.
+
+A 100-call session's read and prefix merge is ~1 s of Python; in a thread it still stalls every
+live session's replies (the GIL), so it runs in a ``ProcessPoolExecutor`` (forkserver: the node
+process has threads, which ``fork`` must not copy) with ``max_postrun`` workers. The worker reads
+the journal itself (by path), so only the small result crosses back: the trajectory plus the few
+facts POSTRUN needs (record count, final answer, weight versions). Evaluators stay in the node
+process: they drive the session's runtime (async I/O into the sandbox), not the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polar_env.errors import PolarError
+from polar_env.records import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What POSTRUN needs from a session's journal. ``error`` says why there is no trajectory."""
+
+    trajectory: Trajectory | None
+    records: int
+    final_answer: str | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    error: str | None = None
+    journal_ok: bool = True  # False: the journal itself could not be read
+
+
+def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
+    """Runs in a worker process (or inline): read the journal, build the trajectory."""
+    from polar_env.proxy.capture import CaptureStore
+    from polar_env.trajectory.builders import BUILDERS
+
+    store = CaptureStore(Path(store_root))
+    try:
+        records = store.read(session_id)
+    except PolarError as exc:  # a journal line that is not a record: nothing trustworthy to build
+        return Built(None, 0, error=f"journal unreadable: {exc}", journal_ok=False)
+    if not records:
+        return Built(None, 0)
+    final = records[-1].message.content
+    versions = sorted({r.weight_version for r in records if r.weight_version is not None})
+    build = BUILDERS.get(builder)
+    if build is None:
+        return Built(None, len(records), final, versions, f"unknown builder {builder!r}; known: {sorted(BUILDERS)}")
+    try:
+        trajectory = build(records)
+    except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the session's result
+        line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return Built(None, len(records), final, versions, f"builder {builder} failed: {type(exc).__name__}: {line}")
+    return Built(trajectory, len(records), final, versions)
+
+
+def _warm() -> None:
+    """Each worker at start: lower its CPU priority (POSTRUN is throughput work; the gateway's
+    replies are latency work and must win the cores) and import what builds need."""
+    import os
+
+    os.nice(POSTRUN_NICE)
+    import polar_env.proxy.capture  # noqa: F401
+    import polar_env.trajectory.builders  # noqa: F401
+
+
+POSTRUN_NICE = 10  # on a node whose cores the gateway shares, a finishing session yields to running ones
+
+
+class PostrunPool:
+    """A node's POSTRUN worker processes (started on first use, stopped by ``close``)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            context = multiprocessing.get_context("forkserver")
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_warm)
+        return self._pool
+
+    async def build(self, store_root: Path, session_id: str, builder: str) -> Built:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor(), read_and_build, str(store_root), session_id, builder)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,375 @@
+"""Production shape on one node: N concurrent sessions × T turns with contexts growing to C tokens,
+through the real node and gateway, then POSTRUN — this tree against a baseline tree, side by side.
+
+Per variant, a child process runs one ``GatewayNode`` (real gateway, journal, continuation mode,
+staged pools) whose sessions are the built-in ``loop`` harness on ``SimulatedRuntime`` (a test
+double: tool calls run nothing and echo their command). The engine is a mock vLLM server in its
+own process (a test double): every reply has realistic token data — ``prompt_token_ids`` (the
+token-in ids it was sent, or ids derived from the messages), ``R`` sampled ids with logprobs and
+a ``bash`` tool call whose command is long enough that each turn adds ``C/T`` tokens — after
+``--engine-ms`` of simulated generation. The last turn answers without a tool call. Each
+session's first call waits a session-dependent extra (up to half a session's length), so
+sessions finish — and enter POSTRUN — while others still run. Sessions go straight to
+``node.run``; each result is consumed as a trainer's callback would (its trajectory is not kept),
+so the node's RSS is the node's own state.
+
+Printed per variant: journal bytes per session and per final-context token; peak RSS of the node
+process (and of its largest child: POSTRUN workers); the gateway's added latency (a record's
+``total_ms - engine_ms``: receipt to durable record, engine time excluded) p50/p99 for calls that
+ran while no session was in POSTRUN ("quiet") and while ≥1 was ("postrun"); calls per second of
+the node process; POSTRUN seconds per session; errors. The baseline is another source tree (by
+default the commit before this benchmark's changes, unpacked with ``git archive``) run by the
+same child code, so "before" is the pre-change code path, not a flag.
+
+    python scripts/bench_scale.py [--sessions 256] [--turns 100] [--context 100000]
+        [--engine-ms 2000] [--baseline-rev fd45cad | --no-baseline] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_BASELINE = "fd45cad"  # main before issue 15 (Gateway object, journal v2, POSTRUN pool)
+RESPONSE_IDS = 200  # sampled ids per turn; the rest of each turn's growth is the tool output
+
+
+# -- the mock engine (a test double in its own process) ------------------------------------------
+
+def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> None:
+    import orjson
+    from aiohttp import web
+
+    grow_tokens = max(0, (context // max(1, turns)) - RESPONSE_IDS - 40)  # 40: template and tool framing
+    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud forest engine".split()
+    filler = " ".join(words[(i * 7) % len(words)] for i in range(grow_tokens))  # ~1 Qwen token per word
+    logprob_entries = [{"token": f"t{i}", "logprob": -0.5 - (i % 7) * 0.1, "bytes": [116], "top_logprobs": []}
+                       for i in range(RESPONSE_IDS)]
+
+    def derived_ids(messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt ids for a templated request: deterministic and append-only in the messages."""
+        out: list[int] = []
+        for m in messages:
+            text = m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+            data = (str(m.get("role")) + (text or "") + json.dumps(m.get("tool_calls") or "")).encode()
+            out.extend(1000 + b for b in data[::4])
+        return out
+
+    async def chat(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        messages = body.get("messages") or []
+        prompt = (body.get("kv_transfer_params") or {}).get("prompt_token_ids") or derived_ids(messages)
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        delay = engine_ms / 1000
+        if turn == 0:  # stagger sessions over half a session's length, so some run while others finish
+            digest = hashlib.blake2b(str(body.get("session_id")).encode(), digest_size=2).digest()
+            delay += int.from_bytes(digest, "big") / 65535 * 0.5 * turns * engine_ms / 1000
+        await asyncio.sleep(delay)
+        ids = [50_000 + (turn * 7 + i) % 100_000 for i in range(RESPONSE_IDS - 1)] + [248046]
+        if turn + 1 >= turns:
+            message = {"role": "assistant", "content": f"Done after {turn + 1} turns.", "tool_calls": []}
+            finish = "stop"
+        else:
+            command = f"echo step-{turn} {filler}"
+            message = {"role": "assistant", "content": None, "reasoning": f"Turn {turn}: look further.",
+                       "tool_calls": [{"id": f"call-{turn}", "type": "function",
+                                       "function": {"name": "bash", "arguments": orjson.dumps({"command": command}).decode()}}]}
+            finish = "tool_calls"
+        reply = {"id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": "bench",
+                 "prompt_token_ids": prompt,
+                 "choices": [{"index": 0, "message": message, "logprobs": {"content": logprob_entries},
+                              "token_ids": ids, "finish_reason": finish, "stop_reason": None}],
+                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": RESPONSE_IDS}}
+        return web.Response(body=orjson.dumps(reply), content_type="application/json")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
+
+
+# -- the child: one node under load ---------------------------------------------------------------
+
+def _rss(pid: int | str) -> int:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _rss_sampler(peak: list[int], stop: Any) -> None:
+    """Peak RSS of this process (the node) and of its descendants together (POSTRUN workers)."""
+    me = os.getpid()
+    while not stop.is_set():
+        peak[0] = max(peak[0], _rss(me))
+        peak[1] = max(peak[1], sum(_rss(p) for p in _descendants(me)))
+        stop.wait(0.5)
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import gc
+    import threading
+
+    from polar_env.engines.config import EngineConfig
+    from polar_env.runtimes.simulated import SimulatedRuntime
+    from polar_env.staging.models import AgentSpec, SessionSpec, SessionStatus, TaskRequest
+    from polar_env.staging.node import GatewayNode, NodeConfig
+    from polar_env.staging.pools import PoolLimits
+
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)  # as the gateway CLI does (cli._tune_gc)
+    gc_pauses: list[float] = []  # the cyclic GC's pauses of this process (they stop the event loop)
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((time.perf_counter() - gc_started[0]) * 1000)
+
+    gc.callbacks.append(on_gc)
+
+    class SimulatedNode(GatewayNode):
+        def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
+            return SimulatedRuntime(spec)  # a test double: runs nothing
+
+    store = Path(args.store)
+    limits = PoolLimits(max_running=args.sessions, max_init=min(args.sessions, 64), max_postrun=2,
+                        ready_buffer=min(args.sessions, 64))
+    config = NodeConfig(engine=EngineConfig(kind="vllm", url=f"http://127.0.0.1:{args.engine_port}/v1", model="bench"),
+                        store=store, limits=limits, tcp_port=None, install_harnesses=False)
+    peak = [0, 0]
+    stop = threading.Event()
+    sampler = threading.Thread(target=_rss_sampler, args=(peak, stop), daemon=True)
+    sampler.start()
+    request = TaskRequest(task_id="scale", instruction="Fix the failing test. " * 20, num_samples=args.sessions,
+                          agent=AgentSpec(harness="loop", settings={"max_turns": args.turns + 1}),
+                          continuation=True, timeout_s=24 * 3600.0)  # measure the load, not the agent budget
+
+    class Done:
+        """What the bench keeps of a SessionResult; the trajectory goes on, as to a trainer's
+        callback — a node does not keep its finished sessions' trajectories."""
+
+        def __init__(self, result: Any) -> None:
+            self.status, self.error, self.stage_times = result.status, result.error, result.stage_times
+            self.traced = result.trajectory is not None
+
+    async def run() -> tuple[list[Done], float, float, str]:
+        node = SimulatedNode(config)
+        await node.start()
+        specs = [SessionSpec(session_id=f"scale-{i}", sample_index=i, group_id="scale", request=request)
+                 for i in range(args.sessions)]
+
+        async def one(spec: SessionSpec) -> Done:
+            return Done(await node.run(spec))
+
+        cpu0, t0 = time.process_time(), time.monotonic()
+        done = await asyncio.gather(*(one(spec) for spec in specs))
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        root = str(node.store.root)
+        await node.stop()
+        return list(done), wall, cpu, root
+
+    results, wall, cpu, root = asyncio.run(run())
+    stop.set()
+    windows = sorted((r.stage_times["postrun"], r.stage_times.get("done", r.stage_times["postrun"])) for r in results)
+    postrun_s = [b - a for a, b in windows]
+    quiet: list[float] = []
+    busy: list[float] = []
+    journal_bytes = 0
+    final_tokens = 0
+    calls = 0
+    for path in Path(root).glob("*.jsonl"):
+        journal_bytes += path.stat().st_size
+        last: dict[str, Any] | None = None
+        with open(path, "rb") as f:
+            for line in f:
+                rec = json.loads(line)
+                if "timings" not in rec:
+                    continue
+                calls += 1
+                t = rec["timings"]
+                added = t["total_ms"] - t["engine_ms"]
+                at = t["received_at"]  # epoch seconds; stage_times are epoch too
+                (busy if any(a <= at <= b for a, b in windows) else quiet).append(added)
+                last = rec
+        if last is not None:
+            prompt = last.get("prompt_ids")
+            if prompt is None:  # v2: the final context's length from its reference
+                stored = last["prompt"]
+                prompt_len = len(stored["ids"]) if "ids" in stored else stored["keep"] + len(stored["suffix"])
+            else:
+                prompt_len = len(prompt)
+            final_tokens += prompt_len + len(last["response_ids"])
+    sessions = len(results)
+    errors = sum(1 for r in results if r.status is not SessionStatus.COMPLETED or not r.traced)
+    return {
+        "sessions": sessions, "calls": calls, "errors": errors,
+        "error_samples": [r.error for r in results if r.status is not SessionStatus.COMPLETED][:3],
+        "journal_mb_per_session": journal_bytes / max(1, sessions) / 1e6,
+        "journal_bytes_per_token": journal_bytes / max(1, final_tokens),
+        "final_context_tokens": final_tokens / max(1, sessions),
+        "peak_rss_mb": peak[0] / 1e6, "peak_child_rss_mb": peak[1] / 1e6,
+        "added_ms_quiet_p50": _pct(quiet, 50), "added_ms_quiet_p99": _pct(quiet, 99),
+        "added_ms_postrun_p50": _pct(busy, 50), "added_ms_postrun_p99": _pct(busy, 99),
+        "calls_during_postrun": len(busy),
+        "rps": calls / wall if wall else 0.0, "cpu_ms_per_call": cpu * 1000 / max(1, calls),
+        "postrun_s_per_session": statistics.mean(postrun_s) if postrun_s else 0.0,
+        "wall_s": wall,
+        "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
+    }
+
+
+def _pct(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+# -- the parent: engine, variants, table ----------------------------------------------------------
+
+def baseline_tree(rev: str) -> Path:
+    out = Path(tempfile.gettempdir()) / f"polar-bench-baseline-{rev}"
+    if not (out / "polar_env").is_dir():
+        out.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "polar_env"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def run_variant(tree: Path, args: argparse.Namespace, engine_port: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="polar-scale-") as store:
+        out = Path(store) / "result.json"
+        env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE}"}
+        cmd = [sys.executable, __file__, "--child", "--engine-port", str(engine_port), "--store", str(Path(store) / "capture"),
+               "--sessions", str(args.sessions), "--turns", str(args.turns), "--context", str(args.context),
+               "--result", str(out)]
+        proc = subprocess.run(cmd, env=env, cwd=str(tree), check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"variant {tree} failed (exit {proc.returncode})")
+        return dict(json.loads(out.read_text()))
+
+
+ROWS = [
+    ("journal MB / session", "journal_mb_per_session", "{:.2f}"),
+    ("journal bytes / token", "journal_bytes_per_token", "{:.1f}"),
+    ("final context tokens", "final_context_tokens", "{:,.0f}"),
+    ("peak node RSS MB", "peak_rss_mb", "{:,.0f}"),
+    ("peak workers RSS MB", "peak_child_rss_mb", "{:,.0f}"),
+    ("added ms p50 (quiet)", "added_ms_quiet_p50", "{:.2f}"),
+    ("added ms p99 (quiet)", "added_ms_quiet_p99", "{:.2f}"),
+    ("added ms p50 (POSTRUN)", "added_ms_postrun_p50", "{:.2f}"),
+    ("added ms p99 (POSTRUN)", "added_ms_postrun_p99", "{:.2f}"),
+    ("calls during POSTRUN", "calls_during_postrun", "{:,}"),
+    ("calls / s (node)", "rps", "{:.1f}"),
+    ("node CPU ms / call", "cpu_ms_per_call", "{:.2f}"),
+    ("POSTRUN s / session", "postrun_s_per_session", "{:.2f}"),
+    ("calls", "calls", "{:,}"),
+    ("errors", "errors", "{}"),
+    ("wall s", "wall_s", "{:.1f}"),
+    ("GC pause max ms (node)", "gc_pause_max_ms", "{:.1f}"),
+    ("GC pause total s (node)", "gc_pause_total_s", "{:.2f}"),
+]
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    names = list(results)
+    lines = [f"{'':28}" + "".join(f"{n:>16}" for n in names) + ("       after/before" if len(names) == 2 else "")]
+    for label, key, fmt in ROWS:
+        cells = [fmt.format(results[n][key]) for n in names]
+        line = f"{label:28}" + "".join(f"{c:>16}" for c in cells)
+        if len(names) == 2:
+            before, after = results[names[0]][key], results[names[1]][key]
+            if isinstance(before, (int, float)) and before:
+                line += f"{after / before:>19.2f}"
+        lines.append(line)
+    p99q, p99b = results[names[-1]]["added_ms_quiet_p99"], results[names[-1]]["added_ms_postrun_p99"]
+    lines.append(f"POSTRUN p99 / quiet p99 ({names[-1]}): {p99b / p99q:.2f} (target <= 1.5)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=256)
+    ap.add_argument("--turns", type=int, default=100)
+    ap.add_argument("--context", type=int, default=100_000)
+    ap.add_argument("--engine-ms", type=float, default=2000.0, help="simulated generation time per call")
+    ap.add_argument("--baseline-rev", default=DEFAULT_BASELINE)
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--json", help="also write the figures here")
+    # child mode (internal)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--store", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        Path(args.result).write_text(json.dumps(child(args)))
+        return
+
+    from bench_gateway import free_port, wait_port
+
+    port = free_port()
+    import multiprocessing
+
+    engine = multiprocessing.get_context("spawn").Process(
+        target=run_mock_engine, args=(port, args.engine_ms, args.turns, args.context), daemon=True)
+    engine.start()
+    try:
+        wait_port(port)
+        results: dict[str, dict[str, Any]] = {}
+        if not args.no_baseline:
+            results[f"before({args.baseline_rev})"] = run_variant(baseline_tree(args.baseline_rev), args, port)
+        results["after"] = run_variant(REPO, args, port)
+    finally:
+        engine.terminate()
+        engine.join(10)
+    print(f"bench_scale: {args.sessions} sessions x {args.turns} turns, contexts to ~{args.context:,} tokens, "
+          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn")
+    print(table(results))
+    for name, r in results.items():
+        if r["error_samples"]:
+            print(f"{name} errors: {r['error_samples']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

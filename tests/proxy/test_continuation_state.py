@@ -1,0 +1,34 @@
+"""Continuation state stays linear in the final context over a long session (not turns ×
+context), and the planned prompt is exactly the parent's context plus the new tokens."""
+
+from __future__ import annotations
+
+from polar_env.proxy.continuation import Continuation
+from polar_env.qwen.template import QWEN35
+from polar_env.qwen.tokenizer import load_tokenizer
+from polar_env.records import AssistantMessage, ChatRequest, Generation
+
+
+def test_100_turns_keep_one_context_not_100() -> None:
+    tracker = Continuation(load_tokenizer(), QWEN35)
+    messages: list[dict] = [{"role": "user", "content": "start " * 200}]
+    prompt = list(range(10, 1010))
+    for seq in range(100):
+        chat = ChatRequest(messages=list(messages))
+        plan, note = tracker.plan(chat)
+        if seq:
+            assert plan is not None, note
+            assert plan.ids[: plan.keep] == plan.parent.context()
+            prompt = plan.ids
+        response = [100 + seq, 248046]
+        generation = Generation(message=AssistantMessage(content=f"ok {seq}"), prompt_ids=list(prompt),
+                                response_ids=response, response_logprobs=[-1.0, -1.0], finish_reason="stop")
+        tracker.remember(chat, generation, seq, plan)
+        messages += [{"role": "assistant", "content": f"ok {seq}"}, {"role": "user", "content": f"more {seq} " * 30}]
+    final = tracker.turns[-1].context()
+    assert final == prompt + [199, 248046]
+    stored = sum(len(t.suffix) + len(t.response_ids) for t in tracker.turns)
+    assert stored <= len(final)  # the tree's ids add up to at most the final context
+    assert sum(t.cache is not None for t in tracker.turns) == 1  # only the tip caches its context
+    # messages are shared with the turn they extend, not copied per turn
+    assert tracker.turns[-1].messages[0] is tracker.turns[0].messages[0]
