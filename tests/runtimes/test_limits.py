@@ -101,13 +101,19 @@ async def test_patch_over_the_cap_is_refused() -> None:
 
 
 _CHILD = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from tests.evaluators.attacks import run_sessions
+
+def peak_mb():  # this process image's own peak RSS (ru_maxrss would carry the forking parent's over exec)
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
 tmp, cases = Path(sys.argv[1]), json.loads(sys.argv[2])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+before = peak_mb()
 results = run_sessions(tmp, {name: (cmd, rt) for name, (cmd, rt) in cases.items()})
-print(json.dumps({"before_mb": before, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"before_mb": before, "peak_mb": peak_mb(),
                   "results": {k: v.model_dump(mode="json", exclude={"trajectory"}) for k, v in results.items()}}))
 """
 
