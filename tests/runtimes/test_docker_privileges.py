@@ -55,3 +55,17 @@ async def test_agent_is_unprivileged_and_still_does_its_work(runtimes: Any, vari
     report = rt.limits_report()
     assert report["uid"] == f"{rt.uid} in container; dockerd userns-remap off"
     assert "no-new-privileges" in report["privileges"]
+
+
+@pytest.mark.parametrize("variant", ["docker"])
+async def test_harbor_verifier_contract_runs_as_the_agent_uid(runtimes: Any, variant: str, task_repo: Path) -> None:
+    """Harbor's verifier shell (the evaluator's own script) stages /tests and /logs/verifier and
+    writes the reward as the unprivileged uid, in a container whose / is root's."""
+    from polar_env.evaluators.harbor import STAGE_OUT, STAGE_TESTS, STAGING_FAILED, VERIFY_SCRIPT
+
+    rt = await runtimes(source_dir=task_repo, network="none")
+    await rt.write_file(f"{STAGE_TESTS}/test.sh", b"id -u > /logs/verifier/uid.txt; echo 1 > /logs/verifier/reward.txt\n")
+    run = await rt.exec(VERIFY_SCRIPT, timeout_s=60)
+    assert run.exit_code == 0 and run.exit_code != STAGING_FAILED, run.output
+    assert await rt.read_file(f"{STAGE_OUT}/reward.txt") == b"1\n"
+    assert int(await rt.read_file(f"{STAGE_OUT}/uid.txt")) == rt.uid
