@@ -16,24 +16,28 @@ prepare:
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
   (SWE-bench/SWE-Gym images have one).
 
-Users. Nothing the agent runs is root. Each container gets its own agent uid (``SANDBOX_UID_BASE`` +
-a random slot, as the bubblewrap sandbox; without dockerd's ``--userns-remap`` it is that uid on the
-host too, never a real user's). Every exec names its user (``docker exec -u``):
+Users. Nothing the agent runs is root. The agent's uid is ``AGENT_UID`` (160000: above the range
+the bubblewrap sandbox draws its per-runtime uids from; without dockerd's ``--userns-remap`` it is
+that uid on the host too, never a real user's). Every exec names its user (``docker exec -u``):
 - the agent's uid: every ``exec`` (harness, grading commands), ``diff``, ``read_file``, the baseline
   commit and ``write_file``'s ``mkdir`` — git runs the repo's own config (filters, hooks), so never as
   root; ``read_file`` is permission-checked like the agent (a planted symlink to a root-only file fails).
 - ``RELAY_UID`` (65534, nobody): the relay, so the agent cannot kill it (``kill -9 -1`` stays inside
   its own uid) and it is not root; the gateway socket is made connectable for it (``chmod 0666``;
   the session key still gates every route).
-- root, explicit and short: ``ROOT_SETUP`` at prepare (a passwd entry, ``chown -R`` of the workspace,
-  ``HOME`` (``/root``) and ``AGENT_DIRS`` to the agent, ``/tmp`` 1777) and the disk watchdog's ``du``.
-  The only long-lived root processes are pid 1 (``docker-init``) and its idle ``sleep``: the container
-  itself is root's so that those steps keep their capabilities (Docker clears a container's effective
-  capabilities for every exec when its configured user is not root).
+- root, explicit and short: ``ROOT_SETUP`` (a passwd entry, ``chown -R`` of the workdir, ``HOME``
+  (``/root``) and ``AGENT_DIRS`` to the agent, ``/tmp`` 1777), run **once per image, workdir and
+  uid** in a build container and committed as a derived image (``polar-agent:<key>``, labelled
+  ``polar_env.runtime=docker-agent-image``) that every session's container then runs: a ``chown -R``
+  copies a SWE repo up into a container's layer (overlayfs without ``metacopy``; 17 s for a 44 MB,
+  4,300-file tree on this machine), so it is paid once per node, not per session. Per container,
+  root runs only the disk watchdog's ``du`` (and ``mkdir`` for a ``write_file`` outside the agent's
+  trees). The only long-lived root processes are pid 1 (``docker-init``) and its idle ``sleep``: the
+  container itself is root's so that ``du`` keeps its capability (Docker clears a container's
+  effective capabilities for every exec when its configured user is not root).
 The container runs with ``no-new-privileges`` (setuid binaries do not escalate) and every capability
-dropped but ``CHOWN``, ``DAC_OVERRIDE`` and ``FOWNER``, which only those root steps use (a non-root
-exec holds none: its effective and permitted sets are empty). ``chown -R`` of a SWE image's repo copies it up into the container's layer once
-(overlayfs without ``metacopy``): seconds for a large repo, paid at prepare.
+dropped but ``DAC_OVERRIDE`` (``du`` reads what the agent hides with ``chmod 000``); a non-root exec
+holds none: its effective and permitted sets are empty.
 
 exec: ``docker exec`` (the CLI, as an asyncio subprocess: no thread per running exec, output
 streamed through the ``output_mb`` cap) of ``timeout -s KILL <t> /bin/sh -c 'exec "$@" 2>&1' sh
@@ -64,16 +68,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import logging
 import os
 import posixpath
-import random
 import shlex
 import shutil
 import socket
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -102,7 +107,10 @@ LABEL = "polar_env.runtime"
 RELAY_UID = 65534  # nobody: the idle loop and the relay (not the agent, not root)
 HOME = "/root"  # the harness's $HOME in every runtime (harnesses/launch.py)
 AGENT_DIRS = ("/logs", "/tests")  # created for the agent uid: Harbor's verifier writes /logs/verifier, /tests
-CAPS_KEPT = ["CHOWN", "DAC_OVERRIDE", "FOWNER"]  # for ROOT_SETUP and du only; no non-root exec holds them
+CAPS_KEPT = ["DAC_OVERRIDE"]  # for du only; no non-root exec holds it
+AGENT_UID = SANDBOX_UID_BASE + SANDBOX_UID_SLOTS  # 160000: outside the sandbox's per-runtime range
+AGENT_IMAGE_LABEL = "docker-agent-image"
+_AGENT_IMAGES = threading.Lock()  # one build per derived image in this process
 ROOT_SETUP = (
     "command -v timeout >/dev/null || {{ echo 'no timeout (coreutils)'; exit 3; }}; "
     "grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd 2>/dev/null || echo 'polar:x:{uid}:{uid}:polar agent:{home}:/bin/sh' >> /etc/passwd; "
@@ -229,7 +237,7 @@ class DockerRuntime:
         self._cgroup: Cgroup | None = None
         self.limit_hit: str | None = None
         self._last_disk = 0.0
-        self.uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SLOTS)  # the agent's, in the container
+        self.uid = AGENT_UID
         self._userns = "dockerd userns state unknown"
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -267,10 +275,40 @@ class DockerRuntime:
         log.info("pulling %s", image)
         client.images.pull(image)
 
+    def _agent_image(self, client: Any) -> str:
+        """``spec.image`` with ``ROOT_SETUP`` applied, built once and committed (see the module doc)."""
+        import docker
+
+        base = client.images.get(self.spec.image)
+        workdir = posixpath.normpath(self.spec.workdir)
+        dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([workdir, HOME, *AGENT_DIRS]))
+        script = ROOT_SETUP.format(uid=self.uid, home=HOME, dirs=dirs)
+        key = hashlib.sha256(f"{base.id}\0{script}".encode()).hexdigest()[:20]
+        tag = f"polar-agent:{key}"
+        with _AGENT_IMAGES:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.get(tag)
+                return tag
+            build = client.containers.run(base.id, entrypoint=["/bin/sh", "-c"], command=[script], user="0:0",
+                                          network_mode="none", detach=True, labels={LABEL: AGENT_IMAGE_LABEL})
+            try:
+                code = build.wait(timeout=1800).get("StatusCode")
+                if code == 3:
+                    raise ConfigError(f"docker image {self.spec.image} has no `timeout` (coreutils); exec needs it")
+                if code != 0:
+                    logs = build.logs().decode("utf-8", "replace").strip()[-2000:]
+                    raise ConfigError(f"docker: cannot hand {dirs} to the agent's uid {self.uid} in {self.spec.image}: {logs}")
+                build.commit(repository="polar-agent", tag=key, conf={"Labels": {LABEL: AGENT_IMAGE_LABEL}})
+            finally:
+                build.remove(force=True)
+        log.info("docker: built %s from %s (agent uid %d owns %s)", tag, self.spec.image, self.uid, dirs)
+        return tag
+
     def _create(self) -> None:
         client = self._connect()
         self._client = client
         self._ensure_image(client)
+        image = self._agent_image(client)
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
             volumes[str(Path(self.spec.gateway_socket).resolve())] = {"bind": GATEWAY_SOCKET, "mode": "rw"}
@@ -284,7 +322,7 @@ class DockerRuntime:
             kwargs["pids_limit"] = self.spec.pids_limit
         self._userns = userns_state(client)
         self._container = client.containers.run(
-            self.spec.image,
+            image,
             entrypoint=IDLE_LOOP[:1],
             command=IDLE_LOOP[1:],
             name=f"polar-{uuid.uuid4().hex[:12]}",
@@ -326,14 +364,6 @@ class DockerRuntime:
             self._cgroup = _container_cgroup(self._container.id)
             if self.spec.source_dir is not None:
                 await _blocking(self._put_workspace)
-            dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([posixpath.normpath(self.spec.workdir), HOME, *AGENT_DIRS]))
-            code, out = await self._exec_raw(["/bin/sh", "-c", ROOT_SETUP.format(uid=self.uid, home=HOME, dirs=dirs)],
-                                             None, "/", demux=False, user="0:0")
-            if code == 3:
-                raise ConfigError(f"docker image {self.spec.image} has no `timeout` (coreutils); exec needs it")
-            if code != 0:
-                raise ConfigError(f"docker: cannot hand {dirs} to the agent's uid {self.uid} in {self.spec.image}: "
-                                  f"{out.text().strip()}")
             if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
                 await _blocking(self._open_socket)
                 await _blocking(
@@ -485,7 +515,7 @@ class DockerRuntime:
     def limits_report(self) -> dict[str, Any]:
         spec = self.spec
         return {"uid": f"{self.uid} in container; {self._userns}",
-                "privileges": f"no-new-privileges; capabilities: {', '.join(CAPS_KEPT)} (root setup only); "
+                "privileges": f"no-new-privileges; capabilities: {', '.join(CAPS_KEPT)} (du as root only); "
                               f"relay as uid {RELAY_UID}",
                 "limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
                 "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from polar_env.runtimes.docker import RELAY_UID
+from polar_env.runtimes.docker import AGENT_UID, RELAY_UID
 from tests.runtimes.conftest import GATEWAY_PORT, Gateway
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ async def test_agent_is_unprivileged_and_still_does_its_work(runtimes: Any, vari
     assert code == 0, out.text()
     ident = await rt.exec("id -u; id -g; grep -E '^Cap(Eff|Prm)|^NoNewPrivs' /proc/self/status")
     uid, gid, *status = ident.output.split("\n")
-    assert int(uid) == rt.uid and int(gid) == rt.uid and int(uid) >= 100_000, ident.output
+    assert int(uid) == rt.uid == AGENT_UID and int(gid) == rt.uid and int(uid) >= 100_000, ident.output
     assert "CapEff:\t0000000000000000" in status and "CapPrm:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
     for probe in ("cat /etc/polar-secret", "cat /etc/shadow", "touch /etc/passwd", "su -c id root </dev/null"):
         res = await rt.exec(probe, timeout_s=20)
