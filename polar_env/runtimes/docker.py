@@ -8,13 +8,36 @@ prepare:
   namespace with only ``lo``), ``spec.memory_mb`` (swap off) and ``spec.pids_limit``, ``spec.env``
   as its environment (on top of the image's own, which matters: SWE images put conda on PATH),
   ``spec.binds`` read-only, and the gateway's unix socket bound at ``/run/polar/gw.sock``.
-- ``spec.source_dir`` is copied into ``spec.workdir`` with ``put_archive`` (files owned by root);
-  without it the image's own ``spec.workdir`` (e.g. a SWE image's ``/testbed``) is used as is. If
-  the workspace has no ``.git``, a baseline commit is made so ``diff`` has something to compare to.
+- ``spec.source_dir`` is copied into ``spec.workdir`` with ``put_archive``; without it the image's
+  own ``spec.workdir`` (e.g. a SWE image's ``/testbed``) is used. If the workspace has no ``.git``,
+  a baseline commit is made (as the agent) so ``diff`` has something to compare to.
 - the relay (``relay.py``, copied in with ``put_archive``) is started **once per container**:
   ``python3 /run/polar/relay.py --background`` returns only after ``127.0.0.1:<gateway_port>`` is
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
   (SWE-bench/SWE-Gym images have one).
+
+Users. Nothing the agent runs is root. The agent's uid is ``AGENT_UID`` (160000: above the range
+the bubblewrap sandbox draws its per-runtime uids from; without dockerd's ``--userns-remap`` it is
+that uid on the host too, never a real user's). Every exec names its user (``docker exec -u``):
+- the agent's uid: every ``exec`` (harness, grading commands), ``diff``, ``read_file``, the baseline
+  commit and ``write_file``'s ``mkdir`` — git runs the repo's own config (filters, hooks), so never as
+  root; ``read_file`` is permission-checked like the agent (a planted symlink to a root-only file fails).
+- ``RELAY_UID`` (65534, nobody): the relay, so the agent cannot kill it (``kill -9 -1`` stays inside
+  its own uid) and it is not root; the gateway socket is made connectable for it (``chmod 0666``;
+  the session key still gates every route).
+- root, explicit and short: ``ROOT_SETUP`` (a passwd entry, ``chown -R`` of the workdir, ``HOME``
+  (``/root``) and ``AGENT_DIRS`` to the agent, ``/tmp`` 1777), run **once per image, workdir and
+  uid** in a build container and committed as a derived image (``polar-agent:<key>``, labelled
+  ``polar_env.runtime=docker-agent-image``) that every session's container then runs: a ``chown -R``
+  copies a SWE repo up into a container's layer (overlayfs without ``metacopy``; 17 s for a 44 MB,
+  4,300-file tree on this machine), so it is paid once per node, not per session. Per container,
+  root runs only the disk watchdog's ``du`` (and ``mkdir`` for a ``write_file`` outside the agent's
+  trees). The only long-lived root processes are pid 1 (``docker-init``) and its idle ``sleep``: the
+  container itself is root's so that ``du`` keeps its capability (Docker clears a container's
+  effective capabilities for every exec when its configured user is not root).
+The container runs with ``no-new-privileges`` (setuid binaries do not escalate) and every capability
+dropped but ``DAC_OVERRIDE`` (``du`` reads what the agent hides with ``chmod 000``); a non-root exec
+holds none: its effective and permitted sets are empty.
 
 exec: ``docker exec`` (the CLI, as an asyncio subprocess: no thread per running exec, output
 streamed through the ``output_mb`` cap) of ``timeout -s KILL <t> /bin/sh -c 'exec "$@" 2>&1' sh
@@ -45,14 +68,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import logging
 import os
 import posixpath
+import shlex
 import shutil
 import socket
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -62,6 +88,7 @@ from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
+from polar_env.runtimes.hostworkspace import SANDBOX_UID_BASE, SANDBOX_UID_SLOTS
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 from polar_env.runtimes.sandbox import (
     BASELINE_SCRIPT,
@@ -77,6 +104,19 @@ from polar_env.runtimes.sandbox import (
 log = logging.getLogger(__name__)
 
 LABEL = "polar_env.runtime"
+RELAY_UID = 65534  # nobody: the idle loop and the relay (not the agent, not root)
+HOME = "/root"  # the harness's $HOME in every runtime (harnesses/launch.py)
+AGENT_DIRS = ("/logs", "/tests")  # created for the agent uid: Harbor's verifier writes /logs/verifier, /tests
+CAPS_KEPT = ["DAC_OVERRIDE"]  # for du only; no non-root exec holds it
+AGENT_UID = SANDBOX_UID_BASE + SANDBOX_UID_SLOTS  # 160000: outside the sandbox's per-runtime range
+AGENT_IMAGE_LABEL = "docker-agent-image"
+_AGENT_IMAGES = threading.Lock()  # one build per derived image in this process
+ROOT_SETUP = (
+    "command -v timeout >/dev/null || {{ echo 'no timeout (coreutils)'; exit 3; }}; "
+    "grep -q '^[^:]*:[^:]*:{uid}:' /etc/passwd 2>/dev/null || echo 'polar:x:{uid}:{uid}:polar agent:{home}:/bin/sh' >> /etc/passwd; "
+    "grep -q '^[^:]*:[^:]*:{uid}:' /etc/group 2>/dev/null || echo 'polar:x:{uid}:' >> /etc/group; "
+    "mkdir -p {dirs} /tmp && chmod 1777 /tmp && chown -R {uid}:{uid} {dirs} && chmod 700 {home}"
+)
 WATCHDOG_GRACE_S = 30.0
 IDLE_LOOP = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done"]
 DOCKER_INSTALL = "pip install 'docker>=7'"
@@ -134,29 +174,46 @@ def timeout_argv(argv: list[str], timeout_s: float) -> list[str]:
     return ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
 
 
-def _tar_dir(src: Path) -> tempfile.SpooledTemporaryFile[bytes]:
+_REMAP: dict[str, str] = {}
+
+
+def userns_state(client: Any) -> str:
+    """What ``docker info`` says about user namespaces (once per daemon address)."""
+    where = docker_host()
+    if where not in _REMAP:
+        try:
+            opts = " ".join(client.info().get("SecurityOptions") or [])
+        except Exception as e:  # noqa: BLE001 - a report line, not a failure
+            return f"dockerd userns state unknown ({e})"
+        _REMAP[where] = ("rootless dockerd" if "name=rootless" in opts
+                         else "dockerd userns-remap on" if "name=userns" in opts else "dockerd userns-remap off")
+    return _REMAP[where]
+
+
+def _tar_dir(src: Path, uid: int) -> tempfile.SpooledTemporaryFile[bytes]:
     if not src.is_dir():
         raise ConfigError(f"source_dir {src} is not a directory")
 
-    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
+    def as_agent(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = uid
+        info.uname = info.gname = ""
         return info
 
     buf = tempfile.SpooledTemporaryFile(max_size=64 << 20)  # noqa: SIM115 - returned to the caller
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for entry in sorted(os.listdir(src)):
-            tar.add(src / entry, arcname=entry, recursive=True, filter=as_root)
+            tar.add(src / entry, arcname=entry, recursive=True, filter=as_agent)
     buf.seek(0)
     return buf
 
 
-def _tar_file(name: str, data: bytes, mode: int = 0o644) -> bytes:
+def _tar_file(name: str, data: bytes, mode: int = 0o644, uid: int = 0) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo(name)
         info.size = len(data)
         info.mode = mode
+        info.uid = info.gid = uid
         info.mtime = int(time.time())
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
@@ -180,6 +237,8 @@ class DockerRuntime:
         self._cgroup: Cgroup | None = None
         self.limit_hit: str | None = None
         self._last_disk = 0.0
+        self.uid = AGENT_UID
+        self._userns = "dockerd userns state unknown"
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def _connect(self) -> Any:
@@ -216,10 +275,40 @@ class DockerRuntime:
         log.info("pulling %s", image)
         client.images.pull(image)
 
+    def _agent_image(self, client: Any) -> str:
+        """``spec.image`` with ``ROOT_SETUP`` applied, built once and committed (see the module doc)."""
+        import docker
+
+        base = client.images.get(self.spec.image)
+        workdir = posixpath.normpath(self.spec.workdir)
+        dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([workdir, HOME, *AGENT_DIRS]))
+        script = ROOT_SETUP.format(uid=self.uid, home=HOME, dirs=dirs)
+        key = hashlib.sha256(f"{base.id}\0{script}".encode()).hexdigest()[:20]
+        tag = f"polar-agent:{key}"
+        with _AGENT_IMAGES:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.images.get(tag)
+                return tag
+            build = client.containers.run(base.id, entrypoint=["/bin/sh", "-c"], command=[script], user="0:0",
+                                          network_mode="none", detach=True, labels={LABEL: AGENT_IMAGE_LABEL})
+            try:
+                code = build.wait(timeout=1800).get("StatusCode")
+                if code == 3:
+                    raise ConfigError(f"docker image {self.spec.image} has no `timeout` (coreutils); exec needs it")
+                if code != 0:
+                    logs = build.logs().decode("utf-8", "replace").strip()[-2000:]
+                    raise ConfigError(f"docker: cannot hand {dirs} to the agent's uid {self.uid} in {self.spec.image}: {logs}")
+                build.commit(repository="polar-agent", tag=key, conf={"Labels": {LABEL: AGENT_IMAGE_LABEL}})
+            finally:
+                build.remove(force=True)
+        log.info("docker: built %s from %s (agent uid %d owns %s)", tag, self.spec.image, self.uid, dirs)
+        return tag
+
     def _create(self) -> None:
         client = self._connect()
         self._client = client
         self._ensure_image(client)
+        image = self._agent_image(client)
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
             volumes[str(Path(self.spec.gateway_socket).resolve())] = {"bind": GATEWAY_SOCKET, "mode": "rw"}
@@ -231,8 +320,9 @@ class DockerRuntime:
             kwargs["memswap_limit"] = f"{self.spec.memory_mb}m"
         if self.spec.pids_limit is not None:
             kwargs["pids_limit"] = self.spec.pids_limit
+        self._userns = userns_state(client)
         self._container = client.containers.run(
-            self.spec.image,
+            image,
             entrypoint=IDLE_LOOP[:1],
             command=IDLE_LOOP[1:],
             name=f"polar-{uuid.uuid4().hex[:12]}",
@@ -240,7 +330,11 @@ class DockerRuntime:
             detach=True,
             init=self._init,
             network_mode="none",
-            environment=dict(self.spec.env),
+            user="0:0",  # only docker-init and its idle sleep; a non-root exec holds no capability
+            cap_drop=["ALL"],
+            cap_add=CAPS_KEPT,
+            security_opt=["no-new-privileges"],
+            environment={"HOME": HOME, **self.spec.env},
             volumes=volumes,
             working_dir=self.spec.workdir,
             labels={LABEL: self.name},
@@ -249,8 +343,14 @@ class DockerRuntime:
 
     def _put_workspace(self) -> None:
         assert self.spec.source_dir is not None
-        with _tar_dir(Path(self.spec.source_dir)) as data:
+        with _tar_dir(Path(self.spec.source_dir), self.uid) as data:
             self._container.put_archive(self.spec.workdir, data)
+
+    def _open_socket(self) -> None:
+        """The relay connects as ``RELAY_UID``; the session key, not the mode, gates the gateway."""
+        with contextlib.suppress(OSError):
+            assert self.spec.gateway_socket is not None
+            os.chmod(self.spec.gateway_socket, 0o666)
 
     async def prepare(self) -> None:
         if self._container is not None or self._stopped:
@@ -262,12 +362,10 @@ class DockerRuntime:
         try:
             await _blocking(self._create)
             self._cgroup = _container_cgroup(self._container.id)
-            probe = await self._exec_raw(["/bin/sh", "-c", "command -v timeout"], None, None, demux=True)
-            if probe[0] != 0:
-                raise ConfigError(f"docker image {self.spec.image} has no `timeout` (coreutils); exec needs it")
             if self.spec.source_dir is not None:
                 await _blocking(self._put_workspace)
             if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
+                await _blocking(self._open_socket)
                 await _blocking(
                     self._container.put_archive, POLAR_RUN_DIR, _tar_file(posixpath.basename(RELAY_PATH), RELAY_SOURCE.read_bytes())
                 )
@@ -276,7 +374,7 @@ class DockerRuntime:
                         "python3", RELAY_PATH, "--listen", f"127.0.0.1:{self.spec.gateway_port}",
                         "--socket", GATEWAY_SOCKET, "--background",
                     ],
-                    None, None, demux=False,
+                    None, "/", demux=False, user=f"{RELAY_UID}:{RELAY_UID}",
                 )  # fmt: skip
                 if code != 0:
                     text = out.text().strip()
@@ -324,16 +422,19 @@ class DockerRuntime:
 
     async def _exec_raw(
         self, argv: list[str], env: dict[str, str] | None, cwd: str | None, *, demux: bool,
-        watchdog_s: float | None = None, cap: int | None = None,
+        watchdog_s: float | None = None, cap: int | None = None, user: str | None = None,
     ) -> tuple[int, Any]:
         """(exit code, output) — ``(stdout, stderr)`` with ``demux`` — each capped at ``cap`` bytes
-        (a ``CappedBuffer``); streams from ``docker exec`` without holding a thread."""
+        (a ``CappedBuffer``); streams from ``docker exec`` without holding a thread. ``user``
+        defaults to the agent's uid (see the module doc for who runs what)."""
         container = self._live()
+        user = user or f"{self.uid}:{self.uid}"
         cap = cap if cap is not None else int(self.spec.output_mb * MIB)
         out, err = CappedBuffer(cap), CappedBuffer(cap, what="stderr")
         if self._cli is None:  # no CLI: the SDK on the bounded executor (output arrives whole)
             def run() -> tuple[int, Any]:
-                res = container.exec_run(argv, environment=env or None, workdir=cwd or self.spec.workdir, demux=demux)
+                res = container.exec_run(argv, environment=env or None, workdir=cwd or self.spec.workdir, demux=demux,
+                                         user=user)
                 return res.exit_code, res.output
 
             fut = _blocking(run)
@@ -345,7 +446,7 @@ class DockerRuntime:
             out.add(raw or b"")
             return code, out
         names = sorted(env or {})
-        cli = [self._cli, "exec", "-w", cwd or self.spec.workdir, *(x for n in names for x in ("-e", n)), container.id, *argv]
+        cli = [self._cli, "exec", "-u", user, "-w", cwd or self.spec.workdir, *(x for n in names for x in ("-e", n)), container.id, *argv]
         proc = await asyncio.create_subprocess_exec(
             *cli, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **(env or {}), "DOCKER_HOST": docker_host()}, start_new_session=True)
@@ -396,7 +497,7 @@ class DockerRuntime:
                 and time.monotonic() - self._last_disk >= DISK_CHECK_S):
             self._last_disk = time.monotonic()
             dirs = sorted({self.spec.workdir, "/tmp", "/root"})
-            code, buf = await self._exec_raw(["du", "-skxc", *dirs], None, "/", demux=True, cap=MIB)
+            code, buf = await self._exec_raw(["du", "-skxc", *dirs], None, "/", demux=True, cap=MIB, user="0:0")
             lines = buf[0].text().split()
             used_kib = int(lines[-2]) if code in (0, 1) and len(lines) >= 2 and lines[-2].isdigit() else 0
             if used_kib * 1024 > self.spec.disk_mb * MIB:
@@ -413,7 +514,10 @@ class DockerRuntime:
 
     def limits_report(self) -> dict[str, Any]:
         spec = self.spec
-        return {"limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
+        return {"uid": f"{self.uid} in container; {self._userns}",
+                "privileges": f"no-new-privileges; capabilities: {', '.join(CAPS_KEPT)} (du as root only); "
+                              f"relay as uid {RELAY_UID}",
+                "limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
                 "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",
                                "memory_mb": "docker --memory, swap off (cgroup)" if spec.memory_mb else "none",
                                "disk_mb": f"watchdog (du inside, every {DISK_CHECK_S:g} s)" if spec.disk_mb else "none",
@@ -427,6 +531,8 @@ class DockerRuntime:
         path = posixpath.normpath(path)
         parent, name = posixpath.split(path)
         code, out = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False)
+        if code != 0:  # outside the agent's trees: root makes the directory, the file is still the agent's
+            code, out = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False, user="0:0")
         if code != 0:
             raise ConfigError(f"docker: cannot create {parent}: {out.text().strip()}")
         container = self._live()
@@ -435,7 +541,7 @@ class DockerRuntime:
             import docker
 
             try:
-                ok = container.put_archive(parent or "/", _tar_file(name, data))
+                ok = container.put_archive(parent or "/", _tar_file(name, data, uid=self.uid))
             except docker.errors.APIError as e:
                 raise ConfigError(f"docker: cannot write {path}: {e}") from e
             if not ok:

@@ -216,6 +216,9 @@ async def test_docker_limits_and_network_mode(request: pytest.FixtureRequest, tm
         assert host["NetworkMode"] == "none"
         assert host["Memory"] == 256 << 20 and host["MemorySwap"] == 256 << 20
         assert host["PidsLimit"] == 64 and host["Init"] is True
+        assert host["CapDrop"] == ["ALL"] and host["CapAdd"] == ["DAC_OVERRIDE"], host
+        assert host["SecurityOpt"] == ["no-new-privileges"], host
+        assert rt._container.attrs["Config"]["Image"].startswith("polar-agent:")  # the derived, agent-owned image
         res = await rt.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
         assert res.output.split() == ["lo"]
     finally:
