@@ -37,6 +37,11 @@ class RuntimeSpec(BaseModel):
     output_mb: float = Field(default=8, gt=0)  # merged output kept per exec (head and tail; marker between)
     patch_mb: float = Field(default=32, gt=0)  # the agent's diff
     binds: list[tuple[Path, str]] = Field(default_factory=list)  # extra read-only binds (e.g. harness installs)
+    # Docker: whose uid commands run as. "agent": an unprivileged uid that owns the workspace (the
+    # agent's runtime). "root": container root, for grading runtimes only — SWE-bench eval scripts
+    # re-run the repo's install into the image's root-owned environment. The bubblewrap sandbox
+    # maps its root to an unprivileged host uid either way; Apptainer runs as the invoking user.
+    user: Literal["agent", "root"] = "agent"
 
 
 def check_host_paths(spec: RuntimeSpec) -> None:

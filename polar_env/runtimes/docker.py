@@ -16,7 +16,9 @@ prepare:
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
   (SWE-bench/SWE-Gym images have one).
 
-Users. Nothing the agent runs is root. The agent's uid is ``AGENT_UID`` (160000: above the range
+Users. Nothing the agent runs is root (``spec.user="root"`` is for grading runtimes only: every
+exec then runs as container root, with the same dropped capabilities, in a fresh network-less
+container, as SWE-bench's own harness grades). The agent's uid is ``AGENT_UID`` (160000: above the range
 the bubblewrap sandbox draws its per-runtime uids from; without dockerd's ``--userns-remap`` it is
 that uid on the host too, never a real user's). Every exec names its user (``docker exec -u``):
 - the agent's uid: every ``exec`` (harness, grading commands), ``diff``, ``read_file``, the baseline
@@ -237,7 +239,7 @@ class DockerRuntime:
         self._cgroup: Cgroup | None = None
         self.limit_hit: str | None = None
         self._last_disk = 0.0
-        self.uid = AGENT_UID
+        self.uid = AGENT_UID if spec.user == "agent" else 0
         self._userns = "dockerd userns state unknown"
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -308,7 +310,7 @@ class DockerRuntime:
         client = self._connect()
         self._client = client
         self._ensure_image(client)
-        image = self._agent_image(client)
+        image = self._agent_image(client) if self.uid != 0 else self.spec.image  # root: no ownership to hand over
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
             volumes[str(Path(self.spec.gateway_socket).resolve())] = {"bind": GATEWAY_SOCKET, "mode": "rw"}

@@ -63,7 +63,9 @@ def session_metadata(spec: SessionSpec, node_id: str) -> dict[str, Any]:
 def evaluation_runtime_spec(runtime: RuntimeSpec) -> RuntimeSpec:
     """A fresh runtime for grading: the task's repo with no network. In the sandbox, this
     interpreter's prefix is bound read-only and first on PATH, so the task's tests find pytest."""
-    update: dict[str, Any] = {"gateway_socket": None, "network": "none"}
+    # Docker grades as container root: SWE-bench eval scripts re-install the repo into the image's
+    # root-owned environment (the agent's own runtime stays on its unprivileged uid).
+    update: dict[str, Any] = {"gateway_socket": None, "network": "none", "user": "root"}
     if runtime.kind == "sandbox":
         prefixes = sorted({sys.base_prefix, sys.prefix})
         known = {dst for _src, dst in runtime.binds}

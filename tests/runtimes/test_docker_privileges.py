@@ -69,3 +69,22 @@ async def test_harbor_verifier_contract_runs_as_the_agent_uid(runtimes: Any, var
     assert run.exit_code == 0 and run.exit_code != STAGING_FAILED, run.output
     assert await rt.read_file(f"{STAGE_OUT}/reward.txt") == b"1\n"
     assert int(await rt.read_file(f"{STAGE_OUT}/uid.txt")) == rt.uid
+
+
+@pytest.mark.parametrize("variant", ["docker"])
+async def test_grading_runtime_is_container_root_on_a_fresh_repo(runtimes: Any, make_spec: Any, variant: str,
+                                                                 task_repo: Path) -> None:
+    """The node's grading spec (evaluation_runtime_spec) runs as container root, so SWE-bench eval
+    scripts can re-install the repo into the image's root-owned environment; the capability set
+    stays the agent container's (only DAC_OVERRIDE) and it has no network."""
+    from polar_env.staging.lifecycle import evaluation_runtime_spec
+
+    grading = evaluation_runtime_spec(make_spec(source_dir=task_repo))
+    assert grading.user == "root" and grading.network == "none"
+    rt = await runtimes(**{k: getattr(grading, k) for k in ("source_dir", "user", "network", "gateway_socket")})
+    ident = await rt.exec("id -u; grep '^CapEff' /proc/self/status; touch /usr/local/lib/polar-probe && echo wrote")
+    uid, capeff, wrote = ident.output.split("\n")[:3]
+    assert uid == "0" and rt.uid == 0, ident.output
+    assert capeff == "CapEff:\t0000000000000002" and wrote == "wrote", ident.output  # DAC_OVERRIDE only
+    assert (await rt.exec("git status --short")).exit_code == 0
+    assert rt.limits_report()["uid"].startswith("0 in container")
