@@ -203,11 +203,12 @@ BadFactory = Callable[[str], EngineProtocolError]
 # everything else (per-token "token"/"bytes"/"top_logprobs" never become Python objects) and
 # checks the types in the same pass. A 1k-token reply with logprobs decodes ~3.5x faster than
 # orjson.loads + pydantic (scripts/bench_gateway.py). Any mismatch falls back to the orjson path.
-class _Logprob(msgspec.Struct):
+# The per-token structs hold only numbers, so they are not tracked by the cyclic GC (gc=False).
+class _Logprob(msgspec.Struct, gc=False):
     logprob: float
 
 
-class _Logprobs(msgspec.Struct):
+class _Logprobs(msgspec.Struct, gc=False):
     content: list[_Logprob] | None = None
 
 
