@@ -367,7 +367,7 @@ def test_typed_decoding_matches_the_validated_parse(mutate: Any) -> None:
     client = VLLMClient("http://127.0.0.1:9", MODEL)
     raw = json.dumps(_mutated(mutate)).encode()
     for request in (ChatRequest(messages=USER), ChatRequest(messages=USER, prompt_ids=[1, 2, 3])):
-        slow = _outcome(lambda r=request: client.parse(json.loads(raw), r))  # type: ignore[misc]
-        fast = _outcome(lambda r=request: client.parse_decoded(decode_chat_body(raw), r))  # type: ignore[misc]
+        slow = _outcome(lambda r=request: client.parse(json.loads(raw), r))
+        fast = _outcome(lambda r=request: client.parse_decoded(decode_chat_body(raw), r))
         assert fast == slow
     assert _outcome(lambda: client.parse_decoded(decode_chat_body(b"[1, 2]"), ChatRequest(messages=USER)))[0] == "error"
