@@ -23,7 +23,7 @@ vLLM >= 0.32.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import msgspec
@@ -204,6 +204,11 @@ BadFactory = Callable[[str], EngineProtocolError]
 # checks the types in the same pass. A 1k-token reply with logprobs decodes ~3.5x faster than
 # orjson.loads + pydantic (scripts/bench_gateway.py). Any mismatch falls back to the orjson path.
 # The per-token structs hold only numbers, so they are not tracked by the cyclic GC (gc=False).
+# A token id outside orjson's range would decode here but fail the journal write: such a body
+# takes the orjson path (malformed JSON, as before).
+_TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+
 class _Logprob(msgspec.Struct, gc=False):
     logprob: float
 
@@ -215,14 +220,14 @@ class _Logprobs(msgspec.Struct, gc=False):
 class _Choice(msgspec.Struct):
     message: Any = None
     logprobs: _Logprobs | None = None
-    token_ids: list[int] | None = None
+    token_ids: list[_TokenId] | None = None
     finish_reason: Any = None
     stop_reason: int | str | None = None
 
 
 class _Body(msgspec.Struct):
     choices: list[_Choice] | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[_TokenId] | None = None
     model: Any = None
 
 

@@ -353,6 +353,7 @@ def _outcome(fn: Any) -> Any:
         lambda fx: fx["choices"][0]["token_ids"].__setitem__(0, 5.0),  # pydantic's lax int
         lambda fx: fx["choices"][0]["token_ids"].__setitem__(0, True),
         lambda fx: fx["prompt_token_ids"].__setitem__(0, "7"),
+        lambda fx: fx["prompt_token_ids"].__setitem__(0, -3),
         lambda fx: fx["choices"][0]["logprobs"]["content"][1].update(logprob="x"),
         lambda fx: fx["choices"][0]["logprobs"].update(content=None),
         lambda fx: fx["choices"][0].update(finish_reason=3),
@@ -371,3 +372,13 @@ def test_typed_decoding_matches_the_validated_parse(mutate: Any) -> None:
         fast = _outcome(lambda r=request: client.parse_decoded(decode_chat_body(raw), r))
         assert fast == slow
     assert _outcome(lambda: client.parse_decoded(decode_chat_body(b"[1, 2]"), ChatRequest(messages=USER)))[0] == "error"
+
+
+def test_a_token_id_orjson_refuses_is_still_malformed_json() -> None:
+    import orjson
+
+    from polar_env.engines.vllm import decode_chat_body
+
+    raw = json.dumps(_mutated(lambda fx: fx["prompt_token_ids"].__setitem__(0, 2**70))).encode()
+    with pytest.raises(orjson.JSONDecodeError):  # request_json turns it into "malformed JSON", as before
+        decode_chat_body(raw)
