@@ -204,8 +204,8 @@ BadFactory = Callable[[str], EngineProtocolError]
 # checks the types in the same pass. A 1k-token reply with logprobs decodes ~3.5x faster than
 # orjson.loads + pydantic (scripts/bench_gateway.py). Any mismatch falls back to the orjson path.
 # The per-token structs hold only numbers, so they are not tracked by the cyclic GC (gc=False).
-# A token id outside orjson's range would decode here but fail the journal write: such a body
-# takes the orjson path (malformed JSON, as before).
+# A token id past 64 bits (which orjson could not write to the journal) is refused here, so such
+# a body takes the orjson + pydantic path and is handled exactly as before.
 _TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
