@@ -144,8 +144,8 @@ async def main_async(args: argparse.Namespace) -> None:
               f"{args.engine_ms:g} ms per call; {args.seconds:g} s per cell; {os.cpu_count()} CPUs shared by all three processes")
         print(f"{'sessions':>8} {'stream':>6} | {'direct p50':>10} {'p99':>7} | {'gateway p50':>11} {'p99':>7} | "
               f"{'added p50':>9} {'p99':>7} | {'direct rps':>10} {'gw rps':>7} {'ratio':>6} | {'gw CPU/req':>10}")
-        for concurrency in (1, 50, 200):
-            for stream in (False, True):
+        for concurrency in args.concurrency:
+            for stream in args.stream:
                 spread = args.engine_ms / 1000
                 plain = {"Content-Type": "application/json"}
                 await drive(engine_url, request, plain, concurrency, 1.0, spread)  # warm
@@ -167,6 +167,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine-ms", type=float, default=200.0, help="simulated generation time per call")
     parser.add_argument("--seconds", type=float, default=8.0, help="measurement time per cell")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 200], help="concurrent sessions per cell")
+    parser.add_argument("--stream", type=lambda v: v.lower() in ("1", "true", "yes"), nargs="+", default=[False, True],
+                        help="streaming modes to measure (true/false)")
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import aiohttp
@@ -60,8 +61,11 @@ async def request_json(
     engine: str,
     timeout_s: float,
     method: str = "POST",
+    decode: Callable[[bytes], Any] = orjson.loads,
 ) -> Any:
-    """Send ``body`` as JSON (or nothing, for GET) and return the decoded JSON, or raise an EngineError."""
+    """Send ``body`` as JSON (or nothing, for GET) and return the decoded JSON, or raise an
+    EngineError. ``decode`` (raising orjson.JSONDecodeError on malformed JSON) may be a typed
+    decoder for a hot response shape."""
     try:
         async with session.request(
             method,
@@ -82,7 +86,7 @@ async def request_json(
     except aiohttp.ClientError as exc:
         raise EngineUnavailable(f"engine transport error: {exc}", engine=engine, url=url) from exc
     try:
-        return orjson.loads(raw)
+        return decode(raw)
     except orjson.JSONDecodeError as exc:
         snippet = raw[:200].decode("utf-8", "replace")
         raise EngineProtocolError(f"malformed JSON from engine: {snippet!r}", engine=engine, url=url) from exc

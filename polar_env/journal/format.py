@@ -47,7 +47,10 @@ Fingerprint = dict[str, "bytes | list[bytes]"]
 
 
 def _digest(value: Any) -> bytes:
-    return hashlib.blake2b(orjson.dumps(value), digest_size=16).digest()
+    """16-byte BLAKE2b of the value's JSON, or the JSON itself when shorter (most scalar fields:
+    no hash to compute; never equal to a digest, whose length differs)."""
+    data = orjson.dumps(value)
+    return data if len(data) < 16 else hashlib.blake2b(data, digest_size=16).digest()
 
 
 def fingerprint(body: Mapping[str, Any]) -> Fingerprint:

@@ -242,7 +242,7 @@ async def generate_and_record(
             record.weight_version = weight_version  # engines that do not report one: the gate's version
         try:
             ref = PromptRef(plan.parent.seq, plan.keep, plan.ids) if plan is not None else None
-            await gw.record(record, ref)  # before the reply: an answered call is never lost
+            await gw.record(record, ref, request.content_length)  # before the reply: an answered call is never lost
         except CaptureError:
             session.errors += 1
             if session.next_seq == seq + 1:

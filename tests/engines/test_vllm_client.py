@@ -329,3 +329,59 @@ async def test_owned_session_is_closed(upstream: Upstream) -> None:
     session = c._session
     await c.aclose()
     assert session is not None and session.closed
+
+
+# ---- the typed fast path gives exactly what the validated path gives -----------------------------
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        return fn().model_dump()
+    except EngineProtocolError as exc:
+        return ("error", str(exc))
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda fx: None,
+        lambda fx: fx["choices"][0].update(stop_reason=151645),
+        lambda fx: fx["choices"][0].update(stop_reason="</tool_call>"),
+        lambda fx: fx["choices"][0]["logprobs"]["content"][0].update(logprob=-1),  # an int logprob
+        lambda fx: fx["choices"][0]["message"].update(reasoning=None, reasoning_content="why"),
+        lambda fx: fx.update(model=None),
+        lambda fx: fx["choices"][0]["token_ids"].__setitem__(0, 5.0),  # pydantic's lax int
+        lambda fx: fx["choices"][0]["token_ids"].__setitem__(0, True),
+        lambda fx: fx["prompt_token_ids"].__setitem__(0, "7"),
+        lambda fx: fx["prompt_token_ids"].__setitem__(0, -3),
+        lambda fx: fx["choices"][0]["logprobs"]["content"][1].update(logprob="x"),
+        lambda fx: fx["choices"][0]["logprobs"].update(content=None),
+        lambda fx: fx["choices"][0].update(finish_reason=3),
+        lambda fx: fx["choices"][0].update(message=None),
+        lambda fx: fx["choices"][0]["message"].update(tool_calls={"not": "a list"}),
+        lambda fx: fx.update(choices="none"),
+    ],
+)
+def test_typed_decoding_matches_the_validated_parse(mutate: Any) -> None:
+    from polar_env.engines.vllm import decode_chat_body
+
+    client = VLLMClient("http://127.0.0.1:9", MODEL)
+    raw = json.dumps(_mutated(mutate)).encode()
+    for request in (ChatRequest(messages=USER), ChatRequest(messages=USER, prompt_ids=[1, 2, 3])):
+        slow = _outcome(lambda r=request: client.parse(json.loads(raw), r))
+        fast = _outcome(lambda r=request: client.parse_decoded(decode_chat_body(raw), r))
+        assert fast == slow
+    assert _outcome(lambda: client.parse_decoded(decode_chat_body(b"[1, 2]"), ChatRequest(messages=USER)))[0] == "error"
+
+
+def test_a_token_id_past_64_bits_takes_the_orjson_path() -> None:
+    import orjson
+
+    from polar_env.engines.vllm import decode_chat_body
+
+    raw = json.dumps(_mutated(lambda fx: fx["prompt_token_ids"].__setitem__(0, 2**70))).encode()
+    decoded = decode_chat_body(raw)
+    assert isinstance(decoded, dict)  # refused by the typed schema: handled exactly as before
+    client = VLLMClient("http://127.0.0.1:9", MODEL)
+    request = ChatRequest(messages=USER)
+    assert _outcome(lambda: client.parse_decoded(decoded, request)) == _outcome(lambda: client.parse(orjson.loads(raw), request))

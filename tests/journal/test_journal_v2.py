@@ -169,3 +169,36 @@ async def test_writer_keeps_order_runs_off_the_loop_and_delivers_errors() -> Non
     assert [n for n, _ in seen] == list(range(6))
     assert {name for _, name in seen} == {"test-journal"}
     assert [type(r).__name__ for r in results] == ["NoneType"] * 3 + ["OSError"] + ["NoneType"] * 2
+
+
+async def test_inline_appends_run_on_the_caller_only_when_the_writer_is_idle() -> None:
+    seen: list[tuple[int, str]] = []
+    release = threading.Event()
+
+    def write(n: int) -> int:
+        if n == 0:
+            release.wait(5)  # the writer is busy with record 0 while 1 and 2 arrive
+        seen.append((n, threading.current_thread().name))
+        if n == 4:
+            raise OSError("disk full")
+        return n
+
+    writer = JournalWriter(write, name="test-journal")
+    try:
+        assert await writer.append(9, inline=True) == 9  # idle: written here, before returning
+        first = asyncio.ensure_future(writer.append(0))
+        await asyncio.sleep(0.05)
+        assert not writer.idle
+        second = asyncio.ensure_future(writer.append(1, inline=True))  # must queue behind 0
+        await asyncio.sleep(0.05)
+        assert not second.done()
+        release.set()
+        assert await asyncio.gather(first, second) == [0, 1]
+        assert writer.idle
+        assert await writer.append(2, inline=True) == 2
+        with pytest.raises(OSError):
+            await writer.append(4, inline=True)  # errors reach the caller as from the thread
+    finally:
+        writer.close()
+    main = threading.current_thread().name
+    assert seen == [(9, main), (0, "test-journal"), (1, "test-journal"), (2, main), (4, main)]
