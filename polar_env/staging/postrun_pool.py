@@ -5,8 +5,9 @@ A 100-call session's read and prefix merge is ~1 s of Python; in a thread it sti
 live session's replies (the GIL), so it runs in a ``ProcessPoolExecutor`` (forkserver: the node
 process has threads, which ``fork`` must not copy) with ``max_postrun`` workers. The worker reads
 the journal itself (by path), so only the small result crosses back: the trajectory plus the few
-facts POSTRUN needs (record count, final answer, weight versions). Evaluators stay in the node
-process: they drive the session's runtime (async I/O into the sandbox), not the CPU.
+facts POSTRUN needs (record count, final answer, weight versions); the journal's prompt
+references go to the builder (``journal/reader.py``). Evaluations have their own worker processes
+(``eval_worker.py``): a session keeps one from pre-warm to verdict, which a pool cannot promise.
 """
 
 from __future__ import annotations
