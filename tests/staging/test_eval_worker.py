@@ -5,11 +5,15 @@ real bwrap sandbox created in the worker."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 from polar_env.evaluators import EVALUATORS, EvalContext, EvalResult, register_evaluator
 from polar_env.evaluators.base import EvaluatorSpec
+from polar_env.records import Status
+from polar_env.runtimes.base import RuntimeSpec
+from polar_env.staging.eval_worker import EvalJob, EvalWorkers
 from polar_env.staging.models import AgentSpec, SessionStatus, TaskRequest
 from polar_env.staging.server import LocalNode, RolloutServer
 from tests.staging.conftest import FakeRuntimeNode
@@ -85,3 +89,43 @@ async def test_cheap_evaluators_stay_in_the_node(node_config) -> None:  # type: 
 
 def test_registered_names_are_known() -> None:
     assert {"test_where", "test_main_only"} <= set(EVALUATORS)
+
+
+@register_evaluator("test_sleep", replace=True)
+class Sleep(Where):
+    name = "test_sleep"
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        await asyncio.sleep(float(ctx.params.get("sleep_s", 30)))
+        return EvalResult(reward=1.0)
+
+
+def _job(name: str, **params: Any) -> EvalJob:
+    return EvalJob(evaluator=name, module=__name__, task={}, params=params,
+                   fresh=RuntimeSpec(network="none"), timeout_s=60)
+
+
+async def test_a_worker_that_dies_mid_evaluation_gives_an_error_verdict() -> None:
+    workers = EvalWorkers(1)
+    try:
+        verdict = asyncio.ensure_future(workers.evaluate("s1", _job("test_sleep"), timeout_s=60))
+        while not workers._workers or "s1" not in workers._workers[0].pending:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        workers._workers[0].process.kill()
+        result = await asyncio.wait_for(verdict, 30)
+        assert result is not None and result.status is Status.ERROR and "worker process exited" in result.report["error"]
+    finally:
+        await asyncio.to_thread(workers.close)
+
+
+async def test_a_silent_worker_is_given_up_on_and_the_evaluation_cancelled() -> None:
+    workers = EvalWorkers(1)
+    try:
+        result = await workers.evaluate("s2", _job("test_sleep", sleep_s=30), timeout_s=2)
+        assert result is not None and result.status is Status.TIMEOUT
+        # the worker still answers the next session (the cancelled one no longer holds it)
+        fast = await workers.evaluate("s3", _job("test_sleep", sleep_s=0), timeout_s=60)
+        assert fast is not None and fast.reward == 1.0
+    finally:
+        await asyncio.to_thread(workers.close)
