@@ -211,8 +211,13 @@ class _Worker:
         self.lock = threading.Lock()
         self.pending: dict[str, asyncio.Future[EvalResult | None]] = {}
         self.sessions = 0
+        self.dead = False  # its pipe closed: the process is gone or going
         self.loop = loop
         threading.Thread(target=self._receive, daemon=True, name="polar-eval-results").start()
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.process.is_alive()
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self.lock:
@@ -233,6 +238,7 @@ class _Worker:
             future.set_result(result)
 
     def _lost(self) -> None:
+        self.dead = True
         for key in list(self.pending):
             self._deliver(key, EvalResult(status=Status.ERROR, report={
                 "error": f"the evaluation worker process exited (code {self.process.exitcode})"}))
@@ -250,13 +256,17 @@ class EvalWorkers:
 
     async def _pick(self) -> _Worker:
         async with self._start_lock:
+            self._workers = [w for w in self._workers if w.alive]  # a dead one is replaced
             if len(self._workers) < self.size:
                 self._workers.append(await asyncio.to_thread(_Worker, asyncio.get_running_loop()))
-        alive = [w for w in self._workers if w.process.is_alive()] or self._workers
+        alive = [w for w in self._workers if w.alive] or self._workers
         return min(alive, key=lambda w: w.sessions)
 
     async def _assign(self, key: str) -> _Worker:
         worker = self._of.get(key)
+        if worker is not None and not worker.alive:  # its pre-warmed runtime died with it
+            self._release(key)
+            worker = None
         if worker is None:
             worker = self._of[key] = await self._pick()
             worker.sessions += 1
@@ -279,10 +289,10 @@ class EvalWorkers:
         future: asyncio.Future[EvalResult | None] = asyncio.get_running_loop().create_future()
         worker.pending[key] = future
         try:
-            if not worker.process.is_alive():
-                worker._lost()
-            else:
+            try:
                 await asyncio.to_thread(worker.send, ("evaluate", key, job))
+            except (OSError, ValueError):  # the pipe broke: the worker is gone
+                worker._lost()
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:
@@ -307,7 +317,8 @@ class EvalWorkers:
             worker.send(message)
 
     def close(self) -> None:
-        """Stop the workers (each stops the runtimes it still holds first)."""
+        """Stop the workers (each stops the runtimes it still holds first); a dead one was
+        dropped from the list, its sandboxes gone with it (bwrap ``--die-with-parent``)."""
         for worker in self._workers:
             self._send_quietly(worker, ("stop",))
         for worker in self._workers:

@@ -115,6 +115,9 @@ async def test_a_worker_that_dies_mid_evaluation_gives_an_error_verdict() -> Non
         workers._workers[0].process.kill()
         result = await asyncio.wait_for(verdict, 30)
         assert result is not None and result.status is Status.ERROR and "worker process exited" in result.report["error"]
+        # the next session gets a new worker
+        again = await workers.evaluate("s4", _job("test_sleep", sleep_s=0), timeout_s=60)
+        assert again is not None and again.reward == 1.0
     finally:
         await asyncio.to_thread(workers.close)
 
