@@ -6,6 +6,9 @@ and one compaction at 60% of the calls that restarts the main history from a sum
 session has 200 calls with prompts reaching ~32k tokens. Prints build time and tokens/s against
 the per-request builder (the baseline) and the compression: traces and trained tokens.
 Records are round-tripped through JSON first, exactly as builders receive them from the store.
+The last columns time the builder on the same session read back from a v2 journal, once
+comparing token lists (the v1 path) and once on the journal's prompt references (``refs``),
+and check the two trajectories are equal.
 
     python scripts/bench_merge.py
 """
@@ -14,9 +17,19 @@ from __future__ import annotations
 
 import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
-from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
+from polar_env.journal.reader import read_with_refs
+from polar_env.proxy.capture import CaptureStore
+from polar_env.records import (
+    AssistantMessage,
+    ChatRequest,
+    CompletionRecord,
+    ProviderAPI,
+    Timings,
+)
 from polar_env.trajectory.per_request import build_per_request
 from polar_env.trajectory.prefix_merge import build_prefix_merged
 
@@ -26,7 +39,7 @@ GEN_PROMPT = [IM_START, 74455, NL, 248068, NL]
 
 def session(calls: int, seed: int = 0) -> list[CompletionRecord]:
     rng = random.Random(seed)
-    words = lambda n: [rng.randrange(1000, 240000) for _ in range(n)]  # noqa: E731
+    words = lambda n: [rng.randrange(1000, 240000) for _ in range(n)]
     chat = ChatRequest(messages=[{"role": "user", "content": "x"}])
     system = words(6000)
     main = system + words(300) + GEN_PROMPT
@@ -63,9 +76,22 @@ def timed(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(runs) * 1000
 
 
+def ref_path(records: list[CompletionRecord]) -> tuple[float, float]:
+    """(compare ms, refs ms) for the session read back from a v2 journal; the trajectories must agree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = CaptureStore(Path(tmp))
+        for record in records:
+            store.append(record)
+        store.close()
+        read, refs = read_with_refs(store.path("bench"))
+    assert refs and build_prefix_merged(read, prompt_refs=refs).model_dump() == build_prefix_merged(read).model_dump()
+    return timed(lambda: build_prefix_merged(read)), timed(lambda: build_prefix_merged(read, prompt_refs=refs))
+
+
 def main() -> None:
     print(f"{'calls':>5} {'max prompt':>10} {'prompt tokens':>13} | {'merge ms':>8} {'Mtok/s':>7} | {'per-req ms':>10} | "
-          f"{'traces per-req':>14} {'merged':>6} {'ratio':>6} | {'tokens per-req':>14} {'merged':>9} {'ratio':>6}")
+          f"{'traces per-req':>14} {'merged':>6} {'ratio':>6} | {'tokens per-req':>14} {'merged':>9} {'ratio':>6} | "
+          f"{'v2 compare ms':>13} {'refs ms':>7} {'ratio':>6}")
     for calls in (25, 50, 100, 200):
         # Through JSON, as records come back from the capture store: every id is its own int
         # object, so list comparison cannot short-cut on identity.
@@ -75,10 +101,12 @@ def main() -> None:
         per = build_per_request(records)
         merge_ms = timed(lambda: build_prefix_merged(records))
         per_ms = timed(lambda: build_per_request(records))
-        tok = lambda traj: sum(len(t.prompt_ids) + len(t.response_ids) for t in traj.traces)  # noqa: E731
+        cmp_ms, refs_ms = ref_path(session(calls))
+        tok = lambda traj: sum(len(t.prompt_ids) + len(t.response_ids) for t in traj.traces)
         print(f"{calls:>5} {max(len(r.prompt_ids) for r in records):>10,} {total:>13,} | {merge_ms:>8.1f} {total / merge_ms / 1e3:>7.1f} | "
               f"{per_ms:>10.1f} | {len(per.traces):>14} {len(merged.traces):>6} {len(per.traces) / len(merged.traces):>6.1f} | "
-              f"{tok(per):>14,} {tok(merged):>9,} {tok(per) / tok(merged):>6.1f}")
+              f"{tok(per):>14,} {tok(merged):>9,} {tok(per) / tok(merged):>6.1f} | "
+              f"{cmp_ms:>13.1f} {refs_ms:>7.1f} {cmp_ms / refs_ms:>6.1f}")
         assert merged.metadata["stats"]["chains"] == 3, merged.metadata["stats"]
 
 

@@ -13,6 +13,11 @@ sessions finish — and enter POSTRUN — while others still run. Sessions go st
 ``node.run``; each result is consumed as a trainer's callback would (its trajectory is not kept),
 so the node's RSS is the node's own state.
 
+Sessions are graded by ``GradeLog`` (``--eval-log-lines`` > 0): a fresh bwrap sandbox holding a
+copy of a synthetic repo (``--eval-repo-files`` files, pre-warmed while the agent runs), one
+command printing a pytest-style log of that many lines, parsed line by line in Python as
+swebench's log parsers do — the CPU an SWE evaluation spends in whichever process runs it.
+
 Printed per variant: journal bytes per session and per final-context token; peak RSS of the node
 process (and of its largest child: POSTRUN workers); the gateway's added latency (a record's
 ``total_ms - engine_ms``: receipt to durable record, engine time excluded) p50/p99 for calls that
@@ -22,7 +27,8 @@ default the commit before this benchmark's changes, unpacked with ``git archive`
 same child code, so "before" is the pre-change code path, not a flag.
 
     python scripts/bench_scale.py [--sessions 256] [--turns 100] [--context 100000]
-        [--engine-ms 2000] [--baseline-rev fd45cad | --no-baseline] [--json out.json]
+        [--engine-ms 2000] [--eval-log-lines 50000] [--eval-repo-files 500]
+        [--baseline-rev fd45cad | --no-baseline] [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,6 +52,44 @@ DEFAULT_BASELINE = "fd45cad"  # main before issue 15 (Gateway object, journal v2
 RESPONSE_IDS = 200  # sampled ids per turn; the rest of each turn's growth is the tool output
 
 
+# -- the evaluator (importable as bench_scale:GradeLog, so a worker process can load it too) ------
+
+class GradeLog:
+    """Grades in a fresh runtime: runs ``params['lines']`` pytest-style result lines and parses them."""
+
+    name = "bench_grade_log"
+
+    def wants_fresh_runtime(self, ctx: Any) -> bool:
+        return True
+
+    async def evaluate(self, ctx: Any) -> Any:
+        from polar_env.evaluators import EvalResult
+
+        runtime = await ctx.fresh_runtime()
+        lines = int(ctx.params.get("lines", 50_000))
+        script = ("import sys\nw = sys.stdout.write\n"
+                  f"for i in range({lines}): w(f'tests/test_mod{{i % 97}}.py::test_case_{{i}} {{\"PASSED\" if i % 13 else \"FAILED\"}}\\n')\n")
+        res = await runtime.exec(["python3", "-c", script], timeout_s=120)
+        passed = failed = 0
+        for line in res.output.split("\n"):  # swebench's parse_log_pytest shape: split, look at the status word
+            parts = line.split()
+            if len(parts) == 2 and parts[1] in ("PASSED", "FAILED", "SKIPPED", "ERROR"):
+                passed += parts[1] == "PASSED"
+                failed += parts[1] == "FAILED"
+        ok = res.exit_code == 0 and passed + failed == lines
+        return EvalResult(reward=1.0 if ok else 0.0, report={"passed": passed, "failed": failed, "exit": res.exit_code})
+
+
+def make_repo(root: Path, files: int) -> Path:
+    """A synthetic task repo (``files`` source files of ~2 KB), the fresh runtime's source_dir."""
+    repo = root / "repo"
+    for i in range(files):
+        path = repo / f"pkg{i % 20}" / f"mod{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n" for j in range(60)))
+    return repo
+
+
 # -- the mock engine (a test double in its own process) ------------------------------------------
 
 def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> None:
@@ -53,7 +97,7 @@ def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> No
     from aiohttp import web
 
     grow_tokens = max(0, (context // max(1, turns)) - RESPONSE_IDS - 40)  # 40: template and tool framing
-    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud forest engine".split()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "river", "stone", "cloud", "forest", "engine"]
     filler = " ".join(words[(i * 7) % len(words)] for i in range(grow_tokens))  # ~1 Qwen token per word
     logprob_entries = [{"token": f"t{i}", "logprob": -0.5 - (i % 7) * 0.1, "bytes": [116], "top_logprobs": []}
                        for i in range(RESPONSE_IDS)]
@@ -146,8 +190,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import threading
 
     from polar_env.engines.config import EngineConfig
+    from polar_env.evaluators.base import EvaluatorSpec
+    from polar_env.runtimes.base import RuntimeSpec
     from polar_env.runtimes.simulated import SimulatedRuntime
-    from polar_env.staging.models import AgentSpec, SessionSpec, SessionStatus, TaskRequest
+    from polar_env.staging.models import (
+        AgentSpec,
+        SessionSpec,
+        SessionStatus,
+        TaskRequest,
+    )
     from polar_env.staging.node import GatewayNode, NodeConfig
     from polar_env.staging.pools import PoolLimits
 
@@ -177,8 +228,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     stop = threading.Event()
     sampler = threading.Thread(target=_rss_sampler, args=(peak, stop), daemon=True)
     sampler.start()
+    grading: dict[str, Any] = {}
+    if args.eval_log_lines > 0:
+        repo = make_repo(store.parent, args.eval_repo_files)
+        grading = {"evaluator": EvaluatorSpec(name="bench_scale:GradeLog", params={"lines": args.eval_log_lines}),
+                   "runtime": RuntimeSpec(source_dir=repo, disk_mb=None)}
     request = TaskRequest(task_id="scale", instruction="Fix the failing test. " * 20, num_samples=args.sessions,
-                          agent=AgentSpec(harness="loop", settings={"max_turns": args.turns + 1}),
+                          agent=AgentSpec(harness="loop", settings={"max_turns": args.turns + 1}), **grading,
                           continuation=True, timeout_s=24 * 3600.0)  # measure the load, not the agent budget
 
     class Done:
@@ -188,6 +244,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         def __init__(self, result: Any) -> None:
             self.status, self.error, self.stage_times = result.status, result.error, result.stage_times
             self.traced = result.trajectory is not None
+            self.reward, self.where = result.reward, result.evaluation.get("evaluated_in", "node")
 
     async def run() -> tuple[list[Done], float, float, str]:
         node = SimulatedNode(config)
@@ -237,7 +294,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 prompt_len = len(prompt)
             final_tokens += prompt_len + len(last["response_ids"])
     sessions = len(results)
-    errors = sum(1 for r in results if r.status is not SessionStatus.COMPLETED or not r.traced)
+    errors = sum(1 for r in results if r.status is not SessionStatus.COMPLETED or not r.traced
+                 or (args.eval_log_lines > 0 and r.reward != 1.0))
     return {
         "sessions": sessions, "calls": calls, "errors": errors,
         "error_samples": [r.error for r in results if r.status is not SessionStatus.COMPLETED][:3],
@@ -250,7 +308,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "calls_during_postrun": len(busy),
         "rps": calls / wall if wall else 0.0, "cpu_ms_per_call": cpu * 1000 / max(1, calls),
         "postrun_s_per_session": statistics.mean(postrun_s) if postrun_s else 0.0,
-        "wall_s": wall,
+        "wall_s": wall, "evaluated_in_worker": sum(1 for r in results if r.where == "worker"),
         "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
     }
 
@@ -280,6 +338,7 @@ def run_variant(tree: Path, args: argparse.Namespace, engine_port: int) -> dict[
         env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE}"}
         cmd = [sys.executable, __file__, "--child", "--engine-port", str(engine_port), "--store", str(Path(store) / "capture"),
                "--sessions", str(args.sessions), "--turns", str(args.turns), "--context", str(args.context),
+               "--eval-log-lines", str(args.eval_log_lines), "--eval-repo-files", str(args.eval_repo_files),
                "--result", str(out)]
         proc = subprocess.run(cmd, env=env, cwd=str(tree), check=False)
         if proc.returncode != 0:
@@ -303,6 +362,7 @@ ROWS = [
     ("POSTRUN s / session", "postrun_s_per_session", "{:.2f}"),
     ("calls", "calls", "{:,}"),
     ("errors", "errors", "{}"),
+    ("evaluated in a worker", "evaluated_in_worker", "{}"),
     ("wall s", "wall_s", "{:.1f}"),
     ("GC pause max ms (node)", "gc_pause_max_ms", "{:.1f}"),
     ("GC pause total s (node)", "gc_pause_total_s", "{:.2f}"),
@@ -334,6 +394,8 @@ def main() -> None:
     ap.add_argument("--baseline-rev", default=DEFAULT_BASELINE)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--eval-log-lines", type=int, default=50_000, help="GradeLog's test log (0: no evaluator)")
+    ap.add_argument("--eval-repo-files", type=int, default=500, help="files in the grading runtime's repo copy")
     # child mode (internal)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine-port", type=int, help=argparse.SUPPRESS)
@@ -362,7 +424,8 @@ def main() -> None:
         engine.terminate()
         engine.join(10)
     print(f"bench_scale: {args.sessions} sessions x {args.turns} turns, contexts to ~{args.context:,} tokens, "
-          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn")
+          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn, "
+          + (f"graded: {args.eval_log_lines:,}-line log, {args.eval_repo_files}-file repo" if args.eval_log_lines else "no evaluator"))
     print(table(results))
     for name, r in results.items():
         if r["error_samples"]:

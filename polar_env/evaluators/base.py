@@ -75,6 +75,11 @@ class EvaluatorSpec(BaseModel):
         return data
 
 
+class NoAgentRuntime(ConfigError):
+    """The context has no agent runtime (e.g. in an evaluation worker process: the agent's live
+    workspace exists only in the node, which then runs the evaluator itself)."""
+
+
 @dataclass(slots=True, eq=False)
 class EvalContext:
     """Everything an evaluator may look at. ``task`` is the task row (a dict, or a model the
@@ -93,7 +98,7 @@ class EvalContext:
 
     def agent_runtime(self) -> Runtime:
         if self.runtime is None:
-            raise ConfigError("this evaluator needs the agent's runtime, and the context has none")
+            raise NoAgentRuntime("this evaluator needs the agent's runtime, and the context has none")
         return self.runtime
 
     async def fresh_runtime(self) -> Runtime:

@@ -4,8 +4,10 @@ INIT registers the gateway session (its metadata journaled with it), installs th
 cache lacks it and prepares the runtime, under ``init_timeout_s``. RUNNING runs the harness under
 the agent budget ``timeout_s`` while the evaluator's fresh runtime is pre-warmed. POSTRUN always
 runs — after success, timeout, crash or cancellation — so whatever was captured becomes a
-trajectory with an explicit status: it builds with the session's builder (in a thread), evaluates
-(only a session whose agent finished), attaches reward and provenance, and stops every runtime.
+trajectory with an explicit status: it builds with the session's builder (in a worker process),
+evaluates (only a session whose agent finished; one that grades in a fresh runtime in an
+evaluation worker process, ``eval_worker.py``, which also pre-warms that runtime), attaches
+reward and provenance, and stops every runtime.
 Failures are data here: ``run_session`` returns a ``SessionResult`` and never raises, except when
 the node itself is shutting down.
 """
@@ -20,10 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polar_env.evaluators import EvalContext, EvaluatorSpec, prewarm, run_evaluator
+from polar_env.evaluators import (
+    EvalContext,
+    EvalResult,
+    EvaluatorSpec,
+    prewarm,
+    run_evaluator,
+)
 from polar_env.harnesses import loop
 from polar_env.records import Status
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
+from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, offloadable
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
 from polar_env.trajectory.outcome import with_outcome, write_outcome
 
@@ -33,6 +42,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EVAL_TIMEOUT_S = 600.0
+WORKER_GRACE_S = 120.0  # beyond the evaluation's own timeout, before a silent worker is given up on
 
 
 @dataclass(slots=True)
@@ -47,6 +57,7 @@ class Run:
     runtime: Runtime | None = None
     eval_ctx: EvalContext | None = None
     prewarm_task: asyncio.Task[Any] | None = None
+    offload: EvalJob | None = None  # the evaluation runs in an evaluation worker process
     exit_code: int | None = None
     final_answer: str | None = None
 
@@ -134,7 +145,10 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
             _enter(node, run, Stage.RUNNING)
             run.eval_ctx = _eval_context(req.evaluator, req.task, req.runtime, run)
             if run.eval_ctx is not None and req.evaluator is not None:
-                run.prewarm_task = asyncio.create_task(prewarm(req.evaluator.name, run.eval_ctx))
+                run.offload = _eval_job(req.evaluator, req.task, req.runtime, run.eval_ctx)
+                warm = (node.evaluations.prewarm(spec.session_id, run.offload) if run.offload is not None
+                        else prewarm(req.evaluator.name, run.eval_ctx))
+                run.prewarm_task = asyncio.create_task(warm)
             try:
                 async with asyncio.timeout(req.timeout_s):
                     await _run_agent(node, run)
@@ -186,6 +200,40 @@ def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime
                        runtime_factory=lambda: make_runtime(fresh))
 
 
+def _eval_job(evaluator: EvaluatorSpec, task: dict[str, Any], runtime: RuntimeSpec, ctx: EvalContext) -> EvalJob | None:
+    module = offloadable(evaluator.name, ctx)
+    if module is False:
+        return None
+    return EvalJob(evaluator=evaluator.name, module=module if isinstance(module, str) else None, task=task,
+                   params=dict(evaluator.params), fresh=evaluation_runtime_spec(runtime),
+                   timeout_s=evaluator.timeout_s or EVAL_TIMEOUT_S)
+
+
+async def _evaluate(node: GatewayNode, run: Run, evaluator: EvaluatorSpec) -> EvalResult:
+    """In the evaluation worker when the run has a job there, else (or when the worker cannot
+    run this evaluator) in this process. The agent's diff is taken here, while its runtime lives."""
+    ctx, job, timeout_s = run.eval_ctx, run.offload, evaluator.timeout_s or EVAL_TIMEOUT_S
+    assert ctx is not None
+    ctx.final_answer, ctx.exit_code = run.final_answer, run.exit_code
+    if run.prewarm_task is not None:
+        await asyncio.gather(run.prewarm_task, return_exceptions=True)
+    if job is not None and run.runtime is not None:
+        try:
+            ctx.patch = await run.runtime.diff()
+        except Exception as exc:  # noqa: BLE001 - the evaluator, in this process, reports it
+            _log.warning("session %s: the agent's diff failed (%s); evaluating in the node", run.spec.session_id, exc)
+            job = None
+    if job is not None:
+        job.final_answer, job.exit_code, job.timed_out, job.patch = ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.patch
+        result = await node.evaluations.evaluate(run.spec.session_id, job, timeout_s + WORKER_GRACE_S)
+        if result is not None and result.report.get("exception_type") != NEEDS_AGENT_RUNTIME:
+            return result.model_copy(update={"report": {**result.report, "evaluated_in": "worker"}})
+        _log.info("session %s: evaluator %s runs in the node (%s)", run.spec.session_id, evaluator.name,
+                  "not found in the worker" if result is None else "it asked for the agent runtime")
+    result = await run_evaluator(evaluator.name, ctx, timeout_s=timeout_s)
+    return result.model_copy(update={"report": {**result.report, "evaluated_in": "node"}})
+
+
 async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> SessionResult:
     spec, req = run.spec, run.spec.request
     if cancelled:
@@ -202,11 +250,7 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
         reward, evaluation = 0.0, {}
         trajectory = built.trajectory
         if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
-            run.eval_ctx.final_answer = run.final_answer
-            run.eval_ctx.exit_code = run.exit_code
-            if run.prewarm_task is not None:
-                await asyncio.gather(run.prewarm_task, return_exceptions=True)
-            result = await run_evaluator(req.evaluator.name, run.eval_ctx, timeout_s=req.evaluator.timeout_s or EVAL_TIMEOUT_S)
+            result = await _evaluate(node, run, req.evaluator)
             evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
             evaluation["status"] = result.status.value
             reward = result.reward
@@ -243,6 +287,11 @@ async def _cleanup(node: GatewayNode, run: Run) -> None:
     if run.prewarm_task is not None and not run.prewarm_task.done():
         run.prewarm_task.cancel()
         await asyncio.gather(run.prewarm_task, return_exceptions=True)
+    if run.offload is not None:  # a pre-warmed runtime in the worker that no evaluation used
+        try:
+            await node.evaluations.cancel(run.spec.session_id)
+        except Exception as exc:  # noqa: BLE001
+            _log.warning("session %s: releasing the worker's grading runtime failed: %s", run.spec.session_id, exc)
     if run.eval_ctx is not None:
         try:
             await run.eval_ctx.aclose()

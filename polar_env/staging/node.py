@@ -27,6 +27,7 @@ from polar_env.records import ChatRequest, Generation
 from polar_env.runtimes import Runtime, make_runtime
 from polar_env.runtimes.base import prepared
 from polar_env.staging import lifecycle
+from polar_env.staging.eval_worker import EvalWorkers
 from polar_env.staging.models import SessionResult, SessionSpec, Stage
 from polar_env.staging.pools import PoolLimits, StagePools
 from polar_env.staging.postrun_pool import PostrunPool
@@ -121,6 +122,7 @@ class GatewayNode:
         self.model = config.engine.model
         self.pools = StagePools(config.limits)
         self.postrun = PostrunPool(config.limits.max_postrun)  # read + build off this process
+        self.evaluations = EvalWorkers(config.limits.max_postrun)  # fresh-runtime grading off this process
         self.runs: dict[str, lifecycle.Run] = {}
         self.work: dict[str, asyncio.Future[None]] = {}
         self.harness_cache = config.harness_cache
@@ -178,6 +180,7 @@ class GatewayNode:
         if self.gateway is not None:
             await self.gateway.aclose()  # drains in-flight captures, then closes the engine client and the store
         await asyncio.to_thread(self.postrun.close)
+        await asyncio.to_thread(self.evaluations.close)
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
         if self._incarnation is not None:

@@ -5,8 +5,9 @@ A 100-call session's read and prefix merge is ~1 s of Python; in a thread it sti
 live session's replies (the GIL), so it runs in a ``ProcessPoolExecutor`` (forkserver: the node
 process has threads, which ``fork`` must not copy) with ``max_postrun`` workers. The worker reads
 the journal itself (by path), so only the small result crosses back: the trajectory plus the few
-facts POSTRUN needs (record count, final answer, weight versions). Evaluators stay in the node
-process: they drive the session's runtime (async I/O into the sandbox), not the CPU.
+facts POSTRUN needs (record count, final answer, weight versions); the journal's prompt
+references go to the builder (``journal/reader.py``). Evaluations have their own worker processes
+(``eval_worker.py``): a session keeps one from pre-warm to verdict, which a pool cannot promise.
 """
 
 from __future__ import annotations
@@ -35,23 +36,23 @@ class Built:
 
 def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
     """Runs in a worker process (or inline): read the journal, build the trajectory."""
+    from polar_env.journal.reader import read_with_refs
     from polar_env.proxy.capture import CaptureStore
-    from polar_env.trajectory.builders import BUILDERS
+    from polar_env.trajectory.builders import BUILDERS, build
 
     store = CaptureStore(Path(store_root))
     try:
-        records = store.read(session_id)
+        records, refs = read_with_refs(store.path(session_id))
     except PolarError as exc:  # a journal line that is not a record: nothing trustworthy to build
         return Built(None, 0, error=f"journal unreadable: {exc}", journal_ok=False)
     if not records:
         return Built(None, 0)
     final = records[-1].message.content
     versions = sorted({r.weight_version for r in records if r.weight_version is not None})
-    build = BUILDERS.get(builder)
-    if build is None:
+    if builder not in BUILDERS:
         return Built(None, len(records), final, versions, f"unknown builder {builder!r}; known: {sorted(BUILDERS)}")
     try:
-        trajectory = build(records)
+        trajectory = build(builder, records, refs)  # the journal's prompt refs spare re-comparing
     except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the session's result
         line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         return Built(None, len(records), final, versions, f"builder {builder} failed: {type(exc).__name__}: {line}")
@@ -64,7 +65,8 @@ def _warm() -> None:
     import os
 
     os.nice(POSTRUN_NICE)
-    import polar_env.proxy.capture  # noqa: F401
+    import polar_env.journal.reader
+    import polar_env.proxy.capture
     import polar_env.trajectory.builders  # noqa: F401
 
 

@@ -56,8 +56,7 @@ def verify(trajectories: Sequence[Trajectory], model: torch.nn.Module, *, top: i
                 delta = abs(captured - mine)
                 total += delta
                 report.tokens_checked += 1
-                if delta > report.max_abs_delta:
-                    report.max_abs_delta = delta
+                report.max_abs_delta = max(report.max_abs_delta, delta)
                 deltas.append({"trajectory": t_index, "trace": tr_index, "position": pos, "delta": delta})
     report.mean_abs_delta = total / report.tokens_checked if report.tokens_checked else 0.0
     report.worst = sorted(deltas, key=lambda d: -d["delta"])[:top]

@@ -22,10 +22,14 @@ re-rendered, whitespace trimmed), the merged sequence is not exactly what the mo
 such boundary is counted with its token span. ``strict=True`` cuts the chain there instead, so every
 merged trace is exactly a context the model saw.
 
-Cost: each prompt is serialised once to its compact JSON text (orjson, ~3 ns per id); "is a token
-prefix" is then a byte-prefix test on those texts (memcmp) after an O(1) probe per candidate
-chain. Building is linear in the total prompt tokens with a small constant; comparing Python int
-lists element by element costs several times more on records loaded from JSON.
+Cost: "is a token prefix" is a byte-prefix test on the prompts' compact JSON texts (orjson, ~3 ns
+per id, serialised once, on first need) after an O(1) probe per candidate chain; comparing Python
+int lists element by element costs several times more on records loaded from JSON. A v2 journal's
+prompt references (``prompt_refs``: seq → (parent seq, tokens kept from the parent's context);
+``polar_env.journal.reader``) answer the test for a record and its parent without looking at the
+tokens: the journal stores the record's prompt as exactly those kept tokens plus a suffix. Where
+the reference does not decide it (v1 journals, records stored whole, another chain's tip) the
+comparison runs, so both paths group and merge identically.
 """
 
 from __future__ import annotations
@@ -52,22 +56,37 @@ def detect_eot_ids(records: Sequence[CompletionRecord]) -> frozenset[int]:
     return frozenset(found or EOS_IDS)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prompt:
-    """A prompt's ids plus their compact JSON text, for memcmp prefix tests."""
+    """A prompt's ids plus (serialised on first need) their compact JSON text, for memcmp prefix
+    tests; ``ref`` is the journal's (parent seq, kept tokens) for it, when it has one."""
 
     ids: list[int]
-    packed: bytes  # b"[1,2,3]"
+    ref: tuple[int, int] | None = None
+    seq: int = -1
+    _packed: bytes | None = None
 
     @classmethod
-    def of(cls, ids: list[int]) -> Prompt:
-        return cls(ids, orjson.dumps(ids))
+    def of(cls, ids: list[int], ref: tuple[int, int] | None = None, seq: int = -1) -> Prompt:
+        return cls(ids, ref, seq)
+
+    @property
+    def packed(self) -> bytes:  # b"[1,2,3]"
+        if self._packed is None:
+            self._packed = orjson.dumps(self.ids)
+        return self._packed
+
+    def kept_from(self, prev: Prompt) -> int:
+        """Leading tokens known (from the journal's reference) to equal ``prev``'s context; 0 if unknown."""
+        return self.ref[1] if self.ref is not None and self.ref[0] == prev.seq >= 0 else 0
 
 
 def _extends(prompt: Prompt, tip: Prompt, n: int | None = None) -> bool:
     """Is ``tip.ids[:n]`` a prefix of ``prompt.ids``? An O(1) probe rejects most non-matches first."""
     p, t = prompt.ids, tip.ids
     n = len(t) if n is None else n
+    if 0 < n <= prompt.kept_from(tip):  # the journal stored prompt[:kept] as tip's context[:kept]
+        return True
     if n == 0 or n > len(p) or p[n - 1] != t[n - 1] or p[0] != t[0] or p[n // 2] != t[n // 2]:
         return False
     head = memoryview(tip.packed)[:-1] if n == len(t) else orjson.dumps(t[:n])[:-1]  # without "]"
@@ -108,8 +127,8 @@ def group_chains(
     turn_start: Collection[int] = (IM_START_ID,),
     prompts: Mapping[int, Prompt] | None = None,
 ) -> list[list[CompletionRecord]]:
-    """Chains of records (see the module docstring); ``prompts`` maps seq → packed prompt."""
-    packed = prompts if prompts is not None else {r.seq: Prompt.of(r.prompt_ids) for r in records}
+    """Chains of records (see the module docstring); ``prompts`` maps seq → prompt."""
+    packed = prompts if prompts is not None else _prompts(records, None)
     chains: list[list[CompletionRecord]] = []
     for record in records:
         prompt = packed[record.seq]
@@ -125,6 +144,11 @@ def group_chains(
         else:
             best.append(record)
     return chains
+
+
+def _prompts(records: Sequence[CompletionRecord], refs: Mapping[int, tuple[int, int]] | None) -> dict[int, Prompt]:
+    refs = refs or {}
+    return {r.seq: Prompt.of(r.prompt_ids, refs.get(r.seq), r.seq) for r in records}
 
 
 def _span(a: list[int], b: list[int]) -> int:
@@ -222,14 +246,16 @@ def build_prefix_merged(
     eot_ids: Collection[int] | None = None,
     turn_start_ids: Collection[int] = (IM_START_ID,),
     strict: bool = False,
+    prompt_refs: Mapping[int, tuple[int, int]] | None = None,
 ) -> Trajectory:
-    """Merge a session's completions into one trace per prefix chain (see the module docstring)."""
+    """Merge a session's completions into one trace per prefix chain (see the module docstring).
+    ``prompt_refs``: the journal's prompt references (seq → (parent, kept)), when known."""
     problem = check_records(records, session_id)
     if problem is not None:
         return error_trajectory(records, session_id, problem)
     ordered = sorted(records, key=lambda r: r.seq)
     eot = frozenset(eot_ids) if eot_ids is not None else detect_eot_ids(ordered)
-    packed = {r.seq: Prompt.of(r.prompt_ids) for r in ordered}
+    packed = _prompts(ordered, prompt_refs)
     chains = group_chains(ordered, eot, turn_start_ids, packed)
     traces = [t for chain in chains for t in _merge_chain(chain, eot, turn_start_ids, strict, packed)]
     drift = [d for t in traces for d in t.metadata["drift"]]

@@ -10,12 +10,12 @@ import pytest
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+from polar_env.journal.reader import read_with_refs
 from polar_env.qwen.template import APPEND_ONLY, QWEN35, TemplateQuirks
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.trajectory.fidelity import verify
 from polar_env.trajectory.per_request import build_per_request
 from polar_env.trajectory.prefix_merge import build_prefix_merged
-
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import Gateway, start_gateway
 
@@ -77,9 +77,21 @@ async def capture(engine: EmbeddedEngine, tmp_path: Path, *, continuation: bool,
         await main.run()
         compacted = Agent(gw, s["key"], "You are the main agent.", "Summary of earlier work: fixed. Continue.", echo_reasoning)
         await compacted.run()
-        return store.read("ep")
+        records = store.read("ep")
+        assert_ref_path_agrees(store.path("ep"), records)
+        return records
     finally:
         await client.close()
+
+
+def assert_ref_path_agrees(path: Path, records: list[CompletionRecord]) -> None:
+    """The journal's prompt references give the same trajectories as re-comparing the token lists."""
+    read, refs = read_with_refs(path)
+    assert [r.model_dump() for r in read] == [r.model_dump() for r in records]
+    assert refs, "a v2 journal of a tool loop stores prompt references"
+    for strict in (False, True):
+        compared = build_prefix_merged(records, strict=strict)
+        assert build_prefix_merged(read, strict=strict, prompt_refs=refs).model_dump() == compared.model_dump()
 
 
 def assert_faithful(traj: Trajectory, records: list[CompletionRecord]) -> None:
