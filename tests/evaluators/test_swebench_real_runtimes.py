@@ -102,3 +102,31 @@ async def test_agent_diff_that_writes_the_new_test_file_does_not_help(toys, spec
         result.reward == 0.0
         and result.report["swebench"]["tests_status"]["FAIL_TO_PASS"]["failure"] == task.FAIL_TO_PASS
     )
+
+
+@pytest.mark.parametrize("attack_name", ["conftest_root", "conftest_deep", "pytest_ini_plugin", "tests_init_import_hook"])
+async def test_reward_hacks_score_zero_in_every_runtime(toys, spec_for, tmp_path, attack_name):  # type: ignore[no-untyped-def]
+    """The grading-integrity policy holds in each real runtime (Docker included, graded as the node
+    grades there: container root): a diff that only plants runner hooks scores 0, paths reported."""
+    import shutil
+    import subprocess
+
+    from tests.evaluators.attacks import ATTACKS
+
+    attack = next(a for a in ATTACKS if a.name == attack_name)
+    task = toys["toy__calc-1"]
+    repo = tmp_path / "repo"
+    shutil.copytree(task.repo_dir, repo, symlinks=True)
+    for path, text in attack.files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git = ["git", "-c", "safe.directory=*", "-C", str(repo)]
+    subprocess.run([*git, "add", "-A"], check=True)
+    patch = subprocess.run([*git, "diff", "--cached"], check=True, capture_output=True, text=True).stdout
+    spec = spec_for(task)
+    if spec.kind == "docker":
+        spec = spec.model_copy(update={"user": "root"})
+    result = await grade(task, spec, patch)
+    assert result.status is Status.COMPLETED and result.reward == 0.0, result.report
+    dropped = {d["path"] for d in result.report["dropped_paths"]}
+    assert set(attack.expect_dropped) <= dropped, result.report["dropped_paths"]
