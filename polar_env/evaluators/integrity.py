@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import Runtime
 from polar_env.runtimes.limits import LimitExceeded
+from polar_env.tasks.swe import hunk_body_step
 
 # Repos copied into a runtime may belong to another uid; git then refuses them as "dubious".
 GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
@@ -231,13 +232,7 @@ def split_patch(patch: str) -> tuple[list[str], list[Section]]:
     for i, line in enumerate(lines):
         bare = line.rstrip("\r\n")
         if old_left > 0 or new_left > 0:
-            tag = bare[:1]
-            if tag in (" ", ""):
-                old_left, new_left = old_left - 1, new_left - 1
-            elif tag == "-":
-                old_left -= 1
-            elif tag == "+":
-                new_left -= 1
+            old_left, new_left = hunk_body_step(bare[:1], old_left, new_left)
             assert cur is not None
             cur.lines.append(line)
             continue

@@ -144,6 +144,18 @@ class SweTask(BaseModel):
         }
 
 
+def hunk_body_step(tag: str, old_left: int, new_left: int) -> tuple[int, int]:
+    """One hunk body line (its first character ``tag``): the old and new line counts still to
+    come. Diff readers skip hunk bodies this way, so a body line that looks like a header is not."""
+    if tag in (" ", ""):
+        return old_left - 1, new_left - 1
+    if tag == "-":
+        return old_left - 1, new_left
+    if tag == "+":
+        return old_left, new_left - 1
+    return old_left, new_left  # "\ No newline at end of file"
+
+
 def patch_files(patch: str) -> dict[str, str]:
     """Paths a unified diff touches → ``modified`` / ``added`` / ``deleted``, in patch order.
     Hunk bodies are skipped by their line counts, so a removed ``-- comment`` line is not a header."""
@@ -153,13 +165,7 @@ def patch_files(patch: str) -> dict[str, str]:
     old_left = new_left = 0
     for line in patch.splitlines():
         if old_left > 0 or new_left > 0:
-            tag = line[:1]
-            if tag in (" ", ""):
-                old_left, new_left = old_left - 1, new_left - 1
-            elif tag == "-":
-                old_left -= 1
-            elif tag == "+":
-                new_left -= 1
+            old_left, new_left = hunk_body_step(line[:1], old_left, new_left)
             continue
         if line.startswith("diff --git "):
             old, section = None, _git_header_path(line)
