@@ -203,7 +203,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from polar_env.staging.pools import PoolLimits
 
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)  # as the gateway CLI does (cli._tune_gc)
+    gc.set_threshold(100_000, 50, 100)  # as the gateway CLI does (cli.serving._tune_gc)
     gc_pauses: list[float] = []  # the cyclic GC's pauses of this process (they stop the event loop)
     gc_started = [0.0]
 

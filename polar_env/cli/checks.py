@@ -1,0 +1,99 @@
+"""Checks of user input for the command line: each failure is one line that says what, where and how to fix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from polar_env.errors import ConfigError
+
+# Top-level modules that come from an optional extra: a missing one names the extra to install.
+EXTRA_OF_MODULE = {
+    "torch": "embedded",
+    "transformers": "embedded",
+    "safetensors": "embedded",
+    "swebench": "swebench",
+    "pyarrow": "parquet",
+    "docker": "docker",
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` only where there is a default worth showing (not None, not off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
+# -- checks of user input: each failure is one line that says what, where and how to fix ------------
+
+
+def existing_dir(path: str, flag: str, hint: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{flag} {path}: no such folder; {hint}")
+    if not p.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not a folder; {hint}")
+    return p
+
+
+def store_to_write(path: str) -> Path:
+    """The gateway's capture store: created if absent, but never on top of a file."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--store {path} is a file, not a folder; pass a directory for the session journals")
+    if not p.exists() and not p.parent.is_dir():
+        raise ConfigError(f"--store {path}: its parent folder {p.parent} does not exist; create it (mkdir -p {p.parent})")
+    return p.resolve()
+
+
+def file_to_write(path: str, flag: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file path such as {p / 'out.jsonl'}")
+    if not p.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: folder {p.parent} does not exist; create it first (mkdir -p {p.parent})")
+    return p
+
+
+def model_dir(path: str) -> Path:
+    """A local HF folder (nothing is ever downloaded: transformers would read a missing path as a
+    hub repo id and fail with a misleading message)."""
+    p = existing_dir(path, "--model-dir", "give a HF model folder (polar-env export-model DIR writes one)")
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"--model-dir {path} has no config.json; give a HF model folder (polar-env export-model DIR writes one)")
+    return p
+
+
+def load_script(path: str) -> Any:
+    """The scripted policy from ``--script FILE`` (JSON: ``{"steps": [{command|text, reasoning}]}``)."""
+    from polar_env.engines.embedded.policy import ScriptedPolicy
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--script {path}: no such file; write a JSON policy there "
+                          '(e.g. {"steps": [{"command": "ls"}, {"text": "done"}]}) or drop --script')
+    try:
+        return ScriptedPolicy.from_dict(json.loads(p.read_text()))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--script {path} is not JSON: {exc}") from exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"--script {path} is not a scripted policy ({exc}); "
+                          'expected {"steps": [{"command": ...} or {"text": ...}, ...]}') from exc
+
+
+def missing_extra_message(exc: ModuleNotFoundError, command: str) -> str | None:
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    hint = " (CPU-only machine: pip install torch --index-url https://download.pytorch.org/whl/cpu first)" if extra == "embedded" else ""
+    return (f"polar-env {command} needs the '{extra}' extra ({top} is not installed): "
+            f"pip install 'polar-env[{extra}]', or pip install -e '.[{extra}]' in a checkout{hint}")
+
+
+# -- engine ------------------------------------------------------------------------------------

@@ -1,0 +1,239 @@
+"""``rollout``, ``eval``, ``serve``, ``submit`` and ``status``: staged rollouts of a task set."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from polar_env.cli.checks import HelpFormatter
+from polar_env.errors import ConfigError
+
+def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """PolarEnvConfig from --config (YAML) with the flags given on the command line on top."""
+
+    try:
+        return _env_config_unchecked(args)
+    except ValueError as exc:  # pydantic's ValidationError, bad --evaluator JSON
+        raise ConfigError(f"invalid option: {' '.join(str(exc).split())[:400]}") from None
+
+
+def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.engines.config import EngineConfig
+    from polar_env.env import PolarEnvConfig
+    from polar_env.evaluators.base import EvaluatorSpec
+    from polar_env.staging.pools import PoolLimits
+
+    config = PolarEnvConfig.from_yaml(args.config) if args.config else PolarEnvConfig()
+    engine = config.engine.model_dump()
+    for flag, key in (("engine", "kind"), ("engine_url", "url"), ("model_dir", "model_dir"), ("seed", "seed"),
+                      ("engine_script", "script"), ("max_tokens_per_turn", "max_tokens_cap"),
+                      ("served_model_name", "model")):
+        if getattr(args, flag, None) is not None:
+            engine[key] = getattr(args, flag)
+    if args.engine_url and args.engine is None and not args.config:
+        engine["kind"] = "vllm"  # a URL means a served engine
+    limits = config.limits.model_dump()
+    for key in ("max_running", "max_init", "max_postrun", "ready_buffer"):
+        if getattr(args, key, None) is not None:
+            limits[key] = getattr(args, key)
+    if args.max_running is not None and args.ready_buffer is None:
+        limits["ready_buffer"] = None  # re-derive from the new limits
+    update: dict = {"engine": EngineConfig.model_validate(engine), "limits": PoolLimits.model_validate(limits)}
+    for flag in ("harness", "api", "builder", "temperature", "top_p", "timeout_s", "nodes", "ray_address"):
+        if getattr(args, flag, None) is not None:
+            update[flag] = getattr(args, flag)
+    if args.ray or args.ray_address:
+        update["ray"] = True
+    if args.canonical:
+        update["continuation"] = False
+    if args.runtime is not None:
+        update["runtime"] = config.runtime.model_copy(update={"kind": args.runtime})
+    if args.evaluator is not None:
+        text = args.evaluator.strip()
+        update["evaluator"] = EvaluatorSpec.model_validate(json.loads(text) if text.startswith("{") else text)
+    return PolarEnvConfig.model_validate({**config.model_dump(), **{k: v for k, v in update.items()}})
+
+
+def add_env_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("environment (override --config)")
+    g.add_argument("--config", help="YAML file of PolarEnvConfig fields (engine, harness, runtime, limits, ...)")
+    g.add_argument("--harness", help="harness preset (pi, qwen_code, mini_swe_agent, claude_code, codex, "
+                   "gemini_cli, opencode), a harness file, or 'loop' (built-in agent loop); default pi")
+    g.add_argument("--api", help="wire format the harness speaks (default: its own)")
+    g.add_argument("--engine", choices=["embedded", "vllm", "sglang", "simulated"],
+                   help="embedded: the CPU engine in-process (default); simulated: a test double")
+    g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang worker URLs (comma-separated) / router:URL")
+    g.add_argument("--served-model-name", help="the engine's model name")
+    g.add_argument("--model-dir", help="embedded: a HF Qwen3 folder (default: seeded random tiny weights)")
+    g.add_argument("--seed", type=int, help="embedded: seed of the random weights")
+    g.add_argument("--engine-script", help="embedded: scripted policy JSON forcing the tokens (a test double)")
+    g.add_argument("--max-tokens-per-turn", type=int, help="embedded: cap on sampled tokens per call (default 256)")
+    g.add_argument("--temperature", type=float, help="trainer-owned sampling temperature (overrides harnesses)")
+    g.add_argument("--top-p", type=float, help="trainer-owned top_p")
+    g.add_argument("--runtime", choices=["sandbox", "docker", "apptainer"], help="default sandbox (bubblewrap)")
+    g.add_argument("--builder", choices=["prefix_merge", "per_request", "prefix_merge_strict"],
+                   help="trajectory builder (default prefix_merge)")
+    g.add_argument("--evaluator", help="evaluator name or JSON spec (default: swebench for SWE tasks)")
+    g.add_argument("--canonical", action="store_true", help="canonical templating instead of token-in continuation")
+    g.add_argument("--timeout-s", type=float, help="agent budget per session in seconds (default 600)")
+    g.add_argument("--nodes", type=int, help="gateway nodes (default 1)")
+    g.add_argument("--ray", action="store_true", help="run nodes as Ray actors (ray.init() locally)")
+    g.add_argument("--ray-address", help="join an existing Ray cluster (implies --ray)")
+    g.add_argument("--max-running", type=int, help="RUNNING slots per node (match the engine's capacity)")
+    g.add_argument("--max-init", type=int, help="INIT workers per node")
+    g.add_argument("--max-postrun", type=int, help="POSTRUN workers per node")
+    g.add_argument("--ready-buffer", type=int, help="prepared runtimes per node (INIT + READY)")
+
+
+def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
+    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set), a .jsonl/.json/.parquet file, or a folder of Harbor tasks")
+    p.add_argument("--task-id", action="append", help="only this task (repeatable)")
+    p.add_argument("--limit", type=int, help="at most this many tasks")
+    p.add_argument("--samples", type=int, default=samples, help="sessions per task (the GRPO group size)")
+    p.add_argument("--out", default="polar_rollouts", help="output folder (journals, trajectories, report)")
+    p.add_argument("--early-stop", type=int, dest="early_stop", help="finish a group after this many usable sessions")
+    p.add_argument("--no-progress", action="store_true", help="no live table (e.g. in CI logs)")
+    p.add_argument("--tracker", choices=["wandb", "tensorboard"], help="also log the figures there (W&B offline by default)")
+    add_env_options(p)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from polar_env.staging.job import RolloutJob, run_job
+    from polar_env.staging.progress import LiveProgress, print_summary
+
+    job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
+                     samples=args.samples, out=Path(args.out), mode=args.command,
+                     pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
+                     tracker=args.tracker)
+    env = job.env
+    print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
+          f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
+          f"output {job.out}", flush=True)
+    live = None if args.no_progress else LiveProgress()
+    try:
+        report = asyncio.run(run_job(job, live))
+    finally:
+        if live is not None:
+            live.stop()
+    print_summary(report)
+    print(f"wrote {job.out}/: {', '.join(report['files'])}")
+    return 0 if report["statuses"].get("completed", 0) > 0 else 1
+
+
+def _server_token(args: argparse.Namespace) -> str:
+    if getattr(args, "token", None):
+        return str(args.token)
+    path = Path(args.token_file)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        from polar_env.errors import ConfigError
+
+        raise ConfigError(f"token file {path} does not exist; pass --token or the --token-file polar-env serve wrote") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from polar_env.staging.cluster import serve
+
+    config = env_config(args)
+    if not args.local:
+        config = config.model_copy(update={"ray": True})
+    store = Path(args.store)
+    config = config.model_copy(update={"store": store / "capture"})
+    return asyncio.run(serve(config, args.host, args.port, store, args.token))
+
+
+def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+    except OSError as exc:
+        from polar_env.errors import ConfigError
+
+        raise ConfigError(f"cannot reach the rollout server at {url}: {exc} (is polar-env serve running?)") from None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from polar_env.env import task_request
+    from polar_env.staging.models import TaskRequest
+    from polar_env.tasks.sources import read_rows
+
+    token = _server_token(args)
+    config = env_config(args)
+    groups = []
+    for row in read_rows(Path(args.tasks)):
+        is_request = isinstance(row, dict) and "task_id" in row and "instruction" in row and "agent" in row
+        req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
+        status, body = _http("POST", f"{args.server}/rollout/task/submit", token, req.model_dump_json().encode())
+        if status != 202:
+            print(f"{req.task_id}: refused ({status}): {body.get('error', body)}", file=sys.stderr)
+            continue
+        groups.append(body["group_id"])
+        print(f"{req.task_id}: submitted as group {body['group_id']} ({req.num_samples} samples)")
+    while args.wait and groups:
+        time.sleep(2)
+        for gid in list(groups):
+            status, body = _http("GET", f"{args.server}/rollout/task/{gid}?results=0", token)
+            if body.get("state") in ("done", "cancelled"):
+                print(json.dumps(body))
+                groups.remove(gid)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    token = _server_token(args)
+    path = f"/rollout/task/{args.ref}?results=0" if args.ref else "/rollout/status"
+    status, body = _http("GET", args.server + path, token)
+    print(json.dumps(body, indent=2))
+    return 0 if status == 200 else 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+
+    p = command("rollout", "the main job: staged rollouts of a task set, rewarded trajectories + report")
+    add_job_options(p, samples=2)
+    p.set_defaults(func=cmd_rollout)
+
+    p = command("eval", "the rollout pipeline in evaluation mode: pass@1 / pass@k per repo, cost")
+    add_job_options(p, samples=1)
+    p.add_argument("-k", type=int, action="append", help="report pass@k (repeatable; default 1)")
+    p.set_defaults(func=cmd_rollout)
+
+    p = command("serve", "rollout server + N gateway nodes (Ray actors) behind an HTTP task API")
+    p.add_argument("--host", default="127.0.0.1", help="address of the task API (keep it off the sandboxes' reach)")
+    p.add_argument("--port", type=int, default=8080, help="port of the task API")
+    p.add_argument("--store", default="polar_serve", help="journals and the server's token file go here")
+    p.add_argument("--token", help="bearer token for the task API (default: generated into STORE/rollout_token)")
+    p.add_argument("--local", action="store_true", help="nodes in this process instead of Ray actors")
+    add_env_options(p)
+    p.set_defaults(func=cmd_serve)
+
+    for name, func, text in (("submit", cmd_submit, "submit a JSONL/JSON/Parquet file of tasks to polar-env serve"),
+                             ("status", cmd_status, "status of polar-env serve, or of one task group")):
+        p = command(name, text)
+        if name == "submit":
+            p.add_argument("tasks", help="task rows (SWE rows, {task_id, instruction, ...}, or full TaskRequests)")
+            p.add_argument("--samples", type=int, default=1, help="sessions per task")
+            p.add_argument("--wait", action="store_true", help="poll until every submitted group is done")
+            add_env_options(p)
+        else:
+            p.add_argument("ref", nargs="?", help="group id or task id (default: the whole server)")
+        p.add_argument("--server", default="http://127.0.0.1:8080", help="the rollout server's URL")
+        p.add_argument("--token", help="the server's bearer token")
+        p.add_argument("--token-file", default="polar_serve/rollout_token", help="file holding the token")
+        p.set_defaults(func=func)
+
+

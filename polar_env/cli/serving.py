@@ -1,0 +1,250 @@
+"""``engine`` and ``gateway``: the embedded CPU engine and the provider gateway as servers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from polar_env.cli.checks import HelpFormatter, load_script, model_dir, store_to_write
+from polar_env.errors import ConfigError
+from polar_env.qwen.template import QUIRKS
+
+EMBEDDED_MODEL_NAME = "polar-tiny-qwen3"
+# The embedded engine's own options, with their defaults: with --engine vllm/sglang they do nothing.
+EMBEDDED_DEFAULTS: dict[str, Any] = {
+    "model_dir": None, "seed": 0, "max_tokens_cap": 1024, "scripted": False, "script": None,
+    "script_command": "echo hi", "script_answer": "The command printed: {tool_output}",
+}
+
+
+def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.engines.embedded.engine import EmbeddedEngine
+    from polar_env.engines.embedded.model import ModelSpec
+    from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+
+    policy = None
+    if args.script:
+        policy = load_script(args.script)
+    elif args.scripted:
+        policy = ScriptedPolicy(
+            steps=(
+                ScriptStep(command=args.script_command, reasoning="I should run the command."),
+                ScriptStep(text=args.script_answer, reasoning="The tool answered."),
+            )
+        )
+    return EmbeddedEngine(
+        model_dir=model_dir(args.model_dir) if args.model_dir else None,
+        spec=ModelSpec(seed=args.seed),
+        quirks=QUIRKS[args.template],
+        policy=policy,
+        logprobs_mode=args.logprobs_mode,
+        max_tokens_cap=args.max_tokens_cap,
+        model_name=args.served_model_name or EMBEDDED_MODEL_NAME,
+    )
+
+
+def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) -> None:
+    d = EMBEDDED_DEFAULTS
+    p.add_argument("--model-dir", help="load this local HF Qwen3 folder instead of seeded random weights")
+    p.add_argument("--seed", type=int, default=d["seed"], help="seed of the random weights")
+    p.add_argument("--served-model-name", help=(
+        "model name sent to the engine (default: the one model a vllm/sglang engine lists at /v1/models; "
+        f"{EMBEDDED_MODEL_NAME} for the embedded engine)") if gateway else f"model name served (default: {EMBEDDED_MODEL_NAME})")
+    p.add_argument("--template", choices=sorted(QUIRKS), default="qwen3.5",
+                   help="chat template quirks (qwen3.5: what vLLM does; append_only: none)")
+    p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed",
+                   help="logprobs of the sampled distribution (processed) or of the raw logits")
+    p.add_argument("--max-tokens-cap", type=int, default=d["max_tokens_cap"],
+                   help="most tokens the embedded engine samples per request")
+    p.add_argument("--scripted", action="store_true", help="force decoding to the scripted tool-then-answer turns")
+    p.add_argument("--script", help="JSON file with a scripted policy ({steps: [{command|text, reasoning}]})")
+    p.add_argument("--script-command", default=d["script_command"], help="--scripted: the shell command the model calls")
+    p.add_argument("--script-answer", default=d["script_answer"], help="--scripted: the final answer ({tool_output} is replaced)")
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from polar_env.engines.embedded.server import build_app
+
+    started = time.perf_counter()
+    engine = _engine_from_args(args)
+    what = f"polar-env engine ({json.dumps(engine.describe())})"
+    asyncio.run(_serve(build_app(engine), args.host, args.port, what, started))
+    return 0
+
+
+# -- gateway -----------------------------------------------------------------------------------
+
+
+def resolve_engine_kind(args: argparse.Namespace) -> str:
+    """``--engine`` as given, or inferred from ``--engine-url`` (vllm; sglang for worker lists and
+    ``router:``); a contradiction is an error, not a silently ignored option."""
+    url = args.engine_url
+    kind = args.engine or ("embedded" if not url else "sglang" if url.startswith("router:") or "," in url else "vllm")
+    if kind == "embedded":
+        if url:
+            raise ConfigError("--engine-url is for --engine vllm or sglang; the embedded engine runs in-process (drop one of them)")
+        return kind
+    if not url:
+        raise ConfigError(f"--engine {kind} needs --engine-url (the server's base URL, e.g. http://127.0.0.1:8000)")
+    unused = [f"--{k.replace('_', '-')}" for k, v in EMBEDDED_DEFAULTS.items() if getattr(args, k) != v]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to --engine embedded, not --engine {kind}; drop them")
+    return kind
+
+
+async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[no-untyped-def]
+    """The engine client and the model name to send it, after checking the engine answers."""
+    if kind == "embedded":
+        engine = _engine_from_args(args)
+        return engine, engine.model_name, "embedded (in-process)"
+    from polar_env.engines import make_engine
+    from polar_env.engines.probe import choose_model, wait_for_engine
+
+    engine = make_engine(kind, args.engine_url, args.served_model_name or "", logprobs_mode=args.logprobs_mode)
+    try:
+        served = await wait_for_engine(engine, wait_s=args.engine_wait_s, on_wait=lambda line: print(line, file=sys.stderr, flush=True))
+        first_url, first_served = next(iter(served.items()))
+        model = choose_model(args.served_model_name, first_served, first_url, strict=kind == "vllm")
+    except BaseException:
+        await engine.aclose()
+        raise
+    engine.model = model
+    return engine, model, f"{kind} {', '.join(served)}"
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    kind = resolve_engine_kind(args)
+    store_root = store_to_write(args.store)
+    asyncio.run(_run_gateway(args, kind, store_root))
+    return 0
+
+
+async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
+    from polar_env.proxy.admin import load_or_create_admin_token
+    from polar_env.proxy.capture import CaptureStore
+    from polar_env.proxy.gateway import Gateway, GatewayConfig
+
+    started = time.perf_counter()
+    engine, model, engine_text = await _gateway_engine(args, kind)
+    store = CaptureStore(store_root, fsync=args.fsync)
+    token, token_path = load_or_create_admin_token(store.root, args.admin_token)
+    config = GatewayConfig(
+        engine_model=model,
+        public_url=args.public_url,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens_cap=args.gateway_max_tokens,
+        admin_token=token,
+        template=QUIRKS[args.template],
+        continuation=args.continuation,
+        engine_timeout_s=args.engine_timeout,
+    )
+    gateway = Gateway(engine, store, config)
+    where = f"; store {store_root}; " + (f"admin token in {token_path}" if token_path else "admin token from --admin-token")
+    what = f"polar-env gateway (engine: {engine_text}, model {model!r})"
+    # sandboxes get the provider routes only (runtimes/relay.py)
+    sandbox = gateway.provider_app if args.unix_socket else None
+    await _serve(gateway.app, args.host, args.port, what, started, unix_socket=args.unix_socket, unix_app=sandbox, suffix=where)
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+def _tune_gc() -> None:
+    """Server processes parse and build large acyclic JSON trees per request (a 1k-token vLLM
+    response is ~10k containers), which sets off the cyclic GC many times per request. Freezing
+    start-up objects and raising the gen-0 threshold cut the gateway's CPU per request by ~40%
+    (scripts/bench_gateway.py); acyclic garbage is still freed at once by reference counting."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+
+
+async def _serve(app, host: str, port: int, what: str, started: float, *,  # type: ignore[no-untyped-def]
+                 unix_socket: str | None = None, unix_app=None, suffix: str = "") -> None:  # type: ignore[no-untyped-def]
+    from aiohttp import web
+
+    from polar_env.access_log import LOGGER, AccessLogger
+
+    _tune_gc()
+    runner = web.AppRunner(app, access_log=LOGGER, access_log_class=AccessLogger)
+    await runner.setup()
+    runners = [runner]
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                              "pick another --port or --host, or stop the process that holds it") from exc
+        if unix_socket:  # what sandboxes reach through their relay (runtimes/base.py)
+            unix_runner = web.AppRunner(unix_app, access_log=None) if unix_app is not None else runner
+            if unix_runner is not runner:
+                await unix_runner.setup()
+                runners.insert(0, unix_runner)
+            try:
+                await web.UnixSite(unix_runner, unix_socket).start()
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on --unix-socket {unix_socket} ({exc.strerror or exc}); "
+                                  "give a path in an existing, writable folder") from exc
+        # Printed only once the socket listens: callers wait for this line.
+        print(f"{what} ready in {time.perf_counter() - started:.1f}s on http://{host}:{port}{suffix}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        for r in runners:
+            await r.cleanup()
+
+
+# -- trajectories ------------------------------------------------------------------------------
+
+def _add_server_options(p: argparse.ArgumentParser, *, port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=port, help="port to listen on")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="stderr log: warning logs every 4xx/5xx answer with its error, info every request")
+
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+
+    p = command("engine", "serve the embedded CPU engine (vLLM-shaped OpenAI chat API)")
+    _add_server_options(p, port=8000)
+    _add_engine_options(p)
+    p.set_defaults(func=cmd_engine)
+
+    p = command("gateway", "serve the provider gateway in front of an engine")
+    _add_server_options(p, port=8100)
+    p.add_argument("--engine", choices=["embedded", "vllm", "sglang"],
+                   help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url "
+                        "(default: vllm when --engine-url is given, else embedded)")
+    p.add_argument("--engine-url", help="vLLM base URL (a /v1 suffix is fine; several, comma-separated, with --engine vllm: a session-sticky pool); SGLang worker URLs (comma-separated) or router:URL")
+    p.add_argument("--engine-wait-s", type=float, default=30.0,
+                   help="how long to wait at start for the engine to answer GET /v1/models before failing")
+    p.add_argument("--store", required=True, help="directory of per-session journals (created if absent)")
+    p.add_argument("--fsync", action="store_true", help="fsync every record (survives machine crashes)")
+    p.add_argument("--unix-socket", help="also listen on this unix socket (bridged into sandboxes)")
+    p.add_argument("--public-url", help="base URL handed to harnesses (default: the request's Host)")
+    p.add_argument("--temperature", type=float, help="override every request's temperature")
+    p.add_argument("--top-p", type=float, help="override every request's top_p")
+    p.add_argument("--gateway-max-tokens", type=int, help="cap every request's max_tokens")
+    p.add_argument("--admin-token", help="bearer token for /sessions and /admin/* (default: read or create "
+                   "<store>/admin_token, mode 0600)")
+    p.add_argument("--engine-timeout", type=float, default=1800.0,
+                   help="seconds one engine call may take before the harness gets a 504")
+    p.add_argument("--continuation", action="store_true",
+                   help="token-in continuation mode for every session (append-only prompts)")
+    _add_engine_options(p, gateway=True)
+    p.set_defaults(func=cmd_gateway)
+

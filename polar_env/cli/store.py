@@ -1,0 +1,125 @@
+"""``build``, ``verify``, ``export-model`` and ``demo``: what to do with a capture store."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from polar_env.cli.checks import HelpFormatter, existing_dir, file_to_write, model_dir, store_to_write
+from polar_env.errors import ConfigError
+
+def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.proxy.capture import CaptureStore
+    from polar_env.trajectory.reader import build_trajectories
+
+    root = existing_dir(args.store, "--store", "pass the folder polar-env gateway --store wrote")
+    store = CaptureStore(root)
+    known = store.session_ids()
+    if not known:
+        raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); pass the folder polar-env gateway --store wrote")
+    unknown = [s for s in args.session or () if s not in known]
+    if unknown:
+        raise ConfigError(f"--session {unknown[0]} has no journal in {args.store}; it has {', '.join(known[:10])}"
+                          + (" …" if len(known) > 10 else ""))
+    return build_trajectories(root, args.builder, args.session or known)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build trajectories from a capture store; print per-session stats, optionally write JSONL."""
+    out_path = file_to_write(args.out, "--out") if args.out else None
+    trajectories = _trajectories(args)
+    out = open(out_path, "wb") if out_path else None  # noqa: SIM115
+    try:
+        for traj in trajectories:
+            stats = traj.metadata.get("stats", {})
+            print(f"{traj.session_id}: {traj.status.value} {json.dumps(stats or traj.metadata)}")
+            if out is not None:
+                out.write(traj.to_json() + b"\n")
+    finally:
+        if out is not None:
+            out.close()
+    return 0 if all(t.status.value != "error" for t in trajectories) else 1
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Teacher-forced fidelity check of built trajectories against the embedded engine's model."""
+    folder = model_dir(args.model_dir) if args.model_dir else None
+    trajectories = _trajectories(args)
+    from polar_env.engines.embedded.model import ModelSpec, build_model, load_model
+    from polar_env.trajectory.fidelity import verify
+
+    model = load_model(folder) if folder else build_model(ModelSpec(seed=args.seed))
+    worst, tokens, failed = 0.0, 0, []
+    for traj in trajectories:
+        if traj.status.value == "error":
+            print(f"{traj.session_id}: not checked, its trajectory is an error: {traj.metadata.get('error', traj.metadata)}")
+            failed.append(traj.session_id)
+            continue
+        report = verify([traj], model)
+        worst, tokens = max(worst, report.max_abs_delta), tokens + report.tokens_checked
+        drift = traj.metadata.get("stats", {}).get("drift_boundaries", 0)
+        print(f"{traj.session_id}: {report.line()}; drift boundaries {drift}")
+        for w in report.worst[:3]:
+            print(f"    trace {w['trace']} position {w['position']}: |Δ| {w['delta']:.3g}")
+        if report.max_abs_delta > args.tolerance:
+            failed.append(traj.session_id)
+    verdict = "FAIL" if failed else "PASS"
+    print(f"{verdict}: max |Δlogprob| {worst:.3g} {'>' if worst > args.tolerance else '<='} tolerance {args.tolerance:g} "
+          f"over {tokens} sampled tokens in {len(trajectories)} sessions"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def cmd_export_model(args: argparse.Namespace) -> int:
+    from polar_env.engines.embedded.model import ModelSpec, build_model, save_model
+
+    out = Path(args.directory)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; give a folder to write the model into")
+    save_model(build_model(ModelSpec(seed=args.seed)), out)
+    print(f"wrote {out} (config, safetensors, generation_config, tokenizer)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from polar_env.demo import run_demo
+
+    store = str(store_to_write(args.store)) if args.store else None
+    return asyncio.run(run_demo(store_dir=store))
+
+
+# -- parser ------------------------------------------------------------------------------------
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+
+    for name, func, text in (
+        ("build", cmd_build, "build trajectories from a capture store"),
+        ("verify", cmd_verify, "teacher-forced fidelity check of captured trajectories (needs the embedded extra)"),
+    ):
+        p = command(name, text)
+        p.add_argument("--store", required=True, help="capture store directory (what polar-env gateway --store wrote)")
+        p.add_argument("--session", action="append", help="session id (repeatable; default: every session in the store)")
+        p.add_argument("--builder", default="prefix_merge", choices=["per_request", "prefix_merge", "prefix_merge_strict"],
+                       help="how calls become traces: one per call, or merged along token prefixes")
+        if name == "build":
+            p.add_argument("--out", help="write trajectories as JSON lines to this file")
+        else:
+            p.add_argument("--model-dir", help="local HF folder of the model that sampled (default: the seeded tiny model)")
+            p.add_argument("--seed", type=int, default=0, help="seed of the tiny model that sampled")
+            p.add_argument("--tolerance", type=float, default=1e-4, help="max |Δlogprob| that passes")
+        p.set_defaults(func=func)
+
+    p = command("export-model", "write the seeded tiny model as a HF folder (for vLLM)")
+    p.add_argument("directory", help="folder to write (config, safetensors, generation config, tokenizer)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.set_defaults(func=cmd_export_model)
+
+    p = command("demo", "one captured tool-use episode through engine + gateway, then its trajectory")
+    p.add_argument("--store", help="capture store directory (default: a new temporary one); rerunning on one adds a session")
+    p.set_defaults(func=cmd_demo)
+
