@@ -23,8 +23,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from polar_env.dashboard.server import Dashboard, build_dashboard
 from polar_env.observe.metrics import METRICS
-from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore, SessionMeta
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
 from polar_env.trajectory.outcome import write_outcome
 

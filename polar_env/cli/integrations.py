@@ -11,6 +11,7 @@ from pathlib import Path
 from polar_env.cli.checks import HelpFormatter
 from polar_env.cli.rollout import add_job_options, env_config
 
+
 def cmd_slime_args(args: argparse.Namespace) -> int:
     """Print the slime launch a recipe stands for; write the files it names; --run launches it."""
     import importlib.util

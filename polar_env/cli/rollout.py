@@ -12,6 +12,7 @@ from pathlib import Path
 from polar_env.cli.checks import HelpFormatter
 from polar_env.errors import ConfigError
 
+
 def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """PolarEnvConfig from --config (YAML) with the flags given on the command line on top."""
 

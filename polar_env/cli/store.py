@@ -10,6 +10,7 @@ from pathlib import Path
 from polar_env.cli.checks import HelpFormatter, existing_dir, file_to_write, model_dir, store_to_write
 from polar_env.errors import ConfigError
 
+
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.proxy.capture import CaptureStore
     from polar_env.trajectory.reader import build_trajectories

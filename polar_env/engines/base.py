@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -79,7 +78,7 @@ async def request_json(
                 raise EngineHTTPError(error_message(raw), engine=engine, url=url, status=resp.status)
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise EngineUnavailable(f"cannot reach engine: {exc}", engine=engine, url=url) from exc
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise EngineTimeout(f"no answer within {timeout_s:g}s", engine=engine, url=url) from exc
     except aiohttp.ClientPayloadError as exc:
         raise EngineProtocolError(f"truncated response body: {exc}", engine=engine, url=url) from exc

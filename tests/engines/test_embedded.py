@@ -14,7 +14,6 @@ from polar_env.errors import RequestError
 from polar_env.qwen.template import render
 from polar_env.qwen.tokenizer import IM_END_ID
 from polar_env.records import ChatRequest
-
 from tests.conftest import SHELL_TOOL
 
 USER = [{"role": "user", "content": "Say something."}]

@@ -19,7 +19,6 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.model import ModelSpec, build_model
 from polar_env.engines.embedded.server import build_app
 from polar_env.qwen.tokenizer import IM_END_ID
-
 from tests.conftest import SHELL_TOOL
 
 USER = [{"role": "user", "content": "Use the tool."}]

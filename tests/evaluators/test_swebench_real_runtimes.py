@@ -17,7 +17,6 @@ from polar_env.records import Status
 from polar_env.runtimes import RuntimeSpec, make_runtime
 from polar_env.runtimes.sandbox import DEFAULT_PATH
 from polar_env.tasks.swe import SweTask
-
 from tests.conftest import DOCKER_IMAGE, require_bwrap
 
 HANG_TIMEOUT_S = 5.0

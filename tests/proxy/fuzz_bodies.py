@@ -25,8 +25,8 @@ import orjson
 from aiohttp import web
 from hypothesis import strategies as st
 
-from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.qwen.template import render
 from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall

@@ -11,7 +11,6 @@ import pytest
 from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
 from polar_env.proxy.capture import CaptureStore
 from polar_env.qwen.tokenizer import IM_END_ID
-
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine, Gateway
 

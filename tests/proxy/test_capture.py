@@ -13,7 +13,6 @@ import pytest
 
 from polar_env.proxy.capture import CaptureError, CaptureStore, JournalError, SessionMeta
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
-
 from tests.conftest import REPO_ROOT
 
 

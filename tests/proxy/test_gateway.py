@@ -15,7 +15,6 @@ from aiohttp.test_utils import TestServer
 from polar_env.engines.sglang import SGLangClient
 from polar_env.proxy.capture import CaptureStore
 from polar_env.proxy.gateway import Gateway, GatewayConfig, GatewayEvent
-
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine
 
@@ -62,7 +61,7 @@ async def test_aclose_drains_a_capture_whose_client_left(tmp_path: Path) -> None
         try:
             await http.post(f"{gw.url}{CHAT}", json=BODY, headers={"Authorization": f"Bearer {session.key}"},
                             timeout=aiohttp.ClientTimeout(total=0.1))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     assert len(gw.in_flight) == 1  # the generation goes on without its client
     await gw.aclose()

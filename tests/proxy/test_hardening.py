@@ -25,7 +25,6 @@ from polar_env.proxy.capture import CaptureStore
 from polar_env.proxy.gateway import Gateway as LiveGateway
 from polar_env.proxy.gateway import GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, Generation
-
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
 from tests.proxy.conftest import live as live_gateway

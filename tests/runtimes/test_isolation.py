@@ -12,11 +12,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-
-from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.proxy.capture import CaptureStore
+from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.runtimes import RuntimeSpec, make_runtime
-
 from tests.conftest import require_bwrap
 from tests.proxy.conftest import FakeEngine
 

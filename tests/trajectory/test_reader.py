@@ -8,7 +8,6 @@ from polar_env.proxy.capture import CaptureStore, SessionMeta
 from polar_env.records import Status
 from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.reader import build_store
-
 from tests.proxy.test_capture import record
 
 

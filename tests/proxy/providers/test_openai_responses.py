@@ -17,7 +17,6 @@ from polar_env.proxy.providers import openai_responses as responses
 from polar_env.proxy.providers.base import Reply
 from polar_env.qwen.template import render
 from polar_env.records import AssistantMessage, Generation, ToolCall
-
 from tests.proxy.conftest import admin_headers, start_gateway
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "providers" / "openai_responses"
