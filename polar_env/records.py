@@ -35,6 +35,22 @@ class Status(enum.StrEnum):
     ABORTED = "aborted"
 
 
+class FailureKind(enum.StrEnum):
+    """Why a session did not yield a clean, evaluated result: a small fixed set a trainer can group and
+    mask by (the free text goes in ``failure_detail``)."""
+
+    AGENT_TIMEOUT = "agent_timeout"  # the harness ran past the task's timeout_s
+    HARNESS_ERROR = "harness_error"  # the harness exited non-zero or could not be launched
+    INIT_ERROR = "init_error"  # the runtime or the harness install failed before RUNNING
+    ENGINE_ERROR = "engine_error"  # the engine failed or was unreachable
+    LIMIT_EXCEEDED = "limit_exceeded"  # a RuntimeSpec limit (pids, memory, disk, output, patch) was hit
+    EVALUATOR_ERROR = "evaluator_error"  # grading itself failed (not a wrong fix: that is reward 0)
+    BUILD_ERROR = "build_error"  # the captured calls could not be built into a trajectory
+    CANCELLED = "cancelled"  # the trainer or the task API cancelled it (e.g. slime's abort)
+    INTERRUPTED = "interrupted"  # the job was stopped (SIGINT/SIGTERM); --resume runs it again
+    NODE_LOST = "node_lost"  # the gateway node died; rebuilt from its store
+
+
 LogprobsMode = Literal["processed", "raw"]
 """``processed``: logprobs of the distribution actually sampled (after temperature/top-p).
 ``raw``: log-softmax of the raw logits (vLLM's default ``--logprobs-mode raw_logprobs``)."""

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.records import ProviderAPI, Trajectory
+from polar_env.records import FailureKind, ProviderAPI, Trajectory
 from polar_env.runtimes.base import RuntimeSpec
 
 
@@ -115,6 +115,9 @@ class SessionResult(BaseModel):
     harness_exit_code: int | None = None
     error: str | None = None
     limits: dict[str, Any] = Field(default_factory=dict)  # per limit: value, mechanism; which was hit
+    failure_kind: FailureKind | None = None  # None: completed and evaluated
+    failure_detail: str | None = None  # free text for people; trainers read failure_kind
+    mask: bool = False  # True: a trainer should drop this sample from the loss
 
     @property
     def usable(self) -> bool:
