@@ -135,7 +135,8 @@ async def main_async(args: argparse.Namespace) -> None:
         engine_url = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         request = {"model": "bench", "messages": [{"role": "user", "content": "go " * 200}],
-                   "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]}
+                   "tools": [{"type": "function", "function": {
+                       "name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]}
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{gateway_url}/sessions", json={}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
                 key = (await r.json())["key"]
@@ -151,7 +152,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 await drive(engine_url, request, plain, concurrency, 1.0, spread)  # warm
                 direct = await drive(engine_url, request, plain, concurrency, args.seconds, spread)
                 gw_cpu = cpu_s(procs[1].pid)
-                via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency, args.seconds, spread)
+                via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency,
+                                  args.seconds, spread)
                 gw_cpu_ms = (cpu_s(procs[1].pid) - gw_cpu) / max(len(via), 1) * 1000
                 d50, d99, g50, g99 = pct(direct, 50), pct(direct, 99), pct(via, 50), pct(via, 99)
                 drps, grps = len(direct) / args.seconds, len(via) / args.seconds

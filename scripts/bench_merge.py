@@ -15,11 +15,13 @@ and check the two trajectories are equal.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from polar_env.journal.reader import read_with_refs
 from polar_env.proxy.capture import CaptureStore
@@ -39,7 +41,10 @@ GEN_PROMPT = [IM_START, 74455, NL, 248068, NL]
 
 def session(calls: int, seed: int = 0) -> list[CompletionRecord]:
     rng = random.Random(seed)
-    words = lambda n: [rng.randrange(1000, 240000) for _ in range(n)]
+
+    def words(n: int) -> list[int]:
+        return [rng.randrange(1000, 240000) for _ in range(n)]
+
     chat = ChatRequest(messages=[{"role": "user", "content": "x"}])
     system = words(6000)
     main = system + words(300) + GEN_PROMPT
@@ -99,10 +104,13 @@ def main() -> None:
         total = sum(len(r.prompt_ids) for r in records)
         merged = build_prefix_merged(records)
         per = build_per_request(records)
-        merge_ms = timed(lambda: build_prefix_merged(records))
-        per_ms = timed(lambda: build_per_request(records))
+        merge_ms = timed(functools.partial(build_prefix_merged, records))
+        per_ms = timed(functools.partial(build_per_request, records))
         cmp_ms, refs_ms = ref_path(session(calls))
-        tok = lambda traj: sum(len(t.prompt_ids) + len(t.response_ids) for t in traj.traces)
+
+        def tok(traj: Any) -> int:
+            return sum(len(t.prompt_ids) + len(t.response_ids) for t in traj.traces)
+
         print(f"{calls:>5} {max(len(r.prompt_ids) for r in records):>10,} {total:>13,} | {merge_ms:>8.1f} {total / merge_ms / 1e3:>7.1f} | "
               f"{per_ms:>10.1f} | {len(per.traces):>14} {len(merged.traces):>6} {len(per.traces) / len(merged.traces):>6.1f} | "
               f"{tok(per):>14,} {tok(merged):>9,} {tok(per) / tok(merged):>6.1f} | "

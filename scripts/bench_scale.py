@@ -68,7 +68,8 @@ class GradeLog:
         runtime = await ctx.fresh_runtime()
         lines = int(ctx.params.get("lines", 50_000))
         script = ("import sys\nw = sys.stdout.write\n"
-                  f"for i in range({lines}): w(f'tests/test_mod{{i % 97}}.py::test_case_{{i}} {{\"PASSED\" if i % 13 else \"FAILED\"}}\\n')\n")
+                  f"for i in range({lines}):\n"
+                  "    w(f'tests/test_mod{i % 97}.py::test_case_{i} {\"PASSED\" if i % 13 else \"FAILED\"}\\n')\n")
         res = await runtime.exec(["python3", "-c", script], timeout_s=120)
         passed = failed = 0
         for line in res.output.split("\n"):  # swebench's parse_log_pytest shape: split, look at the status word
@@ -97,7 +98,8 @@ def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> No
     from aiohttp import web
 
     grow_tokens = max(0, (context // max(1, turns)) - RESPONSE_IDS - 40)  # 40: template and tool framing
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "river", "stone", "cloud", "forest", "engine"]
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "river", "stone",
+             "cloud", "forest", "engine"]
     filler = " ".join(words[(i * 7) % len(words)] for i in range(grow_tokens))  # ~1 Qwen token per word
     logprob_entries = [{"token": f"t{i}", "logprob": -0.5 - (i % 7) * 0.1, "bytes": [116], "top_logprobs": []}
                        for i in range(RESPONSE_IDS)]
@@ -192,7 +194,6 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from polar_env.engines.config import EngineConfig
     from polar_env.evaluators.base import EvaluatorSpec
     from polar_env.runtimes.base import RuntimeSpec
-    from polar_env.runtimes.simulated import SimulatedRuntime
     from polar_env.staging.models import (
         AgentSpec,
         SessionSpec,
@@ -201,6 +202,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     )
     from polar_env.staging.node import GatewayNode, NodeConfig
     from polar_env.staging.pools import PoolLimits
+    from polar_env.testing.simulated_runtime import SimulatedRuntime
 
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)  # as the gateway CLI does (cli.serving._tune_gc)

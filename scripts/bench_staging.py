@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from polar_env.engines.config import EngineConfig  # noqa: E402
 from polar_env.evaluators import EvalContext, EvalResult, register_evaluator  # noqa: E402
 from polar_env.harnesses import loop  # noqa: E402
-from polar_env.runtimes.simulated import SimulatedRuntime  # noqa: E402
 from polar_env.staging.models import AgentSpec, SessionStatus, Stage, TaskRequest  # noqa: E402
 from polar_env.staging.node import GatewayNode, NodeConfig  # noqa: E402
 from polar_env.staging.pools import Occupancy, PoolLimits  # noqa: E402
 from polar_env.staging.server import LocalNode, RolloutServer, session_ids  # noqa: E402
+from polar_env.testing.simulated_runtime import SimulatedRuntime  # noqa: E402
 
 JITTER = 0.3
 

@@ -318,7 +318,8 @@ async def main_async(args: argparse.Namespace) -> int:
                     marker = uuid.uuid4().hex
                     path, body, extra = request_for(marker, False, rng)
                     async with http.post(f"http://127.0.0.1:{gw.port}{path}", json=body,
-                                         headers={"Authorization": f"Bearer {tally.keys[sid]}", "x-api-key": tally.keys[sid], **extra}) as resp:
+                                         headers={"Authorization": f"Bearer {tally.keys[sid]}", "x-api-key": tally.keys[sid],
+                                                  **extra}) as resp:
                         await resp.read()
                         tally.outcomes[f"after-tear call {resp.status}"] += 1
                         if resp.status == 200:

@@ -7,10 +7,10 @@
 #   scripts/check_harnesses.sh                          # the full matrix
 #   scripts/check_harnesses.sh --only pi-gemini --workdir /tmp/polar-check   # keep the artifacts
 #
-# Extra arguments go to `python -m polar_env.harnesses.check` (--only, --json, --timeout-s, --workdir).
+# Extra arguments go to `python -m polar_env.testing.harness_check` (--only, --json, --timeout-s, --workdir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The install script's stdout lists "<name> <binary>"; keep stdout for the table.
 scripts/install_harnesses.sh all >&2
-exec "${PYTHON:-python3}" -m polar_env.harnesses.check "$@"
+exec "${PYTHON:-python3}" -m polar_env.testing.harness_check "$@"

@@ -138,7 +138,7 @@ def test_staged_rollouts_run_without_torch(tmp_path: Path) -> None:
         from pathlib import Path
 
         from polar_env import PolarEnvConfig, TaskRequest
-        from polar_env.runtimes.simulated import SimulatedRuntime
+        from polar_env.testing.simulated_runtime import SimulatedRuntime
         from polar_env.staging.node import GatewayNode, NodeConfig
         from polar_env.staging.server import LocalNode, RolloutServer
 

@@ -33,7 +33,7 @@ class EngineConfig(BaseModel):
     script: Path | None = None  # a scripted policy file ({steps: [...]}) forcing the tokens
     # harnesses that end only by a command (mini-swe-agent): scripted answers also run it
     script_finish_command: str | None = None
-    # simulated (a test double: see engines/simulated.py)
+    # simulated (a test double: see polar_env/testing/simulated_engine.py)
     latency_s: float = 0.05
     jitter: float = 0.0
 
@@ -74,7 +74,7 @@ def build_engine(config: EngineConfig) -> EngineClient:
                               max_tokens_cap=config.max_tokens_cap or (4096 if policy else 256),
                               model_name=config.model)
     if config.kind == "simulated":
-        from polar_env.engines.simulated import SimulatedEngine
+        from polar_env.testing.simulated_engine import SimulatedEngine
 
         return SimulatedEngine(latency_s=config.latency_s, jitter=config.jitter, policy=policy,
                                model_name=config.model, seed=config.seed)

@@ -6,9 +6,10 @@ lists them (sgl-router / SMG shape: ``{"workers": [{"id", "url", "is_healthy", .
 "stats"}``; unhealthy workers are skipped). The router's list is followed, not read once: it is
 re-read every ``refresh_s`` and at once when a worker refuses or drops a connection (slime's fault
 tolerance removes a dead engine and registers its replacement), and the failed call is retried on
-the new list (a fixed worker list fails over to the next listed worker). A request carrying ``extra_body["session_id"]`` lands on the same worker while that
-worker is listed (rendezvous hash: when the list changes, only the sessions of a removed worker
-move), so a multi-turn session reuses its prefix cache; others go round robin.
+the new list (a fixed worker list fails over to the next listed worker). A request carrying
+``extra_body["session_id"]`` lands on the same worker while that worker is listed (rendezvous hash:
+when the list changes, only the sessions of a removed worker move), so a multi-turn session reuses
+its prefix cache; others go round robin.
 
 Every request carries an ``rid``; when the caller cancels a call in flight (the session was
 cancelled), the client posts ``/abort_request {"rid"}`` to that worker so the engine stops
@@ -280,8 +281,8 @@ class SGLangClient:
             ("choices[0].prompt_token_ids", prompt_ids),
             ("choices[0].response_token_ids", response_ids),
         )
-        missing = [name for name, value in fields if not isinstance(value, list)]
-        if missing:
+        if not isinstance(prompt_ids, list) or not isinstance(response_ids, list):
+            missing = [name for name, value in fields if not isinstance(value, list)]
             raise bad(
                 f"SGLang returned no token ids ({' and '.join(missing)} null, missing or not a list): "
                 "`return_token_ids` needs SGLang >= 0.5.23 and non-streaming, and a router in between "

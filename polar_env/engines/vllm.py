@@ -152,8 +152,8 @@ class VLLMClient:
         prompt_ids = data.get("prompt_token_ids")
         response_ids = choice.get("token_ids")
         fields = (("prompt_token_ids", prompt_ids), ("choices[0].token_ids", response_ids))
-        missing = [name for name, value in fields if not isinstance(value, list)]
-        if missing:
+        if not isinstance(prompt_ids, list) or not isinstance(response_ids, list):
+            missing = [name for name, value in fields if not isinstance(value, list)]
             raise self._bad(
                 f"vLLM returned no token ids ({' and '.join(missing)} null, missing or not a list): "
                 "`return_token_ids` needs vLLM >= 0.10.2, and `include_reasoning: false` makes vLLM "

@@ -274,9 +274,9 @@ def split_patch(patch: str) -> tuple[list[str], list[Section]]:
             p = _side(bare[4:], "b/")
             if p is not None:
                 cur.paths.append(p)
-        elif m := _HUNK.match(bare):
-            old_left = int(m.group(1)) if m.group(1) is not None else 1
-            new_left = int(m.group(2)) if m.group(2) is not None else 1
+        elif hunk := _HUNK.match(bare):
+            old_left = int(hunk.group(1)) if hunk.group(1) is not None else 1
+            new_left = int(hunk.group(2)) if hunk.group(2) is not None else 1
     for s in sections:
         s.paths = list(dict.fromkeys(posixpath.normpath(_unquote(p)) for p in s.paths if p))
     return preamble, sections

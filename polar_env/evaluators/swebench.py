@@ -63,8 +63,8 @@ class SweBenchParams(BaseModel):
 def _swebench() -> tuple[Any, Any]:
     """(make_test_spec, get_eval_report) from swebench 5.x, imported once (about 1 s)."""
     try:
-        from swebench.harness.grading import get_eval_report  # type: ignore[import-untyped, import-not-found, unused-ignore]
-        from swebench.harness.utils import make_test_spec  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        from swebench.harness.grading import get_eval_report
+        from swebench.harness.utils import make_test_spec
     except ImportError as exc:
         raise ConfigError(
             f"the swebench evaluator needs swebench 5.x ({exc}): pip install 'polar-env[swebench]'"

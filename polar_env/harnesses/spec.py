@@ -16,7 +16,7 @@ Every string is a template filled by :func:`render` with ``{base_url}`` (the gat
 ``{prompt}``. An argv element that is exactly ``{prompt_words}`` expands to ``prompt.split()``.
 Inside ``.json`` / ``.toml`` / ``.yaml`` files values are JSON-escaped. ``files`` paths are relative
 to ``{home}``. :meth:`HarnessSpec.client` flattens one (harness, api) pair into a :class:`ClientSpec`,
-the shape ``check.py`` and runtimes consume.
+the shape ``polar_env.testing.harness_check`` and runtimes consume.
 """
 
 from __future__ import annotations

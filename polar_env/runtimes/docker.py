@@ -90,16 +90,13 @@ from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
-from polar_env.runtimes.hostworkspace import SANDBOX_UID_BASE, SANDBOX_UID_SLOTS
+from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 from polar_env.runtimes.sandbox import (
-    BASELINE_SCRIPT,
-    DIFF_SCRIPT,
     GATEWAY_SOCKET,
     POLAR_RUN_DIR,
     RELAY_PATH,
     RELAY_SOURCE,
-    TIMEOUT_EXIT_CODE,
     shell_argv,
 )
 
@@ -363,15 +360,15 @@ class DockerRuntime:
         check_host_paths(self.spec)
         try:
             await _blocking(self._create)
-            self._cgroup = _container_cgroup(self._container.id)
+            self._cgroup = _container_cgroup(self._live().id)
             if self.spec.source_dir is not None:
                 await _blocking(self._put_workspace)
             if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
                 await _blocking(self._open_socket)
                 await _blocking(
-                    self._container.put_archive, POLAR_RUN_DIR, _tar_file(posixpath.basename(RELAY_PATH), RELAY_SOURCE.read_bytes())
+                    self._live().put_archive, POLAR_RUN_DIR, _tar_file(posixpath.basename(RELAY_PATH), RELAY_SOURCE.read_bytes())
                 )
-                code, out = await self._exec_raw(
+                code, out, _ = await self._exec_raw(
                     [
                         "python3", RELAY_PATH, "--listen", f"127.0.0.1:{self.spec.gateway_port}",
                         "--socket", GATEWAY_SOCKET, "--background",
@@ -425,9 +422,9 @@ class DockerRuntime:
     async def _exec_raw(
         self, argv: list[str], env: dict[str, str] | None, cwd: str | None, *, demux: bool,
         watchdog_s: float | None = None, cap: int | None = None, user: str | None = None,
-    ) -> tuple[int, Any]:
-        """(exit code, output) — ``(stdout, stderr)`` with ``demux`` — each capped at ``cap`` bytes
-        (a ``CappedBuffer``); streams from ``docker exec`` without holding a thread. ``user``
+    ) -> tuple[int, CappedBuffer, CappedBuffer]:
+        """(exit code, stdout, stderr) — without ``demux`` both streams are in stdout and stderr is
+        empty — each capped at ``cap`` bytes; streams from ``docker exec`` without holding a thread. ``user``
         defaults to the agent's uid (see the module doc for who runs what)."""
         container = self._live()
         user = user or f"{self.uid}:{self.uid}"
@@ -444,9 +441,9 @@ class DockerRuntime:
             if demux:
                 out.add(raw[0] or b"")
                 err.add(raw[1] or b"")
-                return code, (out, err)
-            out.add(raw or b"")
-            return code, out
+            else:
+                out.add(raw or b"")
+            return code, out, err
         names = sorted(env or {})
         cli = [self._cli, "exec", "-u", user, "-w", cwd or self.spec.workdir, *(x for n in names for x in ("-e", n)), container.id, *argv]
         proc = await asyncio.create_subprocess_exec(
@@ -459,7 +456,7 @@ class DockerRuntime:
 
         readers = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err if demux else out))
         try:
-            await (asyncio.wait_for(proc.wait(), watchdog_s) if watchdog_s is not None else proc.wait())
+            code = await (asyncio.wait_for(proc.wait(), watchdog_s) if watchdog_s is not None else proc.wait())
             await asyncio.wait_for(readers, 10)
         finally:
             if proc.returncode is None:
@@ -467,8 +464,7 @@ class DockerRuntime:
                     proc.kill()
                 await proc.wait()
             readers.cancel()
-        code = proc.returncode
-        return code, ((out, err) if demux else out)
+        return code, out, err
 
     async def exec(
         self, command: str | list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, timeout_s: float = 600.0
@@ -479,7 +475,7 @@ class DockerRuntime:
         start = time.monotonic()
         truncated = 0
         try:
-            code, buf = await self._exec_raw(argv, env, cwd, demux=False, watchdog_s=timeout_s + WATCHDOG_GRACE_S)
+            code, buf, _ = await self._exec_raw(argv, env, cwd, demux=False, watchdog_s=timeout_s + WATCHDOG_GRACE_S)
             text, truncated = buf.text(), max(buf.truncated, 0)
         except TimeoutError:
             code, text = TIMEOUT_EXIT_CODE, "[polar_env: docker exec did not return; watchdog fired]\n"
@@ -499,8 +495,8 @@ class DockerRuntime:
                 and time.monotonic() - self._last_disk >= DISK_CHECK_S):
             self._last_disk = time.monotonic()
             dirs = sorted({self.spec.workdir, "/tmp", "/root"})
-            code, buf = await self._exec_raw(["du", "-skxc", *dirs], None, "/", demux=True, cap=MIB, user="0:0")
-            lines = buf[0].text().split()
+            code, du_out, _ = await self._exec_raw(["du", "-skxc", *dirs], None, "/", demux=True, cap=MIB, user="0:0")
+            lines = du_out.text().split()
             used_kib = int(lines[-2]) if code in (0, 1) and len(lines) >= 2 and lines[-2].isdigit() else 0
             if used_kib * 1024 > self.spec.disk_mb * MIB:
                 await self._trip("disk_mb", f"watchdog (du inside, every {DISK_CHECK_S:g} s)", f"{used_kib // 1024} MiB written")
@@ -532,9 +528,9 @@ class DockerRuntime:
             raise ConfigError(f"runtime paths must be absolute, got {path!r}")
         path = posixpath.normpath(path)
         parent, name = posixpath.split(path)
-        code, out = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False)
+        code, out, _ = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False)
         if code != 0:  # outside the agent's trees: root makes the directory, the file is still the agent's
-            code, out = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False, user="0:0")
+            code, out, _ = await self._exec_raw(["mkdir", "-p", "--", parent or "/"], None, "/", demux=False, user="0:0")
         if code != 0:
             raise ConfigError(f"docker: cannot create {parent}: {out.text().strip()}")
         container = self._live()
@@ -554,7 +550,7 @@ class DockerRuntime:
     async def read_file(self, path: str) -> bytes:
         if not path.startswith("/"):
             raise ConfigError(f"runtime paths must be absolute, got {path!r}")
-        code, (out, err) = await self._exec_raw(["cat", "--", path], None, "/", demux=True, cap=int(self.spec.patch_mb * MIB))
+        code, out, err = await self._exec_raw(["cat", "--", path], None, "/", demux=True, cap=int(self.spec.patch_mb * MIB))
         if code != 0:
             msg = err.text().strip()
             if "No such file" in msg:
@@ -568,7 +564,7 @@ class DockerRuntime:
         argv = ["timeout", "-s", "KILL", "300", "/bin/sh", "-c", DIFF_SCRIPT]  # stdout alone: the patch
         if self.limit_hit is not None:
             raise LimitExceeded(self.limit_hit.split("=", 1)[0], self.limit_hit)
-        code, (out, err) = await self._exec_raw(argv, None, None, demux=True, cap=int(self.spec.patch_mb * MIB))
+        code, out, err = await self._exec_raw(argv, None, None, demux=True, cap=int(self.spec.patch_mb * MIB))
         if out.truncated > 0:
             raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={self.spec.patch_mb:g}")
         if code != 0:

@@ -254,7 +254,8 @@ class HostWorkspaceRuntime(abc.ABC):
             if self.relay_enabled:
                 res = await self.exec(["true"], timeout_s=60)
                 if res.exit_code != 0:
-                    raise ConfigError(f"{self.name}: the gateway relay does not start inside the runtime (needs python3): {res.output.strip()}")
+                    raise ConfigError(f"{self.name}: the gateway relay does not start inside the runtime (needs python3): "
+                                      f"{res.output.strip()}")
             res = await self.exec(BASELINE_SCRIPT, timeout_s=120)
             if res.exit_code != 0:
                 log.warning("%s: no git baseline in %s (diff() will fail): %s", self.name, self.spec.workdir, res.output.strip())

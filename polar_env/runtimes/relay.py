@@ -59,7 +59,7 @@ def loopback_up() -> None:
         s.close()
 
 
-def parse_listen(value: str):
+def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"--listen wants HOST:PORT, got {value!r}")
@@ -138,7 +138,7 @@ def detach_child() -> bool:
     return True
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = []
     if "--" in argv:

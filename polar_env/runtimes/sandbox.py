@@ -171,7 +171,8 @@ def bwrap_argv(
 ) -> list[str]:
     """The full bwrap command line for one exec. Mount order matters (later mounts go on top).
     ``stage`` maps a host source to the path this exec reaches it by (see hostworkspace.py)."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--uid", "0", "--gid", "0",
+            "--cap-drop", "ALL"]
     argv += system_mounts(spec.image, [spec.workdir, *(dst for _src, dst in spec.binds)], etc, stage)
     argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--bind", stage(tmp), "/tmp", "--bind", stage(home), HOME]

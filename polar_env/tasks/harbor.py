@@ -63,7 +63,7 @@ def harbor_task_dirs(root: str | Path) -> list[Path]:
 def _config(task_dir: Path) -> tuple[str, dict[str, Any]]:
     """(instruction, config as plain data) with harbor's own model when it imports."""
     try:
-        from harbor.models.task.task import Task  # type: ignore[import-not-found, unused-ignore]
+        from harbor.models.task.task import Task
     except ImportError:
         Task = None
     if Task is not None:

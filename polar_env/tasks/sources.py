@@ -114,7 +114,7 @@ def _json_rows(path: Path) -> Iterator[Any]:
 
 def _parquet_rows(path: Path) -> Iterator[Any]:
     try:
-        import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        import pyarrow.parquet as pq
     except ImportError as exc:
         raise ConfigError(f"reading {path} needs pyarrow: pip install pyarrow") from exc
     table = pq.read_table(path)
@@ -126,7 +126,7 @@ def _hub_rows(name: str, split: str) -> Iterator[Any]:
     if name.count("/") != 1:
         raise ConfigError(f"{name!r} is neither a {', '.join(SUFFIXES)} file nor an owner/name dataset")
     try:
-        import datasets  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        import datasets
     except ImportError as exc:
         raise ConfigError(f"{name!r} is not a local file; loading it from the hub needs: pip install datasets") from exc
     yield from datasets.load_dataset(name, split=split)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 
 import orjson
 
@@ -34,7 +35,7 @@ def write_run(result: RunResult, out_dir: Path) -> list[Path]:
     return written
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a display

@@ -51,10 +51,10 @@ async def test_logprobs_are_the_sampling_distribution(engine: EmbeddedEngine) ->
     for temperature in (1.0, 0.5):
         gen = await engine.generate(chat(max_tokens=12, seed=1, temperature=temperature))
         recomputed = teacher_forced_logprobs(engine.model, gen.prompt_ids, gen.response_ids, temperature)
-        assert max(abs(a - b) for a, b in zip(recomputed, gen.response_logprobs)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(recomputed, gen.response_logprobs, strict=True)) < 1e-4
     cold = await engine.generate(chat(max_tokens=12, seed=1, temperature=0.5))
     warm = teacher_forced_logprobs(engine.model, cold.prompt_ids, cold.response_ids, 1.0)
-    assert max(abs(a - b) for a, b in zip(warm, cold.response_logprobs)) > 1e-3
+    assert max(abs(a - b) for a, b in zip(warm, cold.response_logprobs, strict=True)) > 1e-3
 
 
 async def test_top_p_renormalises_logprobs(engine: EmbeddedEngine) -> None:
@@ -68,7 +68,7 @@ def test_raw_logprobs_mode_ignores_temperature() -> None:
     raw = EmbeddedEngine(logprobs_mode="raw")
     done = raw.complete(chat(max_tokens=6, seed=4, temperature=0.3))
     expected = teacher_forced_logprobs(raw.model, done.generation.prompt_ids, done.generation.response_ids, 1.0)
-    assert max(abs(a - b) for a, b in zip(expected, done.generation.response_logprobs)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(expected, done.generation.response_logprobs, strict=True)) < 1e-4
     assert done.generation.logprobs_mode == "raw"
 
 
@@ -84,7 +84,8 @@ def test_eos_stop_string_and_stop_token(engine: EmbeddedEngine) -> None:
     assert eos.response_logprobs[0] > -1e-3  # the bias is part of the sampled distribution
     first = engine.complete(chat(max_tokens=20, seed=5, chat_template_kwargs={"enable_thinking": False})).generation
     target = first.response_ids[3]
-    by_id = engine.complete(chat(max_tokens=20, seed=5, chat_template_kwargs={"enable_thinking": False}), SamplingExtras(stop_token_ids=[target])).generation
+    by_id = engine.complete(chat(max_tokens=20, seed=5, chat_template_kwargs={"enable_thinking": False}),
+                            SamplingExtras(stop_token_ids=[target])).generation
     assert by_id.response_ids == first.response_ids[:4] and by_id.stop_reason == target
     word = engine.tokenizer.decode(first.response_ids[4:6])
     by_str = engine.complete(chat(max_tokens=20, seed=5, stop=[word], chat_template_kwargs={"enable_thinking": False})).generation
@@ -99,9 +100,10 @@ async def test_scripted_tool_call_then_answer(scripted_engine: EmbeddedEngine) -
     assert call.name == "bash" and json.loads(call.arguments) == {"command": "echo hi"}
     assert first.message.reasoning == "I should run the command."
     recomputed = teacher_forced_logprobs(scripted_engine.model, first.prompt_ids, first.response_ids)
-    assert max(abs(a - b) for a, b in zip(recomputed, first.response_logprobs)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(recomputed, first.response_logprobs, strict=True)) < 1e-4
     history = USER + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
         {"role": "tool", "tool_call_id": call.id, "content": "hi\n"},
     ]
     second = await scripted_engine.generate(chat(messages=history, tools=[SHELL_TOOL]))
@@ -147,7 +149,8 @@ def test_custom_script_steps() -> None:
         call = gen.message.tool_calls[0]
         seen.append(json.loads(call.arguments)["command"])
         history += [
-            {"role": "assistant", "content": "", "tool_calls": [{"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}]},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}]},
             {"role": "tool", "tool_call_id": call.id, "content": "ok"},
         ]
     assert seen == ["ls", "pwd", "bye"]

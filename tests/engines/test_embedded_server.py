@@ -41,7 +41,8 @@ async def test_chat_completion_shape(client: TestClient) -> None:
         "logprobs": True, "top_logprobs": 2, "return_token_ids": True,
     })
     assert status == 200
-    assert set(data) >= {"id", "object", "created", "model", "choices", "usage", "prompt_token_ids", "prompt_logprobs", "kv_transfer_params"}
+    assert set(data) >= {"id", "object", "created", "model", "choices", "usage", "prompt_token_ids", "prompt_logprobs",
+                         "kv_transfer_params"}
     assert data["object"] == "chat.completion"
     (choice,) = data["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["stop_reason"] is None
@@ -92,7 +93,8 @@ async def test_tokenize_matches_prompt_ids_and_token_in(client: TestClient) -> N
     _, data = await post(client, "/v1/chat/completions", {"messages": USER, "tools": [SHELL_TOOL], "return_token_ids": True})
     assert tok["tokens"] == data["prompt_token_ids"] and tok["count"] == len(tok["tokens"])
     ids = tok["tokens"] + [1, 2, 3]
-    _, data = await post(client, "/v1/chat/completions", {"messages": USER, "return_token_ids": True, "kv_transfer_params": {"prompt_token_ids": ids}})
+    _, data = await post(client, "/v1/chat/completions",
+                         {"messages": USER, "return_token_ids": True, "kv_transfer_params": {"prompt_token_ids": ids}})
     assert data["prompt_token_ids"] == ids
     _, text = await post(client, "/detokenize", {"tokens": tok["tokens"][:3]})
     assert text["prompt"].startswith("<|im_start|>system")

@@ -60,7 +60,7 @@ async def test_sessions_stick_and_spread() -> None:
     servers, _ = await _servers(3)
     pool = VLLMPool([str(s.make_url("")) for s in servers], MODEL)
     try:
-        for turn in range(3):
+        for _turn in range(3):
             for sid in ("a", "b", "c", "d", "e", "f"):
                 await pool.generate(_req(sid))
         assert sorted(_count(s) for s in servers) == [6, 6, 6]  # 2 sessions x 3 turns each

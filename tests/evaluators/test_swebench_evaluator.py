@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed: pip install -e '.[swebench]'", exc_type=ImportError)
+pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed: pip install -e '.[swebench]'",
+                    exc_type=ImportError)
 
 from polar_env.evaluators import EvalContext, prewarm, run_evaluator
 from polar_env.records import Status
@@ -28,7 +29,8 @@ TEST_EDITS = {
         )
     },
     "toy__bsearch-1": {
-        "tests/test_bsearch.py": "def test_find_each():\n    pass\n\n\ndef test_missing_below():\n    pass\n\n\ndef test_missing_above():\n    pass\n"
+        "tests/test_bsearch.py": "def test_find_each():\n    pass\n\n\ndef test_missing_below():\n    pass\n\n\n"
+                                 "def test_missing_above():\n    pass\n"
     },
 }
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed: pip install -e '.[swebench]'", exc_type=ImportError)
+pytest.importorskip("swebench.harness.grading", reason="the swebench extra is not installed: pip install -e '.[swebench]'",
+                    exc_type=ImportError)
 
 from polar_env.evaluators import EvalContext, run_evaluator
 from polar_env.records import Status
@@ -91,7 +92,8 @@ async def test_agent_diff_that_writes_the_new_test_file_does_not_help(toys, spec
     agent = make_runtime(spec_for(task))
     await agent.prepare()
     try:
-        fake = "import pytest\n\n\n@pytest.mark.parametrize('x', [1, 2], ids=['comma', 'dashes'])\ndef test_collapse_runs(x):\n    pass\n\n\ndef test_strip_ends():\n    pass\n"
+        fake = ("import pytest\n\n\n@pytest.mark.parametrize('x', [1, 2], ids=['comma', 'dashes'])\n"
+                "def test_collapse_runs(x):\n    pass\n\n\ndef test_strip_ends():\n    pass\n")
         await agent.write_file("/testbed/tests/test_slug_edges.py", fake.encode())
         result = await grade(task, spec_for(task), None, runtime=agent)  # the evaluator takes agent.diff()
     finally:

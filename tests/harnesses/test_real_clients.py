@@ -1,6 +1,6 @@
 """The real pi and Qwen Code CLIs, unmodified, against the real gateway (what CI runs).
 
-Each case runs ``python -m polar_env.harnesses.check --only <spec>`` in a subprocess: the CLI runs
+Each case runs ``python -m polar_env.testing.harness_check --only <spec>`` in a subprocess: the CLI runs
 headless in a loopback-only network namespace against the gateway and the embedded scripted engine,
 and the session's journal must show a complete tool round trip with token-faithful records.
 pi covers all four provider wire formats; qwen adds a second OpenAI-chat client, and mini-swe-agent
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.harnesses.check import (
+from polar_env.harnesses.clients import get
+from polar_env.records import ProviderAPI
+from polar_env.testing.harness_check import (
     CheckResult,
     binary_path,
     describe_failure,
     install_hint,
     isolation_problem,
 )
-from polar_env.harnesses.clients import get
-from polar_env.records import ProviderAPI
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_real_client(name: str, api: ProviderAPI, tmp_path: Path, isolation: Non
         _unavailable(f"{spec.binary} CLI not installed at {binary_path(spec)}; run {install_hint(spec)}")
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "polar_env.harnesses.check", "--only", spec.id, "--json", str(out),
+        [sys.executable, "-m", "polar_env.testing.harness_check", "--only", spec.id, "--json", str(out),
          "--timeout-s", str(CLI_TIMEOUT_S), "--workdir", str(tmp_path / "work")],
         check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S + 300,
     )

@@ -123,7 +123,8 @@ chat_tool = fields({"type": st.just("function"), "function": fields({"name": too
 chat_call = fields({"id": text, "type": st.just("function"), "function": fields({"name": tool_name, "arguments": arguments}, {})}, {})
 chat_part = fields({"type": st.sampled_from(["text", "image_url"]), "text": text}, {})
 chat_message = st.one_of(
-    fields({"role": st.sampled_from(["system", "developer", "user"]), "content": st.one_of(text, st.lists(chat_part, max_size=3))}, {"name": text}),
+    fields({"role": st.sampled_from(["system", "developer", "user"]), "content": st.one_of(text, st.lists(chat_part, max_size=3))},
+           {"name": text}),
     fields({"role": st.just("assistant")}, {"content": st.one_of(st.none(), text), "tool_calls": st.lists(chat_call, max_size=2),
                                             "reasoning_content": text}),
     fields({"role": st.just("tool"), "content": st.one_of(text, st.lists(chat_part, max_size=2))}, {"tool_call_id": text}),
@@ -146,8 +147,9 @@ a_block = st.one_of(
     fields({"type": st.just("text"), "text": text}, {"cache_control": st.fixed_dictionaries({"type": st.just("ephemeral")})}),
     fields({"type": st.just("thinking"), "thinking": text}, {"signature": text}),
     fields({"type": st.just("tool_use"), "id": text, "name": tool_name, "input": json_values}, {}),
-    fields({"type": st.just("tool_result"), "tool_use_id": text}, {"content": st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)),
-                                                                   "is_error": st.booleans()}),
+    fields({"type": st.just("tool_result"), "tool_use_id": text},
+           {"content": st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)),
+            "is_error": st.booleans()}),
 )
 a_message = fields({"role": st.sampled_from(["user", "assistant"]), "content": st.one_of(text, st.lists(a_block, max_size=3))}, {})
 a_tool = fields({"name": tool_name, "input_schema": schema}, {"description": text})
@@ -163,14 +165,17 @@ anthropic_body = fields({"model": text, "max_tokens": st.integers(1, 4096),
 # OpenAI Responses
 r_item = st.one_of(
     fields({"role": st.sampled_from(["user", "developer", "system", "assistant"]),
-            "content": st.one_of(text, st.lists(fields({"type": st.sampled_from(["input_text", "output_text"]), "text": text}, {}), max_size=2))},
+            "content": st.one_of(text, st.lists(fields({"type": st.sampled_from(["input_text", "output_text"]), "text": text}, {}),
+                                                max_size=2))},
            {"type": st.just("message")}),
     fields({"type": st.just("function_call"), "call_id": text, "name": tool_name, "arguments": arguments}, {"id": text}),
     fields({"type": st.just("function_call_output"), "call_id": text, "output": st.one_of(text, json_values)}, {}),
-    fields({"type": st.just("reasoning"), "summary": st.lists(st.fixed_dictionaries({"type": st.just("summary_text"), "text": text}), max_size=2)},
+    fields({"type": st.just("reasoning"),
+            "summary": st.lists(st.fixed_dictionaries({"type": st.just("summary_text"), "text": text}), max_size=2)},
            {"encrypted_content": st.one_of(st.none(), text)}),
 )
-r_tool = fields({"type": st.sampled_from(["function", "web_search", "custom"]), "name": tool_name}, {"parameters": schema, "strict": st.booleans()})
+r_tool = fields({"type": st.sampled_from(["function", "web_search", "custom"]), "name": tool_name},
+                {"parameters": schema, "strict": st.booleans()})
 responses_body = fields({"input": st.one_of(text, opened_by(st.fixed_dictionaries({"role": st.just("user"), "content": text}), r_item))}, {
     "model": text, "instructions": text, "tools": st.lists(r_tool, max_size=3), "stream": st.booleans(),
     "tool_choice": st.sampled_from(["auto", "none", "required"]), "max_output_tokens": st.integers(1, 4096),
@@ -194,8 +199,10 @@ gemini_body = fields({"contents": opened_by(g_query, g_content, 3)}, {
     "toolConfig": fields({}, {"functionCallingConfig": fields({"mode": st.sampled_from(["AUTO", "ANY", "NONE"])},
                                                               {"allowedFunctionNames": st.lists(tool_name, max_size=2)})}),
     "generationConfig": fields({}, {"temperature": temperature, "topP": top_p, "maxOutputTokens": st.integers(1, 4096),
-                                    "thinkingConfig": fields({}, {"includeThoughts": st.booleans(), "thinkingBudget": st.integers(-1, 999)}),
-                                    "stopSequences": st.lists(text, max_size=2), "responseMimeType": st.sampled_from(["text/plain", "application/json"])}),
+                                    "thinkingConfig": fields({}, {"includeThoughts": st.booleans(),
+                                                                  "thinkingBudget": st.integers(-1, 999)}),
+                                    "stopSequences": st.lists(text, max_size=2),
+                                    "responseMimeType": st.sampled_from(["text/plain", "application/json"])}),
 })
 
 # the same deep argument text in the two places a string carries JSON the gateway parses
@@ -264,7 +271,8 @@ def control_cases(draw: st.DrawFn) -> Case:
     kind = draw(st.sampled_from(["create", "get", "completions", "delete", "pause", "resume", "status"]))
     auth = draw(st.sampled_from(["admin", "admin", "admin", "none", "session"]))
     if kind == "create":
-        body = draw(st.one_of(fields({}, {"session_id": session_ids, "metadata": json_values, "continuation": st.booleans()}).map(_encode), garbage))
+        create = fields({}, {"session_id": session_ids, "metadata": json_values, "continuation": st.booleans()})
+        body = draw(st.one_of(create.map(_encode), garbage))
         return Case(kind, "POST", "/sessions", body, auth)
     if kind in ("get", "completions", "delete"):
         sid = draw(st.one_of(st.just("@own"), st.from_regex(r"[A-Za-z0-9._-]{1,12}", fullmatch=True)))

@@ -146,7 +146,8 @@ async def test_torn_final_line_is_skipped(tmp_path) -> None:
     ],
     ids=["bad-json", "not-object", "no-messages", "messages-str", "bad-role", "bad-max-tokens", "content-type", "oversize"],
 )
-async def test_bad_input_gets_provider_shaped_4xx(fake_gateway: Gateway, fake_engine: FakeEngine, raw: bytes, headers: dict, status: int, fragment: str) -> None:
+async def test_bad_input_gets_provider_shaped_4xx(fake_gateway: Gateway, fake_engine: FakeEngine, raw: bytes, headers: dict,
+                                                  status: int, fragment: str) -> None:
     s = await fake_gateway.session()
     resp = await fake_gateway.post(CHAT, None, {**bearer(s), **headers}, raw=raw)
     body = await resp.json()
@@ -171,7 +172,8 @@ async def test_unknown_path_is_a_provider_shaped_404(fake_gateway: Gateway) -> N
         (EngineProtocolError("no token ids"), 502, "engine failed"),
     ],
 )
-async def test_engine_errors_map_to_statuses_and_record_nothing(fake_gateway: Gateway, fake_engine: FakeEngine, error: Exception, status: int, told: str) -> None:
+async def test_engine_errors_map_to_statuses_and_record_nothing(fake_gateway: Gateway, fake_engine: FakeEngine, error: Exception,
+                                                                status: int, told: str) -> None:
     """Engine 429 stays 429 (SDKs back off on it); the engine's own text reaches the harness only
     when it is about the request (4xx), and its internal address never does."""
     fake_engine.error = error

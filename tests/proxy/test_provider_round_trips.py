@@ -22,8 +22,10 @@ def sse_data(text: str) -> list[dict]:
 
 
 def anthropic_first() -> dict:
-    return {"model": "claude-x", "max_tokens": 512, "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
-            "messages": [{"role": "user", "content": "Run it."}], "tools": [{"name": "Bash", "description": "shell", "input_schema": SCHEMA}]}
+    return {"model": "claude-x", "max_tokens": 512,
+            "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "Run it."}],
+            "tools": [{"name": "Bash", "description": "shell", "input_schema": SCHEMA}]}
 
 
 def anthropic_content(resp_text: str, stream: bool) -> list[dict]:
@@ -91,7 +93,8 @@ def chat_second(first: dict, msg: dict) -> tuple[dict, str]:
     # render an empty think block (drift the continuation mode removes).
     echoed = {"role": "assistant", "content": None, "reasoning_content": msg["reasoning_content"],
               "tool_calls": [{k: call[k] for k in ("id", "type", "function")}]}
-    return {**first, "messages": first["messages"] + [echoed, {"role": "tool", "tool_call_id": call["id"], "content": "hi"}]}, "run_shell_command"
+    messages = first["messages"] + [echoed, {"role": "tool", "tool_call_id": call["id"], "content": "hi"}]
+    return {**first, "messages": messages}, "run_shell_command"
 
 
 def chat_answer(msg: dict) -> str:

@@ -11,7 +11,8 @@ from polar_env.qwen.template import APPEND_ONLY, QWEN35, TemplateQuirks, render,
 GOLDEN = json.loads((Path(__file__).parents[1] / "fixtures" / "qwen" / "template_golden.json").read_text())
 
 
-@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: f"{len(c['messages'])}msgs-tools{bool(c['tools'])}-think{c['enable_thinking']}")
+@pytest.mark.parametrize("case", GOLDEN["cases"],
+                         ids=lambda c: f"{len(c['messages'])}msgs-tools{bool(c['tools'])}-think{c['enable_thinking']}")
 def test_matches_published_template(case: dict) -> None:
     assert render(case["messages"], case["tools"], enable_thinking=case["enable_thinking"]) == case["expected"]
 
@@ -80,7 +81,8 @@ def test_tool_argument_rendering_follows_jinja_string() -> None:
         ([{"role": "user", "content": "a"}, {"role": "system", "content": "late"}], "System message must be at the beginning"),
         ([{"role": "user", "content": "a"}, {"role": "wizard", "content": "b"}], "Unexpected message role"),
         ([{"role": "user", "content": [{"type": "audio"}]}], "Unexpected item type"),
-        ([{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}], "not valid JSON"),
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}],
+         "not valid JSON"),
     ],
 )
 def test_template_errors_are_request_errors(messages: list, error: str) -> None:

@@ -16,7 +16,9 @@ from tests.runtimes.conftest import GATEWAY_PORT, Gateway
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("apptainer") is None, reason="no apptainer binary on PATH: install Apptainer from its release packages (https://apptainer.org/docs/admin/main/installation.html; Debian 12 has none in apt)"),
+    pytest.mark.skipif(shutil.which("apptainer") is None,
+                       reason="no apptainer binary on PATH: install Apptainer from its release packages "
+                              "(https://apptainer.org/docs/admin/main/installation.html; Debian 12 has none in apt)"),
 ]
 
 

@@ -25,8 +25,8 @@ async def test_agent_is_unprivileged_and_still_does_its_work(runtimes: Any, vari
                                                              gateway: Gateway) -> None:
     rt = await runtimes(source_dir=task_repo, gateway_socket=gateway.socket_path)
     # a root-only secret in the image, planted by root (the runtime's own root step, not the agent)
-    code, out = await rt._exec_raw(["/bin/sh", "-c", "echo top-secret > /etc/polar-secret && chmod 600 /etc/polar-secret"],
-                                   None, "/", demux=False, user="0:0")
+    code, out, _ = await rt._exec_raw(["/bin/sh", "-c", "echo top-secret > /etc/polar-secret && chmod 600 /etc/polar-secret"],
+                                      None, "/", demux=False, user="0:0")
     assert code == 0, out.text()
     ident = await rt.exec("id -u; id -g; grep -E '^Cap(Eff|Prm)|^NoNewPrivs' /proc/self/status")
     uid, gid, *status = ident.output.split("\n")

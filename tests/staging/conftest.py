@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from polar_env.engines.config import EngineConfig
-from polar_env.runtimes.simulated import SimulatedRuntime
 from polar_env.staging.node import GatewayNode, NodeConfig
 from polar_env.staging.pools import PoolLimits
+from polar_env.testing.simulated_runtime import SimulatedRuntime
 
 FakeRuntime = SimulatedRuntime  # the package's named test double
 

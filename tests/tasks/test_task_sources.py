@@ -26,7 +26,8 @@ SWEGYM_ROW = {
     "instance_id": "getmoto__moto-7365",
     "hints_text": "",
     "patch": "diff --git a/moto/x.py b/moto/x.py\n",
-    "test_patch": "diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n+++ b/tests/test_x.py\n@@ -1 +1,2 @@\n a = 1\n+b = 2\n",
+    "test_patch": ("diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n+++ b/tests/test_x.py\n"
+                   "@@ -1 +1,2 @@\n a = 1\n+b = 2\n"),
     "created_at": "2024-02-20T12:00:00Z",
     "problem_statement": "A synthetic issue text.",
     "repo": "getmoto/moto",
@@ -149,7 +150,8 @@ def test_optional_fields_and_image_rules() -> None:
 
 
 def test_swebench_instance_dict_builds_a_test_spec() -> None:
-    utils = pytest.importorskip("swebench.harness.utils", reason="the swebench extra is not installed: pip install -e '.[swebench]'", exc_type=ImportError)
+    utils = pytest.importorskip("swebench.harness.utils", reason="the swebench extra is not installed: pip install -e '.[swebench]'",
+                                exc_type=ImportError)
     task = SweTask.from_row(SKYRL_ROW)
     script = build_eval_script(
         base_commit=task.base_commit, test_patch=task.test_patch, test_command="pytest -rA tests/test_a.py"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -37,7 +38,10 @@ def _shift_mask(trace: Trace) -> Trace:
 
 def _drop_interstitial(trace: Trace) -> Trace:
     i = _interstitial(trace)
-    cut = lambda xs: xs[:i] + xs[i + 1 :]
+
+    def cut(xs: list[Any]) -> list[Any]:
+        return xs[:i] + xs[i + 1 :]
+
     return trace.model_copy(update={"response_ids": cut(trace.response_ids), "loss_mask": cut(trace.loss_mask),
                                     "response_logprobs": cut(trace.response_logprobs)})
 

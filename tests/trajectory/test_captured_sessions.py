@@ -99,10 +99,11 @@ def assert_faithful(traj: Trajectory, records: list[CompletionRecord]) -> None:
     by_seq = {r.seq: r for r in records}
     for trace in traj.traces:
         seqs = trace.metadata["seqs"]
-        sampled = [t for t, m in zip(trace.response_ids, trace.loss_mask) if m]
+        sampled = [t for t, m in zip(trace.response_ids, trace.loss_mask, strict=True) if m]
         assert sampled == [t for s in seqs for t in by_seq[s].response_ids]
-        assert [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask) if m] == [x for s in seqs for x in by_seq[s].response_logprobs]
-        assert all(lp == 0.0 for lp, m in zip(trace.response_logprobs, trace.loss_mask) if not m)
+        sampled_logprobs = [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask, strict=True) if m]
+        assert sampled_logprobs == [x for s in seqs for x in by_seq[s].response_logprobs]
+        assert all(lp == 0.0 for lp, m in zip(trace.response_logprobs, trace.loss_mask, strict=True) if not m)
         if not trace.metadata["drift"]:
             last = by_seq[seqs[-1]]
             assert trace.prompt_ids + trace.response_ids == last.prompt_ids + last.response_ids

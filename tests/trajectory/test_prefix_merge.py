@@ -24,7 +24,8 @@ def rec(seq: int, prompt: list[int], response: list[int], finish: str = "stop", 
 
 
 def dump(trace) -> str:  # printed by assertion messages: ids, mask and logprobs aligned
-    return "\n".join(f"{i:4d} {t:5d} {m} {lp:+.2f}" for i, (t, m, lp) in enumerate(zip(trace.response_ids, trace.loss_mask, trace.response_logprobs)))
+    rows = enumerate(zip(trace.response_ids, trace.loss_mask, trace.response_logprobs, strict=True))
+    return "\n".join(f"{i:4d} {t:5d} {m} {lp:+.2f}" for i, (t, m, lp) in rows)
 
 
 SYS = [101, 102, 103]
@@ -43,7 +44,7 @@ def test_exact_chain_merges_into_one_trace() -> None:
     assert P1 + trace.response_ids == P3 + R3, dump(trace)  # no token dropped or duplicated
     assert trace.loss_mask == [1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1], dump(trace)
     assert trace.response_logprobs[:4] == [-0.1, -0.2, -0.30000000000000004, 0.0]
-    assert [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask) if m == 0] == [0.0] * 7
+    assert [lp for lp, m in zip(trace.response_logprobs, trace.loss_mask, strict=True) if m == 0] == [0.0] * 7
     stats = traj.metadata["stats"]
     assert (stats["chains"], stats["traces"], stats["completions_merged"], stats["drift_boundaries"]) == (1, 1, 2, 0)
     assert trace.metadata["seqs"] == [0, 1, 2] and trace.status == Status.COMPLETED

@@ -17,10 +17,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, VOCAB_SIZE, QwenTokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, Qwen3Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,7 @@ class ModelSpec:
     seed: int = 0
 
 
-def _config(spec: ModelSpec):  # type: ignore[no-untyped-def]
+def _config(spec: ModelSpec) -> Qwen3Config:
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -51,35 +55,37 @@ def _config(spec: ModelSpec):  # type: ignore[no-untyped-def]
         eos_token_id=IM_END_ID,
         bos_token_id=None,
         pad_token_id=None,
-        torch_dtype="float32",
+        dtype="float32",
     )
 
 
-def build_model(spec: ModelSpec = ModelSpec()) -> torch.nn.Module:
+def build_model(spec: ModelSpec = ModelSpec()) -> PreTrainedModel:
     """A randomly initialised Qwen3 model; the same seed gives the same weights."""
     from transformers import Qwen3ForCausalLM
 
     with torch.random.fork_rng():
         torch.manual_seed(spec.seed)
         model = Qwen3ForCausalLM(_config(spec))
-    return model.eval()
+    model.eval()
+    return model
 
 
-def load_model(path: Path) -> torch.nn.Module:
+def load_model(path: Path) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
-    return model.eval()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    model.eval()
+    return model
 
 
-def save_model(model: torch.nn.Module, path: Path) -> None:
+def save_model(model: PreTrainedModel, path: Path) -> None:
     """Write a HF model folder (config, safetensors, generation config, Qwen3.5 tokenizer)."""
     import json
 
     from polar_env.qwen.tokenizer import export_hf_tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path))  # type: ignore[attr-defined]
+    model.save_pretrained(str(path))
     # vLLM reads extra EOS ids from here; <|endoftext|> becomes a secondary stop (stop_reason = id).
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": list(EOS_IDS)}))
     export_hf_tokenizer(path)

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from polar_env.engines.embedded.engine import Completion, EmbeddedEngine, SamplingExtras
@@ -40,7 +41,7 @@ def error_response(message: str, status: int, kind: str = "BadRequestError") -> 
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RequestError as exc:
@@ -120,7 +121,7 @@ def chat_response(engine: EmbeddedEngine, body: dict[str, Any], done: Completion
             entry["top_logprobs"] = [_logprob_entry(engine.tokenizer.token_text(t), v) for t, v in top]
             content.append(entry)
         logprobs = {"content": content}
-    message = {
+    message: dict[str, Any] = {
         "role": "assistant",
         "content": gen.message.content,
         "refusal": None,

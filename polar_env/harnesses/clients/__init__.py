@@ -12,7 +12,7 @@ them before starting the CLI. ``env`` is an overlay for a base environment that 
 
 Specs are keyed by the CLI's short name (``claude``, ``codex``, ``gemini``, ``qwen``, ``opencode``,
 ``pi``, ``mini``); ids are ``<short name>-<api>`` (``pi-openai_chat``). Every spec was checked end to
-end with ``python -m polar_env.harnesses.check``; the request bodies seen are in
+end with ``python -m polar_env.testing.harness_check``; the request bodies seen are in
 ``tests/fixtures/providers/captured/<harness>-<api>/``.
 """
 

@@ -37,8 +37,9 @@ def _text(content: Any) -> str:
 
 def instruction_of(row: Mapping[str, Any], task: Mapping[str, Any]) -> str:
     for key in ("instruction", "problem_statement"):
-        if isinstance(task.get(key), str) and task[key]:
-            return task[key]
+        text = task.get(key)
+        if isinstance(text, str) and text:
+            return text
     params = row.get("responses_create_params") or {}
     items = params.get("input") if isinstance(params, Mapping) else None
     if isinstance(items, str):

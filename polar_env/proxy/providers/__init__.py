@@ -8,7 +8,7 @@ from polar_env.records import ProviderAPI
 
 PROVIDERS: dict[ProviderAPI, Provider] = {
     anthropic.API: anthropic,  # type: ignore[dict-item]
-    gemini.API: gemini,  # type: ignore[dict-item]
+    gemini.API: gemini,
     openai_chat.API: openai_chat,  # type: ignore[dict-item]
     openai_responses.API: openai_responses,  # type: ignore[dict-item]
 }

@@ -188,7 +188,8 @@ def stream_events(reply: Reply) -> Iterator[bytes]:
     yield DONE
 
 
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
+                429: "rate_limit_error"}
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:

@@ -200,9 +200,10 @@ def _items(items: list[Any], notes: list[str]) -> list[dict[str, Any]]:
             out.call({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
             _note(notes, "custom_tool_call history sent as a function call with one 'input' argument")
         elif kind == "local_shell_call":
-            call_id = item.get("call_id") or item.get("id")
-            if not isinstance(call_id, str) or not call_id:
+            shell_id = item.get("call_id") or item.get("id")
+            if not isinstance(shell_id, str) or not shell_id:
                 raise RequestError(f"{where}.call_id must be a non-empty string")
+            call_id = shell_id
             if not isinstance(item.get("action"), Mapping):
                 raise RequestError(f"{where}.action must be an object")
             action = {k: v for k, v in item["action"].items() if k != "type"}

@@ -181,7 +181,8 @@ def test_pi_tool_results_come_before_the_rest_of_their_user_turn() -> None:
         {
             "type": "image_url",
             "image_url": {
-                "url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+                "url": "data:image/png;base64,"
+                       "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
             },
         },
     ]
@@ -189,7 +190,8 @@ def test_pi_tool_results_come_before_the_rest_of_their_user_turn() -> None:
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": "toolu_5d1e0c9b8a7f6e5d4c3b2a19", "type": "function", "function": {"name": "bash", "arguments": '{"command":"echo hi"}'}},
+            {"id": "toolu_5d1e0c9b8a7f6e5d4c3b2a19", "type": "function",
+             "function": {"name": "bash", "arguments": '{"command":"echo hi"}'}},
             {"id": "toolu_a0b1c2d3e4f5061728394a5b", "type": "function", "function": {"name": "read", "arguments": '{"path":"logo.png"}'}},
         ],
     }
@@ -336,7 +338,8 @@ def test_count_tokens_chat_matches_to_chat_without_max_tokens() -> None:
             r"messages\[0\].content\[0\].input must be an object",
         ),
         (minimal(messages=[{"role": "user", "content": ["hi"]}]), r"messages\[0\].content\[0\] must be an object with a string 'type'"),
-        (minimal(messages=[{"role": "user", "content": [{"text": "hi"}]}]), r"messages\[0\].content\[0\] must be an object with a string 'type'"),
+        (minimal(messages=[{"role": "user", "content": [{"text": "hi"}]}]),
+         r"messages\[0\].content\[0\] must be an object with a string 'type'"),
         (minimal(messages=[{"role": "user", "content": [{"type": "text"}]}]), r"messages\[0\].content\[0\].text must be a string"),
         (minimal(messages=[{"role": "user", "content": [{"type": "image"}]}]), r"messages\[0\].content\[0\].source must be an object"),
         (
@@ -409,7 +412,8 @@ def test_from_chat_text_only_and_empty() -> None:
 
 
 def test_from_chat_wraps_non_object_arguments() -> None:
-    calls = [ToolCall(id="a", name="f", arguments="[1]"), ToolCall(id="b", name="g", arguments="not json"), ToolCall(id="c", name="h", arguments="")]
+    calls = [ToolCall(id="a", name="f", arguments="[1]"), ToolCall(id="b", name="g", arguments="not json"),
+             ToolCall(id="c", name="h", arguments="")]
     inputs = [block["input"] for block in anthropic.from_chat(reply(tool_calls=calls, finish_reason="tool_calls"))["content"]]
     assert inputs == [{"value": [1]}, {"raw_arguments": "not json"}, {}]
 
@@ -428,7 +432,8 @@ def test_from_chat_wraps_non_object_arguments() -> None:
         ("stop", "END", [], {}, ("end_turn", None)),
     ],
 )
-def test_stop_reason_mapping(finish: str, stop: Any, calls: list[ToolCall], options: dict[str, Any], expected: tuple[str, str | None]) -> None:
+def test_stop_reason_mapping(finish: str, stop: Any, calls: list[ToolCall], options: dict[str, Any],
+                             expected: tuple[str, str | None]) -> None:
     r = reply("x", tool_calls=calls, finish_reason=finish, stop_reason=stop, options=options)
     body = anthropic.from_chat(r)
     assert (body["stop_reason"], body["stop_sequence"]) == expected
@@ -468,7 +473,8 @@ def test_stream_text_only_exact_sequence() -> None:
     assert pairs[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert pairs[2][1] == {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello world"}}
     assert pairs[3][1] == {"type": "content_block_stop", "index": 0}
-    assert pairs[4][1] == {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 3}}
+    assert pairs[4][1] == {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "usage": {"output_tokens": 3}}
     assert pairs[5][1] == {"type": "message_stop"}
 
 
@@ -514,7 +520,8 @@ def test_stream_tool_use() -> None:
 
 def test_stream_input_json_deltas_concatenate_to_the_input() -> None:
     r = reply("ok", None, [BASH_CALL], finish_reason="tool_calls")
-    partial = "".join(d["delta"]["partial_json"] for n, d in events(r) if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta")
+    partial = "".join(d["delta"]["partial_json"] for n, d in events(r)
+                      if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta")
     assert orjson.loads(partial) == anthropic.from_chat(r)["content"][1]["input"] == {"command": "echo hi", "n": [1, 2]}
     assert partial == '{"command":"echo hi","n":[1,2]}'  # compact, as JSON.stringify would echo it
 

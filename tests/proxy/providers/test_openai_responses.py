@@ -109,7 +109,8 @@ def test_codex_echo_is_exactly_what_we_emitted() -> None:
     """Turn 2 echoes turn 1's output items (same ids, call_id, raw compact arguments)."""
     turn1 = responses.to_chat(fixture("codex_turn1.json"), {})
     echoed = fixture("codex_tool_turn.json")["input"][3:5]
-    r = reply(reasoning=echoed[0]["summary"][0]["text"], calls=(("exec_command", '{"cmd": "echo hi"}'),), finish="tool_calls", options=turn1.options)
+    r = reply(reasoning=echoed[0]["summary"][0]["text"], calls=(("exec_command", '{"cmd": "echo hi"}'),), finish="tool_calls",
+              options=turn1.options)
     reasoning, call = responses.from_chat(r)["output"]
     assert reasoning["summary"] == echoed[0]["summary"]
     assert {k: v for k, v in call.items() if k != "status"} == echoed[1]
@@ -164,7 +165,8 @@ def test_dropped_tools_are_noted() -> None:
             {"type": "web_search"},
             {"type": "file_search", "vector_store_ids": ["vs_1"]},
             {"type": "computer_use_preview", "display_width": 1024, "display_height": 768, "environment": "linux"},
-            {"type": "custom", "name": "apply_patch", "description": "patch", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+            {"type": "custom", "name": "apply_patch", "description": "patch",
+             "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
             {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "raw", "format": {"type": "text"}}]},
             {"type": "function", "name": "ok", "parameters": {"type": "object", "properties": {}}},
         ],
@@ -187,7 +189,8 @@ def test_pi_tool_turn_folds_into_one_assistant_message() -> None:
             "role": "assistant",
             "content": "Running it now.",
             "reasoning_content": "Run the command with bash.",
-            "tool_calls": [{"id": "call_5d1e0c9b8a7f6e5d4c3b2a19", "type": "function", "function": {"name": "bash", "arguments": '{"command":"echo hi"}'}}],
+            "tool_calls": [{"id": "call_5d1e0c9b8a7f6e5d4c3b2a19", "type": "function",
+                            "function": {"name": "bash", "arguments": '{"command":"echo hi"}'}}],
         },
         {"role": "tool", "tool_call_id": "call_5d1e0c9b8a7f6e5d4c3b2a19", "content": "hi\n"},
     ]
@@ -197,13 +200,16 @@ def test_pi_tool_turn_folds_into_one_assistant_message() -> None:
 
 def test_pi_echo_of_our_reply_round_trips() -> None:
     """pi echoes the reasoning item whole and re-serialises arguments compactly: same Chat turn back."""
-    r = reply(content="Running it now.", reasoning="Run the command with bash.", calls=(("bash", '{"command": "echo hi"}'),), finish="tool_calls")
+    r = reply(content="Running it now.", reasoning="Run the command with bash.", calls=(("bash", '{"command": "echo hi"}'),),
+              finish="tool_calls")
     out = responses.from_chat(r)["output"]
     reasoning, message, call = out
     echo = [
         reasoning,
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running it now.", "annotations": []}], "status": "completed", "id": message["id"]},
-        {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": "bash", "arguments": json.dumps({"command": "echo hi"}, separators=(",", ":"))},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running it now.", "annotations": []}],
+         "status": "completed", "id": message["id"]},
+        {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": "bash",
+         "arguments": json.dumps({"command": "echo hi"}, separators=(",", ":"))},
     ]
     messages = responses.to_chat({"input": [{"role": "user", "content": "go"}, *echo]}, {}).chat.messages
     assert messages[1] == {
@@ -281,7 +287,8 @@ def test_content_parts_and_other_items() -> None:
     ]
     inbound = responses.to_chat({"input": items, "previous_response_id": "resp_old"}, {})
     m = inbound.chat.messages
-    assert m[0] == {"role": "user", "content": [{"type": "text", "text": "look "}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+    assert m[0] == {"role": "user", "content": [{"type": "text", "text": "look "},
+                                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
     assert m[1] == {"role": "system", "content": "ab"}
     # The web_search_call is dropped, so the custom call joins the assistant turn it belonged to.
     assert m[2] == {"role": "assistant", "content": "no", "tool_calls": [
@@ -322,10 +329,12 @@ def test_generation_settings() -> None:
         ({"input": [{"content": "hi"}]}, "input[0] needs a 'type'"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role 'tool' is not one of"),
         ({"input": [{"type": "message", "role": "user", "content": 3}]}, "input[0].content must be a string or a list"),
-        ({"input": [{"type": "message", "role": "user", "content": [{"text": "x"}]}]}, "input[0].content[0] must be an object with a string 'type'"),
+        ({"input": [{"type": "message", "role": "user", "content": [{"text": "x"}]}]},
+         "input[0].content[0] must be an object with a string 'type'"),
         ({"input": [{"type": "function_call", "name": "bash", "arguments": "{}"}]}, "input[0].call_id must be a non-empty string"),
         ({"input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]}, "input[0].name must be a non-empty string"),
-        ({"input": [{"type": "function_call", "call_id": "c", "name": "bash", "arguments": 3}]}, "input[0].arguments must be a JSON string"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "bash", "arguments": 3}]},
+         "input[0].arguments must be a JSON string"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id must be a non-empty string"),
         ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output is required"),
         ({"input": [{"type": "reasoning", "summary": "x"}]}, "input[0].summary must be a list"),
@@ -336,7 +345,8 @@ def test_generation_settings() -> None:
         ({"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools[0].parameters must be an object"),
         ({"input": "hi", "tools": [{"type": "namespace", "name": "ns"}]}, "tools[0].tools must be a list"),
         ({"input": "hi", "tools": [{"type": "namespace", "tools": []}]}, "tools[0].name must be a non-empty string"),
-        ({"input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "function"}]}]}, "tools[0].tools[0].name must be"),
+        ({"input": "hi", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "function"}]}]},
+         "tools[0].tools[0].name must be"),
         ({"input": "hi", "tool_choice": "sometimes"}, "'tool_choice' must be one of"),
         ({"input": "hi", "tool_choice": 3}, "'tool_choice' must be one of"),
         ({"input": "hi", "max_output_tokens": 0}, "'max_output_tokens' must be a positive integer"),
@@ -467,7 +477,8 @@ def test_stream_events_carry_their_indexes_and_rebuild_the_output() -> None:
     done = {e["type"]: e for e in evs if e["type"].endswith(".done")}
     assert joined("response.reasoning_summary_text.delta") == done["response.reasoning_summary_text.done"]["text"] == "Say hello."
     assert joined("response.output_text.delta") == done["response.output_text.done"]["text"] == "Hello, world."
-    assert joined("response.function_call_arguments.delta") == done["response.function_call_arguments.done"]["arguments"] == '{"command":"echo hi"}'
+    arguments = done["response.function_call_arguments.done"]["arguments"]
+    assert joined("response.function_call_arguments.delta") == arguments == '{"command":"echo hi"}'
     assert done["response.content_part.done"]["part"] == final[1]["content"][0]
     assert done["response.reasoning_summary_part.done"]["part"] == final[0]["summary"][0]
     part_added = next(e for e in evs if e["type"] == "response.content_part.added")

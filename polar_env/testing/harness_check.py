@@ -1,12 +1,14 @@
 """End-to-end check: each real harness CLI, unmodified, against the real gateway and engine.
 
-Why this exists: the client specs in ``polar_env.harnesses.clients`` (derived from the presets in
-``polar_env.harnesses``) were validated against a fake provider, and the provider translations are unit-tested against recorded bodies. Neither proves
-that a current CLI build, talking to the actual gateway (provider translation, quirks, session
-keys, SSE synthesis) in front of the embedded engine, completes a tool-using task and leaves
-token-faithful records behind. This module runs exactly that, one spec at a time:
+A test runner (used by ``tests/harnesses/test_real_clients.py`` and ``scripts/check_harnesses.sh``),
+not part of the runtime path. Why it exists: the client specs in ``polar_env.harnesses.clients``
+(derived from the presets in ``polar_env.harnesses``) were validated against a fake provider, and
+the provider translations are unit-tested against recorded bodies. Neither proves that a current
+CLI build, talking to the actual gateway (provider translation, quirks, session keys, SSE synthesis)
+in front of the embedded engine, completes a tool-using task and leaves token-faithful records
+behind. This module runs exactly that, one spec at a time:
 
-- the parent (``python -m polar_env.harnesses.check``) re-executes itself as a worker inside a
+- the parent (``python -m polar_env.testing.harness_check``) re-executes itself as a worker inside a
   fresh network namespace (``unshare --net``; ``--map-root-user`` when not root) so the CLI can
   reach nothing but loopback, whatever it tries (telemetry, update checks, model lists);
 - the worker (``--inside SPEC_ID``) brings ``lo`` up, refuses to continue if any other interface
@@ -23,7 +25,7 @@ prompt and response ids with one logprob per response id, and the journal shows 
 a shell tool call, then a request carrying that tool's output (``hi``), answered with text that
 contains it, and the CLI printed that answer (so it parsed the gateway's reply, not just sent).
 
-    python -m polar_env.harnesses.check [--only pi-openai_chat,qwen-openai_chat] [--json OUT]
+    python -m polar_env.testing.harness_check [--only pi-openai_chat,qwen-openai_chat] [--json OUT]
                                         [--timeout-s 240] [--workdir DIR]
 """
 
@@ -281,6 +283,7 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     gateway.app.middlewares.append(http_logger(result))
     tracker = Continuation(load_tokenizer(), engine.quirks) if continuation else False
     session = gateway.open_session(metadata={"check": spec.id}, continuation=tracker)
+    assert session.key is not None  # only sessions restored from disk lack their key
     await gateway.start("127.0.0.1", 0)
     try:
         port = gateway.port
@@ -345,7 +348,7 @@ def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path, continuation: 
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh HOME, journal and verdict every run
     workdir.mkdir(parents=True)
     out = workdir / "result.json"
-    worker = [sys.executable, "-m", "polar_env.harnesses.check", "--inside", spec.id, "--out", str(out),
+    worker = [sys.executable, "-m", "polar_env.testing.harness_check", "--inside", spec.id, "--out", str(out),
               "--workdir", str(workdir), "--timeout-s", str(timeout_s), *(["--continuation"] if continuation else [])]
     try:
         proc = subprocess.run([*isolation_prefix(), *worker], check=False, capture_output=True,
@@ -377,7 +380,7 @@ def format_table(results: Sequence[CheckResult]) -> str:
                      _mark(r.answer_in_stdout), f"{r.turns}→{r.merged_traces}", str(r.drift), exit_text,
                      f"{r.cli_s:.1f}", f"{r.total_s:.1f}", "ok" if r.ok else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -406,7 +409,7 @@ def select(only: str | None) -> list[ClientSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m polar_env.harnesses.check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m polar_env.testing.harness_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help=f"comma-separated spec ids (default: all of {', '.join(SPECS)})")
     p.add_argument("--json", type=Path, help="write every result (with HTTP log and output tails) here")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per-CLI time limit")
