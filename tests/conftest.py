@@ -33,6 +33,15 @@ SHELL_TOOL = {
 }
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--engine-url", default=os.environ.get("POLAR_ENGINE_URL"),
+                     help="a real engine server on 127.0.0.1 (vLLM, SGLang) for tests/engines/test_engine_contract.py; "
+                          "env POLAR_ENGINE_URL")
+    parser.addoption("--engine-dtype", default=os.environ.get("POLAR_ENGINE_DTYPE", "float32"),
+                     help="the dtype that server runs the tiny model in: float32 (ids must match the embedded engine "
+                          "exactly, logprobs to 1e-3) or another (5e-2, an argmax may flip); env POLAR_ENGINE_DTYPE")
+
+
 @pytest.fixture(scope="session")
 def engine() -> EmbeddedEngine:
     """Sampling mode, Qwen3.5 template quirks on."""
