@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from polar_env.cli.checks import HelpFormatter
 from polar_env.errors import ConfigError
@@ -54,9 +55,19 @@ def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-
     if args.runtime is not None:
         update["runtime"] = config.runtime.model_copy(update={"kind": args.runtime})
     if args.evaluator is not None:
-        text = args.evaluator.strip()
-        update["evaluator"] = EvaluatorSpec.model_validate(json.loads(text) if text.startswith("{") else text)
+        update["evaluator"] = evaluator_option(args.evaluator, EvaluatorSpec)
     return PolarEnvConfig.model_validate({**config.model_dump(), **{k: v for k, v in update.items()}})
+
+
+def evaluator_option(text: str, spec: type) -> Any:
+    """``--evaluator NAME`` or ``--evaluator '{"name": ..., ...}'``; a mistake names the option."""
+    text = text.strip()
+    try:
+        return spec.model_validate(json.loads(text) if text.startswith("{") else text)  # type: ignore[attr-defined]
+    except ValueError as exc:  # bad JSON, or a spec pydantic refuses
+        why = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"--evaluator {text!r} is not an evaluator name or JSON spec ({why}); give a name, e.g. "
+                          """--evaluator output, or JSON, e.g. --evaluator '{"name": "output", "regex": "ok"}'""") from None
 
 
 def add_env_options(p: argparse.ArgumentParser) -> None:
@@ -103,13 +114,16 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from polar_env.preflight import check_job, check_job_options
     from polar_env.staging.job import RolloutJob, run_job
     from polar_env.staging.progress import LiveProgress, print_summary
 
+    check_job_options(args)
     job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
                      samples=args.samples, out=Path(args.out), mode=args.command,
                      pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
                      tracker=args.tracker)
+    check_job(job, args.command)
     env = job.env
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
@@ -138,9 +152,11 @@ def _server_token(args: argparse.Namespace) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from polar_env.preflight import check_serve
     from polar_env.staging.cluster import serve
 
     config = env_config(args)
+    check_serve(config, args.host, args.port)
     if not args.local:
         config = config.model_copy(update={"ray": True})
     store = Path(args.store)
