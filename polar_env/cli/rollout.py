@@ -184,6 +184,7 @@ def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple
 def cmd_submit(args: argparse.Namespace) -> int:
     from polar_env.env import task_request
     from polar_env.staging.models import TaskRequest
+    from polar_env.staging.submission import chosen_settings, submission_body
     from polar_env.tasks.sources import read_rows
 
     token = _server_token(args)
@@ -192,7 +193,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     for row in read_rows(Path(args.tasks)):
         is_request = isinstance(row, dict) and "task_id" in row and "instruction" in row and "agent" in row
         req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
-        status, body = _http("POST", f"{args.server}/rollout/task/submit", token, req.model_dump_json().encode())
+        sent = row if is_request else submission_body(req, row, chosen_settings(args))  # the server fills the rest
+        status, body = _http("POST", f"{args.server}/rollout/task/submit", token, json.dumps(sent, default=str).encode())
         if status != 202:
             print(f"{req.task_id}: refused ({status}): {body.get('error', body)}", file=sys.stderr)
             continue
