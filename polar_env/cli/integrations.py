@@ -50,7 +50,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in check_job(job, "sft")}
     print(f"polar-env sft: {len(repo_of)} task(s) x {args.samples} sample(s); {job.env.engine.describe()}; "
           f"harness {job.env.harness}; output {job.out}", flush=True)
-    live = None if args.no_progress else LiveProgress()
+    live = None if args.no_progress else LiveProgress(title="polar-env sft")
     try:
         asyncio.run(run_job(job, live))
     finally:

@@ -116,7 +116,8 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from polar_env.preflight import check_job, check_job_options
     from polar_env.staging.job import RolloutJob, run_job
-    from polar_env.staging.progress import LiveProgress, print_summary
+    from polar_env.staging.progress import LiveProgress
+    from polar_env.staging.summary import print_summary
 
     check_job_options(args)
     job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
@@ -128,13 +129,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
           f"output {job.out}", flush=True)
-    live = None if args.no_progress else LiveProgress()
+    live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
         report = asyncio.run(run_job(job, live))
     finally:
         if live is not None:
             live.stop()
-    print_summary(report)
+    print_summary(report, out=job.out)
     print(f"wrote {job.out}/: {', '.join(report['files'])}")
     return 0 if report["statuses"].get("completed", 0) > 0 else 1
 
