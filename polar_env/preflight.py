@@ -103,7 +103,20 @@ def check_recipe(path: Path, overrides: dict[str, Any]) -> None:
 
 
 def check_env(env: PolarEnvConfig, reqs: Sequence[TaskRequest], command: str) -> None:
-    """Engine, harnesses, runtimes and evaluator dependencies of ``env`` and ``reqs``."""
+    """Engine, harnesses, runtimes and evaluator dependencies of ``env`` and ``reqs``. On an existing
+    Ray cluster (``--ray-address``) the nodes may be other machines: what they need is not checked
+    from here (only the missing-evaluator warning is given)."""
+    if not env.ray_address:
+        check_node_side(env, reqs)
+    unevaluated = [r.task_id for r in reqs if r.evaluator is None]
+    if unevaluated:
+        warn(command, f"{len(unevaluated)} of {len(reqs)} task(s) have no evaluator ({_few(unevaluated)}), so every "
+             "session of theirs gets reward 0; pass --evaluator (e.g. output, session_completion) or give the rows "
+             "an 'evaluator'")
+
+
+def check_node_side(env: PolarEnvConfig, reqs: Sequence[TaskRequest]) -> None:
+    """What the nodes (on this machine) need: the engine, harnesses, runtimes, evaluator modules."""
     asyncio.run(check_engine(env.engine))
     harnesses = {r.agent.harness for r in reqs} if reqs else {env.harness}
     for name in sorted(harnesses):
@@ -115,11 +128,6 @@ def check_env(env: PolarEnvConfig, reqs: Sequence[TaskRequest], command: str) ->
         evaluators.setdefault(env.evaluator.name, "--evaluator")
     for name, where in sorted(evaluators.items()):
         check_evaluator(name, f"task {where}" if where != "--evaluator" else where)
-    unevaluated = [r.task_id for r in reqs if r.evaluator is None]
-    if unevaluated:
-        warn(command, f"{len(unevaluated)} of {len(reqs)} task(s) have no evaluator ({_few(unevaluated)}), so every "
-             "session of theirs gets reward 0; pass --evaluator (e.g. output, session_completion) or give the rows "
-             "an 'evaluator'")
 
 
 def warn(command: str, message: str) -> None:

@@ -253,3 +253,13 @@ def test_train_recipe_needs_its_runtime(tmp_path: Path, capsys: pytest.CaptureFi
     monkeypatch.setenv("POLAR_BWRAP", str(tmp_path / "no-bwrap"))
     one_line(capsys, ["train", str(recipe), "--out-dir", str(tmp_path / "run")], "bwrap", "runtime sandbox")
     assert not (tmp_path / "run").exists()
+
+
+def test_remote_ray_cluster_skips_node_side_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --ray-address the nodes may be other machines: a missing local bwrap is not a refusal."""
+    from polar_env.env import PolarEnvConfig
+
+    monkeypatch.setenv("POLAR_BWRAP", str(tmp_path / "no-bwrap"))
+    preflight.check_env(PolarEnvConfig(harness="loop", ray=True, ray_address="ray://10.0.0.1:10001"), [], "serve")
+    with pytest.raises(preflight.ConfigError, match="bwrap"):
+        preflight.check_env(PolarEnvConfig(harness="loop"), [], "serve")

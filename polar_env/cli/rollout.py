@@ -201,6 +201,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             continue
         groups.append(body["group_id"])
         print(f"{req.task_id}: submitted as group {body['group_id']} ({req.num_samples} samples)")
+        if body.get("warning"):
+            print(f"polar-env submit: warning: {req.task_id}: {body['warning']}", file=sys.stderr)
     while args.wait and groups:
         time.sleep(2)
         for gid in list(groups):

@@ -352,7 +352,10 @@ async def _submit(request: web.Request) -> web.Response:
         return _error(400, f"invalid TaskRequest: {exc}")
     except ConfigError as exc:
         return _error(409, str(exc))
-    return _json({"task_id": status.task_id, "group_id": status.group_id, "state": status.state.value}, 202)
+    accepted: dict[str, Any] = {"task_id": status.task_id, "group_id": status.group_id, "state": status.state.value}
+    if req.evaluator is None:  # not an error (rollouts for SFT/inspection), but reward 0 for every session
+        accepted["warning"] = "no evaluator (in the row, submit --evaluator or serve --evaluator): every session gets reward 0"
+    return _json(accepted, 202)
 
 
 async def _task(request: web.Request) -> web.Response:

@@ -96,6 +96,13 @@ def test_serve_defaults_apply_to_rows_that_name_no_harness(tmp_path: Path) -> No
         token = ["--server", url, "--token-file", str(store / "rollout_token")]
         sub = cli("submit", str(tasks), "--wait", *token)
         assert sub.returncode == 0, sub.stderr
+        assert "warning" not in sub.stderr, sub.stderr
+        bare = tmp_path / "bare.jsonl"
+        bare.write_text(json.dumps({"task_id": "bare", "instruction": "run echo hi"}) + "\n")
+        warned = cli("submit", str(bare), *token)
+        assert warned.returncode == 0 and warned.stderr.strip() == (
+            "polar-env submit: warning: bare: no evaluator (in the row, submit --evaluator or serve --evaluator): "
+            "every session gets reward 0"), warned.stderr
         groups = [json.loads(s) for s in sub.stdout.strip().splitlines() if s.startswith("{")]
         assert sorted(g["task_id"] for g in groups) == ["own-settings", "plain"]
         for group in groups:
