@@ -35,6 +35,8 @@ def console_for_stdout() -> Console:
 def print_summary(report: dict[str, Any], console: Console | None = None, out: Path | None = None) -> None:
     console = console or console_for_stdout()
     console.print(sessions_table(report, console.width))
+    if not _reason_fits(report, console.width):
+        console.print(reasons_table(report))
     console.print(headline(report), markup=False, highlight=False)
     console.print(figures_table(report))
     if "eval" in report:
@@ -62,37 +64,72 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+REASON_MIN = 30  # narrower than this, the reasons get their own table
+
+
+def _columns(report: dict[str, Any], width: int) -> tuple[list[tuple[str, int]], bool]:
+    """The sessions table's columns for ``width`` and whether the reason column fits beside them:
+    optional columns are dropped first, then the reason moves to its own table; ids are never cut."""
+    shown = report["session_rows"][:MAX_SESSION_ROWS]
+    id_width = max([len("session"), *(len(r["session_id"]) for r in shown)])
+    columns: list[tuple[str, int]] = [("session", id_width), ("status", 9), ("reward", 6), ("calls", 5),
+                                      ("traces", 6), ("init s", 6), ("running s", 9), ("postrun s", 9)]
+    order = ["traces", "init s", "postrun s", "calls", "running s"]  # optional columns, dropped in this order
+
+    def fit(reason: int) -> list[tuple[str, int]]:
+        cols, optional = list(columns), list(order)
+        while sum(w + 3 for _, w in cols) + reason + 1 > width and optional:
+            drop = optional.pop(0)
+            cols = [c for c in cols if c[0] != drop]
+        return cols
+
+    with_reason = fit(REASON_MIN + 3)
+    if sum(w + 3 for _, w in with_reason) + REASON_MIN + 3 + 1 <= width:
+        return with_reason, True
+    return fit(0), False
+
+
+def _reason_fits(report: dict[str, Any], width: int) -> bool:
+    return _columns(report, width)[1]
+
+
+def _why(row: dict[str, Any]) -> str:
+    return str(row["error"] or row["reason"] or _unexplained(row))[:200]
+
+
+def reasons_table(report: dict[str, Any]) -> Table:
+    """Why the sessions got their rewards, one row per distinct reason (for narrow terminals)."""
+    groups: dict[str, list[str]] = {}
+    for row in report["session_rows"]:
+        groups.setdefault(_why(row) or "-", []).append(row["session_id"])
+    table = Table(title="why", header_style="bold", title_justify="left")
+    table.add_column("sessions", justify="right", no_wrap=True)
+    table.add_column("reason / error", overflow="fold")
+    for why, ids in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        table.add_row(str(len(ids)), why)
+    return table
+
+
 def sessions_table(report: dict[str, Any], width: int) -> Table:
     """One row per session (the first ``MAX_SESSION_ROWS``). The session id column is as wide as
     the longest id; optional columns are dropped, narrowest terminal first, before anything is cut."""
     rows = report["session_rows"]
     shown = rows[:MAX_SESSION_ROWS]
-    id_width = max([len("session"), *(len(r["session_id"]) for r in shown)])
-    columns: list[tuple[str, int]] = [("session", id_width), ("status", 9), ("reward", 6), ("calls", 5),
-                                      ("traces", 6), ("init s", 6), ("running s", 9), ("postrun s", 9)]
-    optional = ["traces", "init s", "postrun s", "calls", "running s"]  # dropped in this order
-    reason_min = 24
-
-    def need(cols: list[tuple[str, int]]) -> int:
-        return sum(w + 3 for _, w in cols) + reason_min + 3 + 1
-
-    while need(columns) > width and optional:
-        drop = optional.pop(0)
-        columns = [c for c in columns if c[0] != drop]
+    columns, with_reason = _columns(report, width)
     more = len(rows) - len(shown)
     table = Table(title="sessions", header_style="bold", title_justify="left",
                   caption=f"... and {more} more in sessions.jsonl" if more > 0 else None)
     for name, w in columns:
         table.add_column(name, no_wrap=True, min_width=w if name == "session" else None,
                          justify="left" if name in ("session", "status") else "right")
-    table.add_column("reason / error", overflow="fold", ratio=1)
+    if with_reason:
+        table.add_column("reason / error", overflow="fold", ratio=1)
     for row in shown:
         st = row["stage_s"]
         values = {"session": row["session_id"], "status": row["status"], "reward": f"{row['reward']:.2f}",
                   "calls": str(row["records"]), "traces": str(row["traces"]), "init s": f"{st.get('init', 0):.2f}",
                   "running s": f"{st.get('running', 0):.2f}", "postrun s": f"{st.get('postrun', 0):.2f}"}
-        why = (row["error"] or row["reason"] or _unexplained(row))[:200]
-        table.add_row(*(values[name] for name, _ in columns), why)
+        table.add_row(*(values[name] for name, _ in columns), *([_why(row)] if with_reason else []))
     return table
 
 
