@@ -74,8 +74,11 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
 
     try:
         reqs = load_tasks(job)
-    except ValidationError as exc:
-        raise options_error(exc) from None
+    except ValidationError as exc:  # --samples/--early-stop reach the TaskRequests here; anything else is a row's
+        if all(err["loc"] and str(err["loc"][0]) in JOB_OPTIONS for err in exc.errors()):
+            raise options_error(exc) from None
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))} {e.get('input')!r}: {e['msg'].lower()}" for e in exc.errors())
+        raise ConfigError(f"invalid task row ({fields}), in {job.tasks}; fix the row (fields as in TaskRequest)") from None
     check_env(job.env, reqs, command)
     return reqs
 

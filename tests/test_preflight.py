@@ -263,3 +263,10 @@ def test_remote_ray_cluster_skips_node_side_checks(tmp_path: Path, monkeypatch: 
     preflight.check_env(PolarEnvConfig(harness="loop", ray=True, ray_address="ray://10.0.0.1:10001"), [], "serve")
     with pytest.raises(preflight.ConfigError, match="bwrap"):
         preflight.check_env(PolarEnvConfig(harness="loop"), [], "serve")
+
+
+def test_a_bad_task_row_is_named_as_a_row_not_an_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = tmp_path / "rows.jsonl"
+    tasks.write_text(json.dumps({"task_id": "t", "instruction": "x", "timeout_s": -1}) + "\n")
+    one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--out", str(tmp_path / "o")],
+             "invalid task row (timeout_s -1: input should be greater than 0)", f"in {tasks}")
