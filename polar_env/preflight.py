@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from polar_env.staging.job import RolloutJob
     from polar_env.staging.models import TaskRequest
 
-ENGINE_WAIT_S = 3.0  # an engine still loading gets this long; a wrong URL is reported after it
+ENGINE_WAIT_S = 2.0  # an engine still loading gets this long; a wrong URL is reported after it
 BWRAP_PROBE_TIMEOUT_S = 5.0
 DOCKER_PING_TIMEOUT_S = 2.0
 # Python modules an evaluator needs beyond the core install, with the extra that provides them.

@@ -49,7 +49,7 @@ def test_unreachable_engine_is_one_line_in_seconds(tmp_path: Path, capsys: pytes
     for command in ("rollout", "eval", "sft"):
         out = tmp_path / command
         one_line(capsys, [command, "--engine-url", dead, "--out", str(out), "--no-progress"],
-                 f"no vllm engine answers at {dead} after 3s", "--engine-url", "start the engine first")
+                 f"no vllm engine answers at {dead} after 2s", "--engine-url", "start the engine first")
         assert not out.exists(), "preflight must run before the output folder is made"
 
 
