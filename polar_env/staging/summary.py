@@ -216,8 +216,12 @@ def model_turns(journal: Path, n: int = EXCERPT_TURNS) -> list[str]:
             said.append(f"called {call.name}: {_short(str(shown), 120, collapse=False)}")
         if msg.content and msg.content.strip():
             said.append(f"answered: {_short(msg.content)}")
+        if not said and msg.reasoning and msg.reasoning.strip():
+            said.append(f"only thought: {_short(msg.reasoning)}")
         if not said:
-            said.append(f"({len(record.response_ids)} tokens, finish {record.finish_reason}, no text or tool call)")
+            said.append("no text or tool call")
+        if record.finish_reason == "length":
+            said.append(f"cut at the token cap ({len(record.response_ids)} tokens)")
         lines.append(f"  call {record.seq + 1}: " + "; ".join(said))
     return lines
 
