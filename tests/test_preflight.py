@@ -23,6 +23,14 @@ from tests.conftest import require_bwrap
 SIMULATED = ["--engine", "simulated", "--harness", "loop", "--no-progress"]
 
 
+def plain_tasks(folder: Path) -> list[str]:
+    """A task file without the toy set (whose first build runs git), for checks that are not about tasks."""
+    path = folder / "plain.jsonl"
+    path.write_text(json.dumps({"task_id": "echo", "instruction": "run echo hi",
+                                "evaluator": {"name": "output", "regex": "hi"}}) + "\n")
+    return ["--tasks", str(path)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -48,7 +56,7 @@ def test_unreachable_engine_is_one_line_in_seconds(tmp_path: Path, capsys: pytes
     dead = f"http://127.0.0.1:{free_port()}"
     for command in ("rollout", "eval", "sft"):
         out = tmp_path / command
-        one_line(capsys, [command, "--engine-url", dead, "--out", str(out), "--no-progress"],
+        one_line(capsys, [command, "--engine-url", dead, *plain_tasks(tmp_path), "--out", str(out), "--no-progress"],
                  f"no vllm engine answers at {dead} after 2s", "--engine-url", "start the engine first")
         assert not out.exists(), "preflight must run before the output folder is made"
 
@@ -59,8 +67,8 @@ def test_serve_refuses_an_unreachable_engine(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_engine_serving_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:
-    one_line(capsys, ["rollout", "--engine-url", fake_vllm, "--served-model-name", "qwen3-typo", "--out",
-                      str(tmp_path / "o")], f"serves ['{MODEL}'], not 'qwen3-typo'", f"--served-model-name {MODEL}")
+    one_line(capsys, ["rollout", "--engine-url", fake_vllm, "--served-model-name", "qwen3-typo", *plain_tasks(tmp_path),
+                      "--out", str(tmp_path / "o")], f"serves ['{MODEL}'], not 'qwen3-typo'", f"--served-model-name {MODEL}")
 
 
 def test_engine_check_passes_for_a_serving_engine(fake_vllm: str) -> None:
@@ -73,16 +81,17 @@ def test_engine_check_passes_for_a_serving_engine(fake_vllm: str) -> None:
 
 def test_not_an_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:
     one_line(capsys, ["rollout", "--engine-url", f"{fake_vllm}/v1/chat", "--served-model-name", MODEL,
-                      "--out", str(tmp_path / "o")], "does not answer like a vllm server", "base URL")
+                      *plain_tasks(tmp_path), "--out", str(tmp_path / "o")], "does not answer like a vllm server", "base URL")
 
 
 def test_bwrap_missing_or_without_namespaces(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLAR_BWRAP", str(tmp_path / "no-bwrap"))
-    one_line(capsys, ["rollout", *SIMULATED, "--out", str(tmp_path / "o")], "bwrap", "not on PATH", "apt-get install")
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--out", str(tmp_path / "o")], "bwrap", "not on PATH",
+             "apt-get install")
     # /bin/false stands in for a bwrap whose namespaces the kernel refuses (same exit, no sandbox)
     monkeypatch.setenv("POLAR_BWRAP", "/bin/false")
-    one_line(capsys, ["rollout", *SIMULATED, "--out", str(tmp_path / "o")], "bwrap cannot create its namespaces",
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--out", str(tmp_path / "o")], "bwrap cannot create its namespaces",
              "user namespaces")
 
 
@@ -124,11 +133,11 @@ def test_docker_daemon_absent_is_detected_not_started(short_tmp: Path, capsys: p
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("docker")
     monkeypatch.setenv("DOCKER_HOST", f"unix://{short_tmp / 'docker.sock'}")
-    one_line(capsys, ["rollout", *SIMULATED, "--runtime", "docker", "--out", str(short_tmp / "o")],
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(short_tmp), "--runtime", "docker", "--out", str(short_tmp / "o")],
              "no Docker daemon answers at unix://", "runtime docker", "start dockerd")
     assert not (short_tmp / "docker.sock").exists()
     FakeDockerd(short_tmp / "docker.sock", b"HTTP/1.1 404 Not Found\r\n\r\n")
-    one_line(capsys, ["rollout", *SIMULATED, "--runtime", "docker", "--out", str(short_tmp / "o")],
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(short_tmp), "--runtime", "docker", "--out", str(short_tmp / "o")],
              "does not answer like a Docker daemon")
 
 
@@ -141,7 +150,7 @@ def test_docker_ping_ok_passes(short_tmp: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_apptainer_binary_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLAR_APPTAINER", "no-such-apptainer")
-    one_line(capsys, ["rollout", *SIMULATED, "--runtime", "apptainer", "--out", str(tmp_path / "o")],
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--runtime", "apptainer", "--out", str(tmp_path / "o")],
              "no 'no-such-apptainer' binary on PATH", "runtime apptainer")
 
 
@@ -157,10 +166,11 @@ def test_harness_not_installable(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (bin_dir / "node").symlink_to(node)
     monkeypatch.setenv("POLAR_HARNESS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", str(bin_dir))
-    one_line(capsys, ["rollout", "--engine", "simulated", "--harness", "pi", "--no-progress", "--out", str(tmp_path / "o")],
+    tasks = plain_tasks(tmp_path)
+    one_line(capsys, ["rollout", "--engine", "simulated", "--harness", "pi", "--no-progress", *tasks, "--out", str(tmp_path / "o")],
              "harness pi is not installed and npm is not on PATH", "install_harnesses.sh pi")
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
-    one_line(capsys, ["rollout", "--engine", "simulated", "--harness", "pi", "--no-progress", "--out", str(tmp_path / "o")],
+    one_line(capsys, ["rollout", "--engine", "simulated", "--harness", "pi", "--no-progress", *tasks, "--out", str(tmp_path / "o")],
              "node is not on PATH, needed by harness pi")
 
 
