@@ -40,15 +40,17 @@ def cmd_slime_args(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     """Roll tasks out, keep the evaluator-accepted sessions, export SFT rows, print the table."""
     from polar_env.integrations.sft import export_job
-    from polar_env.staging.job import RolloutJob, load_tasks, run_job
+    from polar_env.preflight import check_job, check_job_options
+    from polar_env.staging.job import RolloutJob, run_job
     from polar_env.staging.progress import LiveProgress
 
+    check_job_options(args)
     job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
                      samples=args.samples, out=Path(args.out), early_stop_min_usable=args.early_stop)
-    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in load_tasks(job)}
+    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in check_job(job, "sft")}
     print(f"polar-env sft: {len(repo_of)} task(s) x {args.samples} sample(s); {job.env.engine.describe()}; "
           f"harness {job.env.harness}; output {job.out}", flush=True)
-    live = None if args.no_progress else LiveProgress()
+    live = None if args.no_progress else LiveProgress(title="polar-env sft")
     try:
         asyncio.run(run_job(job, live))
     finally:
@@ -79,9 +81,11 @@ def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from polar_env.preflight import check_recipe
     from polar_env.train.command import run_train
 
     overrides = {"seed": args.seed, "steps": args.steps, "control": True if args.control else None, "out_dir": args.out_dir}
+    check_recipe(Path(args.recipe), overrides)
     return run_train(Path(args.recipe), overrides, tracker=args.tracker)
 
 

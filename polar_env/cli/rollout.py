@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from polar_env.cli.checks import HelpFormatter
 from polar_env.errors import ConfigError
@@ -54,9 +55,19 @@ def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-
     if args.runtime is not None:
         update["runtime"] = config.runtime.model_copy(update={"kind": args.runtime})
     if args.evaluator is not None:
-        text = args.evaluator.strip()
-        update["evaluator"] = EvaluatorSpec.model_validate(json.loads(text) if text.startswith("{") else text)
+        update["evaluator"] = evaluator_option(args.evaluator, EvaluatorSpec)
     return PolarEnvConfig.model_validate({**config.model_dump(), **{k: v for k, v in update.items()}})
+
+
+def evaluator_option(text: str, spec: type) -> Any:
+    """``--evaluator NAME`` or ``--evaluator '{"name": ..., ...}'``; a mistake names the option."""
+    text = text.strip()
+    try:
+        return spec.model_validate(json.loads(text) if text.startswith("{") else text)  # type: ignore[attr-defined]
+    except ValueError as exc:  # bad JSON, or a spec pydantic refuses
+        why = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"--evaluator {text!r} is not an evaluator name or JSON spec ({why}); give a name, e.g. "
+                          """--evaluator output, or JSON, e.g. --evaluator '{"name": "output", "regex": "ok"}'""") from None
 
 
 def add_env_options(p: argparse.ArgumentParser) -> None:
@@ -103,24 +114,28 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from polar_env.preflight import check_job, check_job_options
     from polar_env.staging.job import RolloutJob, run_job
-    from polar_env.staging.progress import LiveProgress, print_summary
+    from polar_env.staging.progress import LiveProgress
+    from polar_env.staging.summary import print_summary
 
+    check_job_options(args)
     job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
                      samples=args.samples, out=Path(args.out), mode=args.command,
                      pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
                      tracker=args.tracker)
+    check_job(job, args.command)
     env = job.env
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
           f"output {job.out}", flush=True)
-    live = None if args.no_progress else LiveProgress()
+    live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
         report = asyncio.run(run_job(job, live))
     finally:
         if live is not None:
             live.stop()
-    print_summary(report)
+    print_summary(report, out=job.out)
     print(f"wrote {job.out}/: {', '.join(report['files'])}")
     return 0 if report["statuses"].get("completed", 0) > 0 else 1
 
@@ -138,9 +153,11 @@ def _server_token(args: argparse.Namespace) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from polar_env.preflight import check_serve
     from polar_env.staging.cluster import serve
 
     config = env_config(args)
+    check_serve(config, args.host, args.port)
     if not args.local:
         config = config.model_copy(update={"ray": True})
     store = Path(args.store)
@@ -168,6 +185,7 @@ def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple
 def cmd_submit(args: argparse.Namespace) -> int:
     from polar_env.env import task_request
     from polar_env.staging.models import TaskRequest
+    from polar_env.staging.submission import chosen_settings, submission_body
     from polar_env.tasks.sources import read_rows
 
     token = _server_token(args)
@@ -176,12 +194,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     for row in read_rows(Path(args.tasks)):
         is_request = isinstance(row, dict) and "task_id" in row and "instruction" in row and "agent" in row
         req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
-        status, body = _http("POST", f"{args.server}/rollout/task/submit", token, req.model_dump_json().encode())
+        sent = row if is_request else submission_body(req, row, chosen_settings(args))  # the server fills the rest
+        status, body = _http("POST", f"{args.server}/rollout/task/submit", token, json.dumps(sent, default=str).encode())
         if status != 202:
             print(f"{req.task_id}: refused ({status}): {body.get('error', body)}", file=sys.stderr)
             continue
         groups.append(body["group_id"])
         print(f"{req.task_id}: submitted as group {body['group_id']} ({req.num_samples} samples)")
+        if body.get("warning"):
+            print(f"polar-env submit: warning: {req.task_id}: {body['warning']}", file=sys.stderr)
     while args.wait and groups:
         time.sleep(2)
         for gid in list(groups):

@@ -45,6 +45,20 @@ def read_live(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def final_snapshot(last: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The progress snapshot of a finished job, from its report: every session done, no stage
+    occupied, the final statuses and reward (the last tick may predate the last sessions)."""
+    done = int(report.get("sessions", 0))
+    busy = report.get("engine_busy_fraction")
+    return {**last, "stages": dict.fromkeys(last.get("stages") or ("queued", "init", "ready", "running", "postrun"), 0),
+            "done": done, "total": max(int(last.get("total", 0)), done),
+            "mean_reward": report.get("mean_reward"),
+            "statuses": {"completed": 0, "timeout": 0, "error": 0, "cancelled": 0, **report.get("statuses", {})},
+            "engine_busy": busy if busy is not None else last.get("engine_busy", 0.0),
+            "dead_nodes": last.get("dead_nodes", []),
+            "elapsed_s": report.get("wall_s", last.get("elapsed_s", 0.0))}
+
+
 class JobObserver:
     """Everything that watches a running job, fed from its progress ticks: ``live.json``, the
     experiment tracker (``--tracker``), and the terminal table when there is one."""
@@ -71,11 +85,11 @@ class JobObserver:
     def finish(self, report: dict[str, Any]) -> None:
         from polar_env.observe.tracker import rollout_report_figures
 
-        stages = dict.fromkeys(self.last.get("stages", {}), 0)
-        self.live.write({**self.last, "stages": stages, "done": report.get("sessions", 0),
-                         "mean_reward": report.get("mean_reward"), "statuses": report.get("statuses", {}),
-                         "elapsed_s": report.get("wall_s", self.last.get("elapsed_s", 0.0))}, state="done")
+        final = final_snapshot(self.last, report)
+        self.live.write(final, state="done")
         self.tracker.summary(rollout_report_figures(report))
+        if self.progress is not None:  # the last frame is the job's end, not the last tick before it
+            self.progress({**final, "state": "done"})
 
     def close(self) -> None:
         self.tracker.close()

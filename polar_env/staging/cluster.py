@@ -92,8 +92,9 @@ def server_actor() -> Any:
 
     @ray.remote
     class ServerActor:
-        def __init__(self, node_ids: list[str], actors: list[Any], host: str, port: int, token: str) -> None:
-            self.args = (node_ids, actors, host, port, token)
+        def __init__(self, node_ids: list[str], actors: list[Any], host: str, port: int, token: str,
+                     defaults: dict[str, Any] | None = None) -> None:
+            self.args = (node_ids, actors, host, port, token, defaults)
             self.runner: Any = None
 
         async def start(self) -> str:
@@ -101,9 +102,9 @@ def server_actor() -> Any:
 
             from polar_env.staging.server import build_server_app
 
-            node_ids, actors, host, port, token = self.args
+            node_ids, actors, host, port, token, defaults = self.args
             server = RolloutServer([RayNode(i, a) for i, a in zip(node_ids, actors, strict=True)])
-            self.runner = web.AppRunner(build_server_app(server, token), access_log=None)
+            self.runner = web.AppRunner(build_server_app(server, token, defaults), access_log=None)
             await self.runner.setup()
             await web.TCPSite(self.runner, host, port).start()
             return f"http://{host}:{port}"
@@ -144,8 +145,10 @@ async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -
     from aiohttp import web
 
     from polar_env.staging.server import build_server_app
+    from polar_env.staging.submission import server_defaults
 
     started = time.perf_counter()
+    defaults = server_defaults(env)  # what a submitted row that names no harness (etc.) runs with
     token, token_path = write_token(Path(store) / "rollout_token", token)
     cluster = await start_cluster(env.cluster())
     runner = None
@@ -153,12 +156,16 @@ async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -
     try:
         if env.ray:
             ids = [h.node_id for h in cluster.handles]
-            actor = server_actor().options(num_cpus=0).remote(ids, cluster.actors, host, port, token)
+            actor = server_actor().options(num_cpus=0).remote(ids, cluster.actors, host, port, token, defaults)
             url = await actor.start.remote()
         else:
-            runner = web.AppRunner(build_server_app(cluster.server, token), access_log=None)
+            runner = web.AppRunner(build_server_app(cluster.server, token, defaults), access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, host, port).start()
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as exc:  # taken since preflight looked
+                raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}), the task API; pick another "
+                                  "--port, or stop the process that holds it") from None
             url = f"http://{host}:{port}"
         where = f"token in {token_path}" if token_path else "token as given"
         print(f"polar-env serve ready in {time.perf_counter() - started:.1f}s on {url} "

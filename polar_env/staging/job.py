@@ -16,7 +16,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,12 +37,12 @@ class RolloutJob(BaseModel):
     env: PolarEnvConfig = Field(default_factory=PolarEnvConfig)
     tasks: str = "toy"  # "toy" (offline toy SWE set) or a .jsonl/.json/.parquet file of task rows
     task_ids: list[str] | None = None
-    limit: int | None = None
+    limit: int | None = Field(default=None, ge=1)
     samples: int = Field(default=2, ge=1)
     out: Path = Path("polar_rollouts")
     mode: Literal["rollout", "eval"] = "rollout"
-    pass_k: list[int] = Field(default_factory=lambda: [1])
-    early_stop_min_usable: int | None = None
+    pass_k: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
+    early_stop_min_usable: int | None = Field(default=None, ge=1)
     tracker: Literal["wandb", "tensorboard"] | None = None  # also log the figures there (polar_env/observe)
 
 
@@ -52,30 +52,40 @@ def load_tasks(job: RolloutJob) -> list[TaskRequest]:
 
     rows: list[Any]
     if job.tasks == "toy":
-        from polar_env.tasks.toy import toy_tasks
+        from polar_env.tasks.toy import TOY_SOURCES, toy_tasks
 
+        _select([{"task_id": i} for i in TOY_SOURCES], job.task_ids, "the toy task set")
         rows = list(toy_tasks(ids=job.task_ids))
     elif Path(job.tasks).is_dir():  # Harbor task folders (one task, or a folder of them)
         from polar_env.tasks.harbor import load_harbor_rows
 
         base = job.env.runtime.model_dump(exclude={"source_dir", "image", "workdir"}, exclude_none=True)
         rows = [{**r, "runtime": {**base, **r["runtime"]}} for r in load_harbor_rows(job.tasks)]  # the task's wins
-        if job.task_ids is not None:
-            rows = [r for r in rows if r["task_id"] in set(job.task_ids)]
+        rows = _select(rows, job.task_ids, job.tasks)
     else:
         path = Path(job.tasks)
         if not path.exists():
             raise ConfigError(f"task file {path} does not exist (give 'toy', a .jsonl/.json/.parquet file or a "
                               "Harbor task folder)")
-        rows = list(read_rows(path))
-        if job.task_ids is not None:
-            wanted = set(job.task_ids)
-            rows = [r for r in rows if (r.get("instance_id") or r.get("task_id")) in wanted]
+        rows = _select(list(read_rows(path)), job.task_ids, job.tasks)
     if job.limit is not None:
         rows = rows[: job.limit]
     if not rows:
         raise ConfigError(f"no tasks selected from {job.tasks!r}")
     return [task_request(row, job.env, job.samples, early_stop_min_usable=job.early_stop_min_usable) for row in rows]
+
+
+def _select(rows: list[Any], task_ids: list[str] | None, where: str) -> list[Any]:
+    """The rows named by ``--task-id`` (all without it); a name that matches no row is an error."""
+    if task_ids is None:
+        return rows
+    from polar_env.tasks.sources import unknown_ids_message
+
+    ids = [str(r.get("instance_id") or r.get("task_id")) for r in rows]
+    unknown = [i for i in task_ids if i not in set(ids)]
+    if unknown:
+        raise ConfigError(unknown_ids_message(unknown, ids, where, "--task-id"))
+    return [r for r, i in zip(rows, ids, strict=True) if i in set(task_ids)]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

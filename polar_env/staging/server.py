@@ -35,6 +35,7 @@ from polar_env.staging.models import (
     TaskStatus,
 )
 from polar_env.staging.node import GatewayNode
+from polar_env.staging.submission import with_defaults
 
 _log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -316,6 +317,7 @@ class RolloutServer:
 
 SERVER = web.AppKey("rollout_server", RolloutServer)
 TOKEN = web.AppKey("rollout_token", str)
+DEFAULTS = web.AppKey("rollout_defaults", dict)  # polar-env serve's settings for rows that lack them
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -343,13 +345,17 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
 
 async def _submit(request: web.Request) -> web.Response:
     try:
-        req = TaskRequest.model_validate_json(await request.read())
+        body = with_defaults(orjson.loads(await request.read()), request.app.get(DEFAULTS))
+        req = TaskRequest.model_validate(body)
         status = request.app[SERVER].submit(req)
-    except ValueError as exc:
+    except ValueError as exc:  # orjson.JSONDecodeError and pydantic's ValidationError too
         return _error(400, f"invalid TaskRequest: {exc}")
     except ConfigError as exc:
         return _error(409, str(exc))
-    return _json({"task_id": status.task_id, "group_id": status.group_id, "state": status.state.value}, 202)
+    accepted: dict[str, Any] = {"task_id": status.task_id, "group_id": status.group_id, "state": status.state.value}
+    if req.evaluator is None:  # not an error (rollouts for SFT/inspection), but reward 0 for every session
+        accepted["warning"] = "no evaluator (in the row, submit --evaluator or serve --evaluator): every session gets reward 0"
+    return _json(accepted, 202)
 
 
 async def _task(request: web.Request) -> web.Response:
@@ -378,10 +384,12 @@ async def _health(request: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
 
-def build_server_app(server: RolloutServer, token: str) -> web.Application:
+def build_server_app(server: RolloutServer, token: str, defaults: dict[str, Any] | None = None) -> web.Application:
+    """The task API; ``defaults`` (``submission.server_defaults``) fill what a submitted row lacks."""
     app = web.Application(middlewares=[_auth], client_max_size=64 * 1024 * 1024)
     app[SERVER] = server
     app[TOKEN] = token
+    app[DEFAULTS] = defaults or {}
     app.router.add_post("/rollout/task/submit", _submit)
     app.router.add_get("/rollout/task/{ref}", _task)
     app.router.add_delete("/rollout/task/{ref}", _cancel)

@@ -8,7 +8,7 @@ Covers SWE-Gym (flat rows, list test ids, no image field) and SkyRL-v0-293-data 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,20 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 # Columns a row must carry to be rolled out and graded (SWE-Gym, SWE-bench Verified, and the
 # `instance` struct of SkyRL-v0-293-data all have them); the rest have defaults.
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS")
+
+
+def unknown_ids_message(unknown: Iterable[str], known: Iterable[str], where: str, what: str = "task id") -> str:
+    """One line for task ids a user asked for that do not exist: each with its closest known ids."""
+    import difflib
+
+    names = sorted(set(known))
+    parts = []
+    for task_id in unknown:
+        close = difflib.get_close_matches(task_id, names, n=3, cutoff=0.7)
+        parts.append(f"{task_id!r}" + (f" (closest: {', '.join(close)})" if close else ""))
+    listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    return (f"unknown {what} {'; '.join(parts)}, in {where}; pass one of: {listed}"
+            if names else f"unknown {what} {', '.join(map(repr, unknown))}: {where} has no tasks")
 
 
 def missing_columns(row: Mapping[str, Any]) -> list[str]:

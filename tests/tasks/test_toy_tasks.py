@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.errors import ConfigError
 from polar_env.tasks.swe import SweTask
 from polar_env.tasks.toy import TOY_SOURCES, toy_tasks
 
@@ -81,7 +82,7 @@ def test_builds_are_cached(tasks: dict[str, SweTask], tmp_path: Path) -> None:
     [again] = toy_tasks(tmp_path, ids=["toy__calc-1"])
     assert again.repo_dir == first.repo_dir and (again.repo_dir / ".git" / "HEAD").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.repo_dir.parent.name]  # no scratch left behind
-    with pytest.raises(KeyError, match="unknown toy tasks"):
+    with pytest.raises(ConfigError, match=r"unknown task id 'toy__nope-1', in the toy task set; pass one of: toy__bsearch-1"):
         toy_tasks(tmp_path, ids=["toy__nope-1"])
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from polar_env.errors import ConfigError
+from polar_env.tasks.sources import unknown_ids_message
 from polar_env.tasks.swe import SweTask
 from polar_env.tasks.toy import bsearch, calc, textkit
 from polar_env.tasks.toy.build import ToySource, build_toy_task
@@ -28,7 +30,7 @@ def toy_tasks(cache_dir: Path | None = None, ids: Iterable[str] | None = None) -
     wanted = list(TOY_SOURCES) if ids is None else list(ids)
     unknown = [i for i in wanted if i not in TOY_SOURCES]
     if unknown:
-        raise KeyError(f"unknown toy tasks {unknown}; known: {sorted(TOY_SOURCES)}")
+        raise ConfigError(unknown_ids_message(unknown, TOY_SOURCES, "the toy task set"))
     return [build_toy_task(TOY_SOURCES[i], root) for i in wanted]
 
 

@@ -1,0 +1,300 @@
+"""Preflight: what a pydantic validator cannot see, checked before any session or runtime starts.
+
+``rollout``, ``eval``, ``sft``, ``train`` and ``serve`` call one of the ``check_*`` functions first.
+Each problem is one ``ConfigError`` line, ``<what>, <where>; <how to fix>`` (the CLI prefixes
+``polar-env <cmd>: error:`` and exits 2), found in seconds instead of after every session has run
+through INIT and RUNNING to ERROR. Checked: the engine answers and serves the configured model; each
+harness is in the shared cache or its installer (npm, a venv-capable python) and node are present;
+each runtime is usable (bwrap can create its namespaces, a Docker daemon answers on its socket — never
+started here —, an apptainer binary exists); the tasks resolve; evaluator dependencies import.
+Names (builders, evaluators, harnesses) are validated where the config is built, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from polar_env.errors import ConfigError, EngineError, EngineHTTPError, EngineProtocolError
+
+if TYPE_CHECKING:
+    from polar_env.engines.config import EngineConfig
+    from polar_env.env import PolarEnvConfig
+    from polar_env.staging.job import RolloutJob
+    from polar_env.staging.models import TaskRequest
+
+ENGINE_WAIT_S = 2.0  # an engine still loading gets this long; a wrong URL is reported after it
+BWRAP_PROBE_TIMEOUT_S = 5.0
+DOCKER_PING_TIMEOUT_S = 2.0
+# Python modules an evaluator needs beyond the core install, with the extra that provides them.
+EVALUATOR_MODULES: dict[str, tuple[str, str]] = {"swebench": ("swebench", "swebench")}
+# RolloutJob / TaskRequest fields and the option that sets them.
+JOB_OPTIONS = {"samples": "--samples", "num_samples": "--samples", "limit": "--limit",
+               "early_stop_min_usable": "--early-stop", "pass_k": "-k", "tasks": "--tasks", "out": "--out"}
+
+
+def options_error(exc: ValidationError, options: dict[str, str] = JOB_OPTIONS) -> ConfigError:
+    """A pydantic error on values the user typed, as one line naming the option."""
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        option = options.get(field, f"--{field.replace('_', '-')}")
+        parts.append(f"{option} {err.get('input')!r}: {err['msg'].lower()}")
+    return ConfigError(f"invalid option {'; '.join(parts)}; see --help")
+
+
+def check_job_options(args: argparse.Namespace) -> None:
+    """The job's own options (``--samples``, ``--limit``, ``--early-stop``, ``-k``) against the
+    RolloutJob model's constraints, before the job (or the config) is built."""
+    from polar_env.staging.job import RolloutJob
+
+    values = {"samples": args.samples, "limit": args.limit, "early_stop_min_usable": args.early_stop}
+    if getattr(args, "k", None):
+        values["pass_k"] = args.k
+    try:
+        RolloutJob.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        raise options_error(exc) from None
+
+
+def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
+    """Tasks resolvable, then everything :func:`check_env` checks for them; returns the tasks."""
+    from polar_env.staging.job import load_tasks
+
+    try:
+        reqs = load_tasks(job)
+    except ValidationError as exc:  # --samples/--early-stop reach the TaskRequests here; anything else is a row's
+        if all(err["loc"] and str(err["loc"][0]) in JOB_OPTIONS for err in exc.errors()):
+            raise options_error(exc) from None
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))} {e.get('input')!r}: {e['msg'].lower()}" for e in exc.errors())
+        raise ConfigError(f"invalid task row ({fields}), in {job.tasks}; fix the row (fields as in TaskRequest)") from None
+    check_env(job.env, reqs, command)
+    return reqs
+
+
+def check_serve(config: PolarEnvConfig, host: str, port: int) -> None:
+    """``serve``: the task API's port is free, and the server's defaults work."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}), the task API (--host/--port); "
+                              "pick another --port, or stop the process that holds it") from None
+    check_env(config, [], "serve")
+
+
+def check_recipe(path: Path, overrides: dict[str, Any]) -> None:
+    """``train``: the recipe's pipeline (bwrap sandboxes, its evaluator) is usable."""
+    from polar_env.train.recipe import Recipe
+
+    recipe = Recipe.load(path, overrides)
+    if recipe.source == "polar_env":
+        check_runtime("sandbox")
+    check_evaluator(recipe.evaluator.name, f"recipe {path}")
+
+
+def check_env(env: PolarEnvConfig, reqs: Sequence[TaskRequest], command: str) -> None:
+    """Engine, harnesses, runtimes and evaluator dependencies of ``env`` and ``reqs``. On an existing
+    Ray cluster (``--ray-address``) the nodes may be other machines: what they need is not checked
+    from here (only the missing-evaluator warning is given)."""
+    if not env.ray_address:
+        check_node_side(env, reqs)
+    unevaluated = [r.task_id for r in reqs if r.evaluator is None]
+    if unevaluated:
+        warn(command, f"{len(unevaluated)} of {len(reqs)} task(s) have no evaluator ({_few(unevaluated)}), so every "
+             "session of theirs gets reward 0; pass --evaluator (e.g. output, session_completion) or give the rows "
+             "an 'evaluator'")
+
+
+def check_node_side(env: PolarEnvConfig, reqs: Sequence[TaskRequest]) -> None:
+    """What the nodes (on this machine) need: the engine, harnesses, runtimes, evaluator modules."""
+    asyncio.run(check_engine(env.engine))
+    harnesses = {r.agent.harness for r in reqs} if reqs else {env.harness}
+    for name in sorted(harnesses):
+        check_harness(name, env.harness_cache)
+    for kind in sorted({r.runtime.kind for r in reqs} if reqs else {env.runtime.kind}):
+        check_runtime(kind)
+    evaluators = {r.evaluator.name: r.task_id for r in reqs if r.evaluator is not None}
+    if env.evaluator is not None:
+        evaluators.setdefault(env.evaluator.name, "--evaluator")
+    for name, where in sorted(evaluators.items()):
+        check_evaluator(name, f"task {where}" if where != "--evaluator" else where)
+
+
+def warn(command: str, message: str) -> None:
+    print(f"polar-env {command}: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _few(items: Iterable[str], n: int = 3) -> str:
+    items = list(items)
+    return ", ".join(items[:n]) + (f", ... ({len(items)} in all)" if len(items) > n else "")
+
+
+# -- engine --------------------------------------------------------------------------------------
+
+
+async def check_engine(config: EngineConfig, wait_s: float = ENGINE_WAIT_S) -> None:
+    """An HTTP engine answers ``GET /v1/models`` within ``wait_s`` and serves ``config.model``
+    (vLLM: exactly; SGLang ignores the name); the embedded engine's files exist."""
+    if config.kind in ("embedded", "simulated"):
+        if config.model_dir is not None and not (Path(config.model_dir) / "config.json").is_file():
+            raise ConfigError(f"no HF model (config.json) in {config.model_dir}, --model-dir; give a Qwen3 folder "
+                              "(polar-env export-model writes one)")
+        if config.script is not None:
+            from polar_env.engines.config import _policy
+
+            try:
+                _policy(config.script)
+            except (TypeError, ValueError) as exc:  # a step with unknown keys
+                raise ConfigError(f"{config.script} is not a scripted policy ({exc}), --engine-script; see README "
+                                  "'Scripted policy' for the format") from None
+        return
+    from polar_env.engines.config import build_engine
+    from polar_env.engines.probe import choose_model, engine_urls, served_models
+
+    client = build_engine(config)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    where = getattr(client, "router_url", None) or getattr(client, "base_url", None) or str(config.url)
+    try:
+        while True:
+            try:
+                served: dict[str, list[str]] = {}
+                for where in await engine_urls(client):
+                    served[where] = await served_models(where, engine=client.name, timeout_s=max(0.5, wait_s))
+                break
+            except (EngineHTTPError, EngineProtocolError) as exc:
+                raise ConfigError(f"{where} does not answer like a {client.name} server ({exc.message}), --engine-url; "
+                                  "give the server's base URL, e.g. http://127.0.0.1:8000") from None
+            except EngineError as exc:
+                if loop.time() >= deadline:
+                    raise ConfigError(f"no {client.name} engine answers at {where} after {wait_s:g}s ({exc.message}), "
+                                      "--engine-url; start the engine first, or fix the URL") from None
+                await asyncio.sleep(0.25)
+    finally:
+        await client.aclose()
+    for url, models in served.items():
+        choose_model(config.model, models, url, strict=config.kind == "vllm")
+
+
+# -- harness -------------------------------------------------------------------------------------
+
+
+def check_harness(name: str, cache_dir: Path | None = None) -> None:
+    """The preset's binary is in the shared cache, or what installs it (npm / a python that makes
+    venvs) is here; an npm harness also needs node to run."""
+    from polar_env.harnesses import get_harness, install_hint, is_installed
+
+    if name == "loop":
+        return
+    spec = get_harness(name)
+    where = f"harness {spec.name}"
+    if spec.needs == "node" and shutil.which("node") is None:
+        raise ConfigError(f"node is not on PATH, needed by {where}; install Node.js (apt-get install -y nodejs npm)")
+    if is_installed(spec, cache_dir):
+        return
+    install = spec.install
+    if install.kind == "path":
+        raise ConfigError(f"{install.binary} is not an executable on PATH, {where}; {install_hint(spec)}")
+    if install.kind == "npm" and shutil.which("npm") is None:
+        raise ConfigError(f"{where} is not installed and npm is not on PATH to install it; install npm "
+                          f"(apt-get install -y npm) or run {install_hint(spec)} where npm is")
+    if install.kind == "pip" and importlib.util.find_spec("ensurepip") is None:
+        raise ConfigError(f"{where} is not installed and {sys.executable} cannot make the venv it goes in "
+                          f"(no ensurepip); apt-get install -y python3-venv, or run {install_hint(spec)}")
+
+
+# -- runtime -------------------------------------------------------------------------------------
+
+
+def check_runtime(kind: str) -> None:
+    if kind == "sandbox":
+        _check_bwrap()
+    elif kind == "docker":
+        _check_docker()
+    elif kind == "apptainer":
+        from polar_env.runtimes.apptainer import APPTAINER_INSTALL
+
+        hint = os.environ.get("POLAR_APPTAINER") or "apptainer"
+        if shutil.which(hint) is None:
+            raise ConfigError(f"no {hint!r} binary on PATH, runtime apptainer; {APPTAINER_INSTALL}, or use --runtime "
+                              "sandbox")
+
+
+def _check_bwrap() -> None:
+    from polar_env.runtimes.sandbox import BWRAP_INSTALL
+
+    bwrap = shutil.which(os.environ.get("POLAR_BWRAP") or "bwrap")
+    if bwrap is None:
+        raise ConfigError(f"bubblewrap (bwrap) is not on PATH, runtime sandbox; {BWRAP_INSTALL}, or use --runtime docker")
+    true = shutil.which("true") or "/bin/true"
+    # the namespaces every sandbox exec asks for (runtimes/sandbox.py bwrap_argv)
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--uid", "0", "--gid", "0", "--cap-drop", "ALL",
+            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", true]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BWRAP_PROBE_TIMEOUT_S, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"bwrap did not run ({exc}), runtime sandbox; check {bwrap}") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise ConfigError(f"bwrap cannot create its namespaces ({why}), runtime sandbox; allow unprivileged user "
+                          "namespaces (sysctl kernel.unprivileged_userns_clone=1; in a container: --privileged or a "
+                          "seccomp profile that permits clone/unshare), or use --runtime docker")
+
+
+def _check_docker() -> None:
+    from polar_env.runtimes.docker import docker_host
+
+    if importlib.util.find_spec("docker") is None:
+        raise ConfigError("the docker SDK is not installed, runtime docker; pip install -e '.[docker]'")
+    host = docker_host()
+    hint = "start dockerd (scripts/start_dockerd.sh prints the DOCKER_HOST to export), or fix DOCKER_HOST"
+    try:
+        if host.startswith("unix://"):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: Any = host[len("unix://"):]
+        elif host.startswith("tcp://"):
+            name, _, port = host[len("tcp://"):].rstrip("/").rpartition(":")
+            s, address = socket.socket(), (name, int(port))
+        else:
+            return  # ssh:// and friends: the SDK's business
+        with s:
+            s.settimeout(DOCKER_PING_TIMEOUT_S)
+            s.connect(address)
+            s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            answer = s.recv(4096)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"no Docker daemon answers at {host} ({getattr(exc, 'strerror', None) or exc}), runtime docker; "
+                          f"{hint}") from None
+    if b" 200 " not in answer.split(b"\r\n", 1)[0]:
+        raise ConfigError(f"{host} does not answer like a Docker daemon ({answer[:80]!r}), runtime docker; {hint}")
+
+
+# -- evaluator -----------------------------------------------------------------------------------
+
+
+def check_evaluator(name: str, where: str) -> None:
+    """The evaluator's own dependencies import (its name is validated with the config)."""
+    module, extra = EVALUATOR_MODULES.get(name, (name.partition(":")[0] if ":" in name else "", ""))
+    if not module:
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        fix = f"pip install -e '.[{extra}]'" if extra else f"install the package that provides {module}"
+        raise ConfigError(f"evaluator {name} needs the Python module {module}, which does not import, {where}; {fix}")

@@ -1,0 +1,282 @@
+"""Preflight and option typos (issue 16, findings 1 and 7): each mistake is one line on stderr and
+exit code 2, in seconds, before any session, runtime or output folder exists. Before preflight an
+unreachable --engine-url ran every session to ERROR (25 s for one session, 16 repeated stderr
+lines; 38-59 s and 72 lines for the default six) and exited 1; the typos gave tracebacks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_vllm import MODEL
+
+from polar_env import preflight
+from polar_env.cli import main
+from polar_env.staging.job import RolloutJob
+from tests.conftest import require_bwrap
+
+SIMULATED = ["--engine", "simulated", "--harness", "loop", "--no-progress"]
+
+
+def plain_tasks(folder: Path) -> list[str]:
+    """A task file without the toy set (whose first build runs git), for checks that are not about tasks."""
+    path = folder / "plain.jsonl"
+    path.write_text(json.dumps({"task_id": "echo", "instruction": "run echo hi",
+                                "evaluator": {"name": "output", "regex": "hi"}}) + "\n")
+    return ["--tasks", str(path)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_line(capsys: pytest.CaptureFixture[str], argv: list[str], *expected: str, within_s: float = 6.0) -> str:
+    started = time.monotonic()
+    rc = main(argv)
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert rc == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and len(errors) == 1, err
+    assert errors[0].startswith(f"polar-env {argv[0]}: error: "), err
+    for text in expected:
+        assert text in errors[0], errors[0]
+    assert elapsed < within_s, f"{elapsed:.1f}s to report: {errors[0]}"
+    return errors[0]
+
+
+def test_unreachable_engine_is_one_line_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for command in ("rollout", "eval", "sft"):
+        out = tmp_path / command
+        one_line(capsys, [command, "--engine-url", dead, *plain_tasks(tmp_path), "--out", str(out), "--no-progress"],
+                 f"no vllm engine answers at {dead} after 2s", "--engine-url", "start the engine first")
+        assert not out.exists(), "preflight must run before the output folder is made"
+
+
+def test_serve_refuses_an_unreachable_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_line(capsys, ["serve", "--local", "--port", str(free_port()), "--store", str(tmp_path / "s"),
+                      "--engine-url", f"http://127.0.0.1:{free_port()}"], "no vllm engine answers", "--engine-url")
+
+
+def test_engine_serving_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:
+    one_line(capsys, ["rollout", "--engine-url", fake_vllm, "--served-model-name", "qwen3-typo", *plain_tasks(tmp_path),
+                      "--out", str(tmp_path / "o")], f"serves ['{MODEL}'], not 'qwen3-typo'", f"--served-model-name {MODEL}")
+
+
+def test_engine_check_passes_for_a_serving_engine(fake_vllm: str) -> None:
+    import asyncio
+
+    from polar_env.engines.config import EngineConfig
+
+    asyncio.run(preflight.check_engine(EngineConfig(kind="vllm", url=fake_vllm, model=MODEL)))
+
+
+def test_not_an_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:
+    one_line(capsys, ["rollout", "--engine-url", f"{fake_vllm}/v1/chat", "--served-model-name", MODEL,
+                      *plain_tasks(tmp_path), "--out", str(tmp_path / "o")], "does not answer like a vllm server", "base URL")
+
+
+def test_bwrap_missing_or_without_namespaces(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLAR_BWRAP", str(tmp_path / "no-bwrap"))
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--out", str(tmp_path / "o")], "bwrap", "not on PATH",
+             "apt-get install")
+    # /bin/false stands in for a bwrap whose namespaces the kernel refuses (same exit, no sandbox)
+    monkeypatch.setenv("POLAR_BWRAP", "/bin/false")
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--out", str(tmp_path / "o")], "bwrap cannot create its namespaces",
+             "user namespaces")
+
+
+def test_real_bwrap_passes() -> None:
+    require_bwrap()
+    preflight.check_runtime("sandbox")
+
+
+class FakeDockerd:
+    """A unix socket answering ``GET /_ping`` (a named test double for the daemon's socket)."""
+
+    def __init__(self, path: Path, answer: bytes) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(4)
+        self.answer = answer
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(self.answer)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:  # unix socket paths must stay under 108 bytes
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pf") as d:
+        yield Path(d)
+
+
+def test_docker_daemon_absent_is_detected_not_started(short_tmp: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("docker")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{short_tmp / 'docker.sock'}")
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(short_tmp), "--runtime", "docker", "--out", str(short_tmp / "o")],
+             "no Docker daemon answers at unix://", "runtime docker", "start dockerd")
+    assert not (short_tmp / "docker.sock").exists()
+    FakeDockerd(short_tmp / "docker.sock", b"HTTP/1.1 404 Not Found\r\n\r\n")
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(short_tmp), "--runtime", "docker", "--out", str(short_tmp / "o")],
+             "does not answer like a Docker daemon")
+
+
+def test_docker_ping_ok_passes(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("docker")
+    FakeDockerd(short_tmp / "d.sock", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{short_tmp / 'd.sock'}")
+    preflight.check_runtime("docker")
+
+
+def test_apptainer_binary_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLAR_APPTAINER", "no-such-apptainer")
+    one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--runtime", "apptainer", "--out", str(tmp_path / "o")],
+             "no 'no-such-apptainer' binary on PATH", "runtime apptainer")
+
+
+def test_harness_not_installable(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty harness cache and a PATH with node but no npm: pi can be neither found nor installed."""
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "node").symlink_to(node)
+    monkeypatch.setenv("POLAR_HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    tasks = plain_tasks(tmp_path)
+    one_line(capsys, ["rollout", "--engine", "simulated", "--harness", "pi", "--no-progress", *tasks, "--out", str(tmp_path / "o")],
+             "harness pi is not installed and npm is not on PATH", "install_harnesses.sh pi")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    one_line(capsys, ["rollout", "--engine", "simulated", "--harness", "pi", "--no-progress", *tasks, "--out", str(tmp_path / "o")],
+             "node is not on PATH, needed by harness pi")
+
+
+def test_evaluator_dependency_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"task_id": "t1", "instruction": "x",
+                                 "evaluator": {"name": "polar_no_such_pkg.grading:grade"}}) + "\n")
+    one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--out", str(tmp_path / "o")],
+             "evaluator polar_no_such_pkg.grading:grade needs the Python module polar_no_such_pkg", "task t1")
+
+
+def test_swebench_evaluator_needs_swebench(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swebench" else real(name, *a))
+    with pytest.raises(preflight.ConfigError, match=r"evaluator swebench needs .* pip install -e '\.\[swebench\]'"):
+        preflight.check_evaluator("swebench", "task toy__calc-1")
+
+
+def test_task_without_evaluator_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    require_bwrap()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"t{i}", "instruction": "x"}) + "\n" for i in range(2)))
+    job = RolloutJob.model_validate({"env": {"engine": {"kind": "simulated"}, "harness": "loop"}, "tasks": str(tasks)})
+    preflight.check_job(job, "rollout")
+    err = capsys.readouterr().err
+    assert err.strip() == ("polar-env rollout: warning: 2 of 2 task(s) have no evaluator (t0, t1), so every session of "
+                           "theirs gets reward 0; pass --evaluator (e.g. output, session_completion) or give the rows "
+                           "an 'evaluator'")
+
+
+def test_happy_path_preflight_is_fast() -> None:
+    """The default job (toy tasks, pi, bwrap sandbox, swebench) passes in well under 5 s when its
+    prerequisites are here (figures: scripts/bench_preflight.py)."""
+    require_bwrap()
+    from polar_env.harnesses import get_harness, is_installed
+
+    if not is_installed(get_harness("pi")):
+        pytest.skip("pi is not installed")
+    started = time.monotonic()
+    reqs = preflight.check_job(RolloutJob(), "rollout")
+    assert len(reqs) == 3 and time.monotonic() - started < 5
+
+
+# -- typos (finding 7) -----------------------------------------------------------------------------
+
+
+def test_unknown_task_id_names_the_closest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_line(capsys, ["rollout", *SIMULATED, "--task-id", "toy__nope", "--task-id", "toy__calc1",
+                             "--out", str(tmp_path / "o")], "unknown --task-id 'toy__nope'; 'toy__calc1' (closest: toy__calc-1)",
+                    "pass one of: toy__bsearch-1, toy__calc-1, toy__textkit-1")
+    assert "Traceback" not in line
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"task_id": "echo-1", "instruction": "x"}) + "\n")
+    one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--task-id", "echo1", "--out", str(tmp_path / "o")],
+             "unknown --task-id 'echo1' (closest: echo-1)", f"in {tasks}")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--samples", "0"], "invalid option --samples 0: input should be greater than or equal to 1"),
+    (["--limit", "0"], "invalid option --limit 0"),
+    (["--early-stop", "0"], "invalid option --early-stop 0"),
+    (["--evaluator", "{bad json"], "--evaluator '{bad json' is not an evaluator name or JSON spec"),
+])
+def test_option_typos_are_one_line(argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("rollout", "sft"):
+        one_line(capsys, [command, *SIMULATED, *argv, "--out", str(tmp_path / "o")], expected)
+    assert not (tmp_path / "o").exists()
+
+
+def test_eval_k_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_line(capsys, ["eval", *SIMULATED, "-k", "0", "--out", str(tmp_path / "o")], "invalid option -k 0")
+
+
+def test_serve_on_a_port_in_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        one_line(capsys, ["serve", "--local", "--port", str(port), "--store", str(tmp_path / "s"), *SIMULATED[:4]],
+                 f"cannot listen on 127.0.0.1:{port}", "pick another --port, or stop the process that holds it")
+    assert not (tmp_path / "s").exists()
+
+
+def test_train_recipe_needs_its_runtime(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpu_grpo_toy.yaml"
+    if not recipe.exists():
+        pytest.skip("no recipes/cpu_grpo_toy.yaml")
+    monkeypatch.setenv("POLAR_BWRAP", str(tmp_path / "no-bwrap"))
+    one_line(capsys, ["train", str(recipe), "--out-dir", str(tmp_path / "run")], "bwrap", "runtime sandbox")
+    assert not (tmp_path / "run").exists()
+
+
+def test_remote_ray_cluster_skips_node_side_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --ray-address the nodes may be other machines: a missing local bwrap is not a refusal."""
+    from polar_env.env import PolarEnvConfig
+
+    monkeypatch.setenv("POLAR_BWRAP", str(tmp_path / "no-bwrap"))
+    preflight.check_env(PolarEnvConfig(harness="loop", ray=True, ray_address="ray://10.0.0.1:10001"), [], "serve")
+    with pytest.raises(preflight.ConfigError, match="bwrap"):
+        preflight.check_env(PolarEnvConfig(harness="loop"), [], "serve")
+
+
+def test_a_bad_task_row_is_named_as_a_row_not_an_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = tmp_path / "rows.jsonl"
+    tasks.write_text(json.dumps({"task_id": "t", "instruction": "x", "timeout_s": -1}) + "\n")
+    one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--out", str(tmp_path / "o")],
+             "invalid task row (timeout_s -1: input should be greater than 0)", f"in {tasks}")
