@@ -12,20 +12,15 @@ import enum
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.records import FailureKind, ProviderAPI, Trajectory
+from polar_env.records import SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
 from polar_env.runtimes.base import RuntimeSpec
 
-
-class SessionStatus(enum.StrEnum):
-    """How a session ended. Every session ends in exactly one of these, and always after POSTRUN."""
-
-    COMPLETED = "completed"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    CANCELLED = "cancelled"
+SessionStatus = Status
+"""How a session ended: the records' one ``Status`` vocabulary (completed, timeout, error, cancelled;
+never ``truncated``, which is a trace's finish). Every session ends in exactly one, after POSTRUN."""
 
 
 class Stage(enum.StrEnum):
@@ -95,9 +90,11 @@ class SessionSpec(BaseModel):
 
 
 class SessionResult(BaseModel):
-    """What a node reports for one session. ``trajectory`` is None only when nothing could be built
-    (e.g. the runtime never started); a timed-out, crashed or cancelled session still carries
-    whatever was captured."""
+    """What a node reports for one session: every exit path (INIT failure, agent timeout, harness or
+    engine failure, limit hit, evaluator or build failure, cancellation, a dead node) gives one, with
+    ``failure_kind`` set whenever ``status`` is not completed, and always a ``trajectory`` (with no
+    traces when nothing was captured), so every GRPO group has ``num_samples`` rows. ``mask`` is the
+    one flag a trainer drops a sample by (``polar_env.records.masked``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -109,15 +106,42 @@ class SessionResult(BaseModel):
     status: SessionStatus
     reward: float = 0.0
     evaluation: dict[str, Any] = Field(default_factory=dict)
-    trajectory: Trajectory | None = None
+    trajectory: Trajectory
     stage_times: dict[str, float] = Field(default_factory=dict)  # stage name -> epoch seconds entered
     records: int = 0  # captured engine calls
     harness_exit_code: int | None = None
-    error: str | None = None
     limits: dict[str, Any] = Field(default_factory=dict)  # per limit: value, mechanism; which was hit
     failure_kind: FailureKind | None = None  # None: completed and evaluated
     failure_detail: str | None = None  # free text for people; trainers read failure_kind
     mask: bool = False  # True: a trainer should drop this sample from the loss
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete(cls, data: Any) -> Any:
+        """Old sessions.jsonl rows said ``error`` for ``failure_detail``; a result built with no
+        trajectory gets the empty one its row needs."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "error" in data:
+            error = data.pop("error")
+            data.setdefault("failure_detail", error)
+        if data.get("trajectory") is None and "session_id" in data:
+            data["trajectory"] = Trajectory(
+                session_id=data["session_id"], traces=[], reward=data.get("reward", 0.0),
+                status=data.get("status", Status.ERROR), failure_kind=data.get("failure_kind"),
+                failure_detail=data.get("failure_detail"), mask=True, group_id=data.get("group_id"),
+                sample_index=data.get("sample_index"))
+        return data
+
+    @model_validator(mode="after")
+    def _typed(self) -> SessionResult:
+        if self.status not in SESSION_STATUSES:
+            raise ValueError(f"a session ends {sorted(SESSION_STATUSES)}, not {self.status.value!r}")
+        if (self.status is Status.COMPLETED) != (self.failure_kind is None):
+            raise ValueError(f"session {self.session_id}: status {self.status.value} with failure_kind "
+                             f"{self.failure_kind}: a failure_kind is set exactly when the session did not complete")
+        return self
 
     @property
     def usable(self) -> bool:

@@ -53,11 +53,12 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         if not console.is_terminal:
             console = Console(width=160)  # a log file or pipe: do not squeeze the table to 80 columns
     table = Table(title="sessions", header_style="bold")
-    for col in ("session", "status", "reward", "calls", "traces", "init s", "running s", "postrun s", "reason / error"):
+    for col in ("session", "status", "reward", "calls", "traces", "init s", "running s", "postrun s", "reason / failure"):
         table.add_column(col)
     for row in report["session_rows"]:
         st = row["stage_s"]
-        why = row["error"] or row["reason"] or ""
+        failure = f"{row['failure_kind']}: {row['failure_detail']}" if row.get("failure_kind") else None
+        why = failure or row["reason"] or ""
         table.add_row(row["session_id"], row["status"], f"{row['reward']:.2f}", str(row["records"]), str(row["traces"]),
                       f"{st.get('init', 0):.2f}", f"{st.get('running', 0):.2f}", f"{st.get('postrun', 0):.2f}",
                       why[:70])

@@ -369,7 +369,8 @@ class _CancellableEnv:
         gate = self._gate[overrides["group_id"]] = asyncio.Event()
         self.started.set()
         await gate.wait()
-        result = SimpleNamespace(status="cancelled", reward=0.0, trajectory=None, evaluation={}, error="cancelled")
+        result = SimpleNamespace(status="cancelled", reward=0.0, trajectory=None, evaluation={}, mask=True,
+                                 failure_kind="cancelled", failure_detail="cancelled")
         return SimpleNamespace(results=[result])
 
 
