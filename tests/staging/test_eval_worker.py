@@ -57,7 +57,7 @@ async def _run(node_config: Any, evaluator: EvaluatorSpec) -> Any:
     finally:
         await server.aclose()
     (result,) = status.results
-    assert result.status is SessionStatus.COMPLETED, result.error
+    assert result.status is SessionStatus.COMPLETED, result.failure_detail
     return result
 
 
