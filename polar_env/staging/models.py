@@ -127,11 +127,7 @@ class SessionResult(BaseModel):
             error = data.pop("error")
             data.setdefault("failure_detail", error)
         if data.get("trajectory") is None and "session_id" in data:
-            data["trajectory"] = Trajectory(
-                session_id=data["session_id"], traces=[], reward=data.get("reward", 0.0),
-                status=data.get("status", Status.ERROR), failure_kind=data.get("failure_kind"),
-                failure_detail=data.get("failure_detail"), mask=True, group_id=data.get("group_id"),
-                sample_index=data.get("sample_index"))
+            data["trajectory"] = empty_trajectory(data)
         return data
 
     @model_validator(mode="after")
@@ -152,6 +148,14 @@ class SessionResult(BaseModel):
         """Seconds spent in each stage, from the transition timestamps."""
         order = [s.value for s in Stage if s.value in self.stage_times]
         return {a: round(self.stage_times[b] - self.stage_times[a], 4) for a, b in zip(order, order[1:], strict=False)}
+
+
+def empty_trajectory(result: dict[str, Any]) -> Trajectory:
+    """The row of a session that captured nothing: no traces, masked, with the result's outcome."""
+    return Trajectory(session_id=result["session_id"], traces=[], reward=result.get("reward", 0.0),
+                      status=result.get("status", Status.ERROR), failure_kind=result.get("failure_kind"),
+                      failure_detail=result.get("failure_detail"), mask=True, group_id=result.get("group_id"),
+                      sample_index=result.get("sample_index"))
 
 
 class TaskState(enum.StrEnum):

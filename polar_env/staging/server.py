@@ -242,10 +242,11 @@ class RolloutServer:
     def _error_result(spec: SessionSpec, node_id: str, detail: str) -> SessionResult:
         """The result of a session its node could not run (it died, failed, or none was left): an
         ERROR ``node_lost`` with an empty trajectory, so the group keeps its size."""
-        return SessionResult(session_id=spec.session_id, task_id=spec.request.task_id, group_id=spec.group_id,
-                             sample_index=spec.sample_index, node_id=node_id, status=SessionStatus.ERROR,
-                             failure_kind=FailureKind.NODE_LOST, failure_detail=detail, mask=True,
-                             stage_times={"done": time.time()})
+        return SessionResult.model_validate({  # no trajectory given: the empty, masked row (models.py)
+            "session_id": spec.session_id, "task_id": spec.request.task_id, "group_id": spec.group_id,
+            "sample_index": spec.sample_index, "node_id": node_id, "status": SessionStatus.ERROR,
+            "failure_kind": FailureKind.NODE_LOST, "failure_detail": detail, "mask": True,
+            "stage_times": {"done": time.time()}})
 
     def _least_loaded(self) -> NodeHandle | None:
         live = [n for n in self.nodes if n.node_id not in self.dead]

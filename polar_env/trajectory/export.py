@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from polar_env.errors import ConfigError
-from polar_env.records import Trajectory
+from polar_env.records import Trace, Trajectory
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: Path) -> int:
@@ -38,7 +38,7 @@ def trace_rows(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
         meta = traj.metadata
         group_id = traj.group_id if traj.group_id is not None else meta.get("group_id")
         sample_index = traj.sample_index if traj.sample_index is not None else meta.get("sample_index")
-        traces = list(enumerate(traj.traces)) or [(-1, None)]  # no traces: still the session's row
+        traces: list[tuple[int, Trace | None]] = [*enumerate(traj.traces)] or [(-1, None)]  # no traces: still a row
         for index, trace in traces:
             rows.append({
                 "session_id": traj.session_id, "trace_index": index,
