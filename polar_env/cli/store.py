@@ -13,11 +13,11 @@ from polar_env.errors import ConfigError
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.proxy.capture import CaptureStore
-    from polar_env.trajectory.reader import build_trajectories
+    from polar_env.trajectory.reader import all_session_ids, build_trajectories
 
     root = existing_dir(args.store, "--store", "pass the folder polar-env gateway --store wrote")
     store = CaptureStore(root)
-    known = store.session_ids()
+    known = all_session_ids(store)  # journals, and rollout sessions that ended before their first call
     if not known:
         raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); pass the folder polar-env gateway --store wrote")
     unknown = [s for s in args.session or () if s not in known]
@@ -35,7 +35,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         for traj in trajectories:
             stats = traj.metadata.get("stats", {})
-            print(f"{traj.session_id}: {traj.status.value} {json.dumps(stats or traj.metadata)}")
+            failure = f" ({traj.failure_kind.value}{', masked' if traj.mask else ''})" if traj.failure_kind else ""
+            print(f"{traj.session_id}: {traj.status.value}{failure} {json.dumps(stats or traj.metadata)}")
             if out is not None:
                 out.write(traj.to_json() + b"\n")
     finally:

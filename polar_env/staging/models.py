@@ -181,9 +181,13 @@ class TaskStatus(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
+        kinds: dict[str, int] = {}
         for r in self.results:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
+            if r.failure_kind is not None:
+                kinds[r.failure_kind.value] = kinds.get(r.failure_kind.value, 0) + 1
         rewards = [r.reward for r in self.results]
         return {"task_id": self.task_id, "group_id": self.group_id, "state": self.state.value,
                 "done": len(self.results), "num_samples": self.num_samples, "statuses": counts,
+                "failure_kinds": kinds, "masked": sum(r.mask for r in self.results),
                 "mean_reward": sum(rewards) / len(rewards) if rewards else None}
