@@ -9,7 +9,8 @@ evaluates (only a session whose agent finished; one that grades in a fresh runti
 evaluation worker process, ``eval_worker.py``, which also pre-warms that runtime), attaches
 reward and provenance, and stops every runtime.
 Failures are data here: ``run_session`` returns a ``SessionResult`` and never raises, except when
-the node itself is shutting down.
+the node itself is shutting down. Every exit path names its ``FailureKind`` (``Run.fail``), and the
+result always carries a trajectory, empty when nothing was captured, so groups stay whole.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from polar_env.errors import PolarError
 from polar_env.evaluators import (
     EvalContext,
     EvalResult,
@@ -207,8 +209,10 @@ def _explain_failure(node: GatewayNode, run: Run) -> None:
         run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
         return
     if run.failure_kind in (FailureKind.HARNESS_ERROR, FailureKind.AGENT_TIMEOUT):
-        session = node.session(run.spec.session_id)
-        errors = int(getattr(session, "errors", 0) or 0)
+        try:
+            errors = int(node.session(run.spec.session_id).errors)  # engine errors (and aborts) it was answered
+        except PolarError:  # not registered (cannot happen after INIT): nothing to explain
+            errors = 0
         if errors:
             run.fail(SessionStatus.ERROR, FailureKind.ENGINE_ERROR,
                      f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
@@ -278,6 +282,7 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
             hit = getattr(run.runtime, "limit_hit", None)
             if hit is not None:  # the agent's diff ran past patch_mb: the policy's doing, not the grader's
                 run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
+                reward = 0.0
             elif result.status is Status.TIMEOUT:
                 run.fail(SessionStatus.TIMEOUT, FailureKind.EVALUATION_TIMEOUT, f"evaluation: {result.report.get('reason')}")
             elif result.status is Status.ERROR:
