@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.records import SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
+from polar_env.records import MASKED_KINDS, SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
 from polar_env.runtimes.base import RuntimeSpec
 
 SessionStatus = Status
@@ -118,14 +118,20 @@ class SessionResult(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _complete(cls, data: Any) -> Any:
-        """Old sessions.jsonl rows said ``error`` for ``failure_detail``; a result built with no
-        trajectory gets the empty one its row needs."""
+        """Old sessions.jsonl rows said ``error`` for ``failure_detail`` and had no kind (one is
+        inferred from their status and text); a result built with no trajectory gets the empty one
+        its row needs."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
         if "error" in data:
             error = data.pop("error")
             data.setdefault("failure_detail", error)
+            if data.get("failure_kind") is None and "status" in data:
+                from polar_env.trajectory.outcome import legacy_failure_kind
+
+                data["failure_kind"] = legacy_failure_kind(Status(data["status"]), data.get("failure_detail"))
+                data.setdefault("mask", data["failure_kind"] is not None and data["failure_kind"] in MASKED_KINDS)
         if data.get("trajectory") is None and "session_id" in data:
             data["trajectory"] = empty_trajectory(data)
         return data

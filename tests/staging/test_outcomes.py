@@ -214,3 +214,7 @@ def test_a_session_result_without_a_kind_or_a_trajectory() -> None:
                                         "failure_kind": "agent_timeout"})
     assert old.failure_detail == "agent exceeded 1 s" and old.trajectory.traces == [] and old.trajectory.mask
     assert (old.trajectory.group_id, old.trajectory.sample_index) == ("g", 3)
+    older = SessionResult.model_validate({**base, "status": "error", "error": "INIT failed: RuntimeError: no bwrap"})
+    assert older.failure_kind is FailureKind.INIT_ERROR and older.mask  # written before kinds existed
+    done = SessionResult.model_validate({**base, "status": "completed", "error": None, "reward": 1.0})
+    assert done.failure_kind is None and done.failure_detail is None
