@@ -309,9 +309,8 @@ class RolloutServer:
         return list(await asyncio.gather(*(n.update_weights(source, version) for n in live)))
 
     async def aclose(self) -> None:
-        for task in self.tasks.values():
-            if task.runner is not None and not task.runner.done():
-                await self._cancel_stragglers(task)
+        """Stop the nodes: each cancels what still runs (those sessions end ``interrupted``, not
+        ``cancelled``: nobody asked for them to go, and a resumed job runs them again)."""
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
         if self._http is not None:
             await self._http.close()

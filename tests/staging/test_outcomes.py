@@ -218,3 +218,17 @@ def test_a_session_result_without_a_kind_or_a_trajectory() -> None:
     assert older.failure_kind is FailureKind.INIT_ERROR and older.mask  # written before kinds existed
     done = SessionResult.model_validate({**base, "status": "completed", "error": None, "reward": 1.0})
     assert done.failure_kind is None and done.failure_detail is None
+
+
+async def test_closing_the_server_interrupts_what_still_runs(node_config) -> None:  # type: ignore[no-untyped-def]
+    node = await started(FakeRuntimeNode(node_config(), exec_s=30.0))  # the tool calls hang
+    server = RolloutServer([LocalNode(node)])
+    status = server.submit(loop_task(2))
+    for _ in range(300):
+        if len(node.made) == 2 and all(rt.commands for rt in node.made):
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(server.aclose(), 30)  # the job stops (PolarEnv's exit, Ctrl-C)
+    await asyncio.wait_for(server.tasks[status.group_id].done.wait(), 10)
+    assert [r.failure_kind for r in status.results] == [FailureKind.INTERRUPTED] * 2
+    assert all(r.status is SessionStatus.CANCELLED and r.mask and r.trajectory.traces for r in status.results)
