@@ -29,6 +29,8 @@ def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build trajectories from a capture store; print per-session stats, optionally write JSONL."""
+    from polar_env.trajectory.reader import unbuilt
+
     out_path = file_to_write(args.out, "--out") if args.out else None
     trajectories = _trajectories(args)
     out = open(out_path, "wb") if out_path else None  # noqa: SIM115
@@ -42,7 +44,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     finally:
         if out is not None:
             out.close()
-    return 0 if all(t.status.value != "error" for t in trajectories) else 1
+    return 1 if any(unbuilt(t) for t in trajectories) else 0  # failed sessions are data; unbuilt journals are not
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -51,12 +53,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     trajectories = _trajectories(args)
     from polar_env.engines.embedded.model import ModelSpec, build_model, load_model
     from polar_env.trajectory.fidelity import verify
+    from polar_env.trajectory.reader import unbuilt
 
     model = load_model(folder) if folder else build_model(ModelSpec(seed=args.seed))
     worst, tokens, failed = 0.0, 0, []
     for traj in trajectories:
-        if traj.status.value == "error":
-            print(f"{traj.session_id}: not checked, its trajectory is an error: {traj.metadata.get('error', traj.metadata)}")
+        if unbuilt(traj):
+            why = traj.failure_detail or traj.metadata.get("error", traj.metadata)
+            print(f"{traj.session_id}: not checked, its trajectory is an error: {why}")
             failed.append(traj.session_id)
             continue
         report = verify([traj], model)

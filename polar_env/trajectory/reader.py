@@ -12,7 +12,7 @@ from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
 from polar_env.proxy.capture import CaptureStore
-from polar_env.records import Trajectory
+from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS, Builder
 from polar_env.trajectory.checks import error_trajectory
 from polar_env.trajectory.outcome import RESULT_SUFFIX, read_outcome, with_outcome
@@ -41,6 +41,12 @@ def build_session(store: CaptureStore, session_id: str, build: Builder) -> Traje
     if meta is not None:
         trajectory.metadata["session"] = meta["metadata"]
     return with_outcome(trajectory, outcome) if outcome is not None else trajectory
+
+
+def unbuilt(traj: Trajectory) -> bool:
+    """The journal could not be read or built (a session that failed otherwise still built its
+    trajectory, possibly empty: its calls can be checked and trained by its mask)."""
+    return traj.failure_kind is FailureKind.BUILD_ERROR or (traj.status is Status.ERROR and traj.failure_kind is None)
 
 
 def all_session_ids(store: CaptureStore) -> list[str]:

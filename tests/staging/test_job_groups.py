@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from polar_env.cli import main
 from polar_env.engines.config import EngineConfig
 from polar_env.engines.simulated import SimulatedEngine
 from polar_env.env import PolarEnvConfig
@@ -67,3 +68,12 @@ def test_group_size_matches_samples_with_a_failing_session(tmp_path: Path) -> No
     assert sorted(r["sample_index"] for r in table) == [0, 1, 2]  # one trace each, the failed one a placeholder row
     (empty,) = [r for r in table if r["trace_index"] == -1]
     assert empty["mask"] is True and empty["failure_kind"] == "engine_error" and empty["response_ids"] == []
+    # polar-env build of the run's store gives the same complete group (the failed session made no call:
+    # it has no journal, only its outcome) and succeeds: a failed session is data, not a build failure
+    rebuilt = tmp_path / "rebuilt.jsonl"
+    assert main(["build", "--store", str(run / "capture" / "node-0"), "--out", str(rebuilt)]) == 0
+    again = {t.session_id: t for t in read_jsonl(rebuilt)}
+    assert set(again) == {t.session_id for t in trajectories}
+    for t in trajectories:
+        assert (again[t.session_id].failure_kind, again[t.session_id].mask, again[t.session_id].status) == (
+            t.failure_kind, t.mask, t.status)
