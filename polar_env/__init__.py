@@ -21,12 +21,14 @@ from polar_env.records import (
     AssistantMessage,
     ChatRequest,
     CompletionRecord,
+    FailureKind,
     Generation,
     ProviderAPI,
     Status,
     ToolCall,
     Trace,
     Trajectory,
+    masked,
 )
 
 __version__ = "0.1.0"
@@ -86,6 +88,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "FailureKind",
     "Generation",
     "PolarError",
     "ProviderAPI",
@@ -94,4 +97,5 @@ __all__ = [
     "ToolCall",
     "Trace",
     "Trajectory",
+    "masked",
 ]

@@ -26,13 +26,27 @@ class ProviderAPI(enum.StrEnum):
 
 
 class Status(enum.StrEnum):
-    """Outcome of a trace, trajectory or rollout."""
+    """The one outcome vocabulary of sessions, trajectories, traces, evaluations and exports.
+
+    A session (and its trajectory) ends ``completed``, ``timeout``, ``error`` or ``cancelled``
+    (``SESSION_STATUSES``); why it did not complete is its ``FailureKind``. ``truncated`` is a trace's
+    finish, never a session's: the trace's last call stopped at the token cap or the builder cut the
+    chain there (slime's ``Sample.Status.TRUNCATED``); the session it belongs to still completed.
+    Files written before this vocabulary said ``aborted`` for ``cancelled``: they load as ``cancelled``.
+    """
 
     COMPLETED = "completed"
     TRUNCATED = "truncated"
     TIMEOUT = "timeout"
     ERROR = "error"
-    ABORTED = "aborted"
+    CANCELLED = "cancelled"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Status | None:
+        return cls.CANCELLED if value == "aborted" else None  # old journals, trajectory and outcome files
+
+
+SESSION_STATUSES = frozenset({Status.COMPLETED, Status.TIMEOUT, Status.ERROR, Status.CANCELLED})
 
 
 class FailureKind(enum.StrEnum):
@@ -41,14 +55,35 @@ class FailureKind(enum.StrEnum):
 
     AGENT_TIMEOUT = "agent_timeout"  # the harness ran past the task's timeout_s
     HARNESS_ERROR = "harness_error"  # the harness exited non-zero or could not be launched
-    INIT_ERROR = "init_error"  # the runtime or the harness install failed before RUNNING
-    ENGINE_ERROR = "engine_error"  # the engine failed or was unreachable
+    INIT_ERROR = "init_error"  # the runtime or the harness install failed (or timed out) before RUNNING
+    ENGINE_ERROR = "engine_error"  # the engine failed or was unreachable (the gateway answered errors)
     LIMIT_EXCEEDED = "limit_exceeded"  # a RuntimeSpec limit (pids, memory, disk, output, patch) was hit
     EVALUATOR_ERROR = "evaluator_error"  # grading itself failed (not a wrong fix: that is reward 0)
+    EVALUATION_TIMEOUT = "evaluation_timeout"  # grading ran past its timeout (the agent's change can hang the tests)
     BUILD_ERROR = "build_error"  # the captured calls could not be built into a trajectory
-    CANCELLED = "cancelled"  # the trainer or the task API cancelled it (e.g. slime's abort)
-    INTERRUPTED = "interrupted"  # the job was stopped (SIGINT/SIGTERM); --resume runs it again
-    NODE_LOST = "node_lost"  # the gateway node died; rebuilt from its store
+    CANCELLED = "cancelled"  # the trainer or the task API cancelled it (e.g. slime's abort, early stop)
+    INTERRUPTED = "interrupted"  # the job was stopped (SIGINT/SIGTERM, node shutdown); --resume runs it again
+    NODE_LOST = "node_lost"  # the gateway node died or failed; rebuilt from its store
+
+
+MASKED_KINDS = frozenset({
+    FailureKind.INIT_ERROR, FailureKind.ENGINE_ERROR, FailureKind.EVALUATOR_ERROR, FailureKind.BUILD_ERROR,
+    FailureKind.CANCELLED, FailureKind.INTERRUPTED, FailureKind.NODE_LOST,
+})
+"""Failures that say nothing about the policy: the environment failed or the run was not finished."""
+
+
+def masked(kind: FailureKind | None, trainable_tokens: int) -> bool:
+    """The one rule for ``mask`` (a trainer drops the sample from the loss; slime ``remove_sample``,
+    NeMo Gym ``mask_sample``): nothing sampled to train on, or a failure in ``MASKED_KINDS``.
+
+    Not masked, trained with their (zero) reward: ``agent_timeout``, ``harness_error``,
+    ``limit_exceeded`` and ``evaluation_timeout`` with captured tokens. Each is the policy's own
+    doing (it ran too long, broke its harness, exhausted its sandbox, made the tests hang); masking
+    them would let the policy escape a zero reward by misbehaving. A masked sample still keeps its
+    row, so groups stay complete (slime counts it in the group's shape, not in its statistics).
+    """
+    return trainable_tokens == 0 or kind in MASKED_KINDS
 
 
 LogprobsMode = Literal["processed", "raw"]
@@ -177,10 +212,17 @@ class Trace(_Record):
 
 
 class Trajectory(_Record):
-    """All traces of one rollout session, with its outcome."""
+    """All traces of one rollout session, with its outcome. Every rollout session has one, with no
+    traces when nothing was captured; ``failure_kind`` / ``failure_detail`` / ``mask`` are its
+    session's (see ``masked``), ``group_id`` / ``sample_index`` its place in its GRPO group."""
 
     session_id: str
     traces: list[Trace]
     reward: float | None = None
     status: Status = Status.COMPLETED
+    failure_kind: FailureKind | None = None
+    failure_detail: str | None = None
+    mask: bool = False
+    group_id: str | None = None
+    sample_index: int | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -179,7 +179,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "default_executor_threads": min(32, (os.cpu_count() or 1) + 4),
         "init_s_median": statistics.median(init_s) if init_s else float("nan"),
         "wall_s": wall, "ideal_running_s": args.sleep * (args.turns - 1),
-        "errors": len(errors), "error_samples": [r.error for r in errors][:3],
+        "errors": len(errors), "error_samples": [r.failure_detail for r in errors][:3],
     }
 
 

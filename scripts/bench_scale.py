@@ -244,8 +244,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         callback — a node does not keep its finished sessions' trajectories."""
 
         def __init__(self, result: Any) -> None:
-            self.status, self.error, self.stage_times = result.status, result.error, result.stage_times
-            self.traced = result.trajectory is not None
+            self.status, self.failure_detail, self.stage_times = result.status, result.failure_detail, result.stage_times
+            self.traced = bool(result.trajectory.traces)
             self.reward, self.where = result.reward, result.evaluation.get("evaluated_in", "node")
 
     async def run() -> tuple[list[Done], float, float, str]:
@@ -300,7 +300,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                  or (args.eval_log_lines > 0 and r.reward != 1.0))
     return {
         "sessions": sessions, "calls": calls, "errors": errors,
-        "error_samples": [r.error for r in results if r.status is not SessionStatus.COMPLETED][:3],
+        "error_samples": [r.failure_detail for r in results if r.status is not SessionStatus.COMPLETED][:3],
         "journal_mb_per_session": journal_bytes / max(1, sessions) / 1e6,
         "journal_bytes_per_token": journal_bytes / max(1, final_tokens),
         "final_context_tokens": final_tokens / max(1, sessions),

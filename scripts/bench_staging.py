@@ -91,7 +91,7 @@ async def staged_run(args: argparse.Namespace, store: Path) -> dict[str, float]:
     stats = node.stats()
     steady = steady_state(status.results, args.slots)
     await server.aclose()
-    assert all(r.status is SessionStatus.COMPLETED for r in status.results), [r.error for r in status.results][:3]
+    assert all(r.status is SessionStatus.COMPLETED for r in status.results), [r.failure_detail for r in status.results][:3]
     return {"wall_s": wall, "occupancy": stats["running_occupancy"], "slot_util": stats["engine_slot_utilization"],
             "busy": stats["engine_busy_fraction"], **steady}
 

@@ -48,7 +48,7 @@ def main() -> None:
           f"({time.monotonic() - started:.1f} s)")
     for name, r in results.items():
         limits = getattr(r, "limits", {}) or {}
-        print(f"{name:8} {r.status.value:10} reward {r.reward:.1f}  error: {r.error}  hit: {limits.get('hit')}")
+        print(f"{name:8} {r.status.value:10} reward {r.reward:.1f}  failure: {r.failure_kind} {r.failure_detail}  hit: {limits.get('hit')}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ import pytest
 from pydantic import ValidationError
 
 from polar_env.records import (
+    MASKED_KINDS,
     AssistantMessage,
     ChatRequest,
     CompletionRecord,
+    FailureKind,
     Generation,
     ProviderAPI,
     Status,
@@ -16,6 +18,7 @@ from polar_env.records import (
     ToolCall,
     Trace,
     Trajectory,
+    masked,
 )
 
 
@@ -75,3 +78,30 @@ def test_trajectory_roundtrip_and_status() -> None:
 def test_unknown_fields_rejected() -> None:
     with pytest.raises(ValidationError):
         ChatRequest(messages=[], bogus=1)  # type: ignore[call-arg]
+
+
+def test_old_aborted_files_load_as_cancelled() -> None:
+    """Trajectory files written before the one vocabulary said ``aborted`` (sessions said ``cancelled``)."""
+    old = (b'{"session_id": "s", "status": "aborted", "reward": 0.0, "metadata": {}, "traces": [{"prompt_ids": [1],'
+           b' "response_ids": [2], "loss_mask": [1], "response_logprobs": [-0.1], "status": "aborted"}]}')
+    traj = Trajectory.from_json(old)
+    assert traj.status is Status.CANCELLED and traj.traces[0].status is Status.CANCELLED
+    assert traj.failure_kind is None and traj.mask is False  # old files carry no kind: the defaults
+    assert b'"aborted"' not in traj.to_json() and Status("aborted") is Status.CANCELLED
+    with pytest.raises(ValidationError):
+        Trajectory.model_validate({"session_id": "s", "traces": [], "status": "exploded"})
+
+
+@pytest.mark.parametrize("kind", list(FailureKind))
+def test_the_mask_rule(kind: FailureKind) -> None:
+    """Environment failures and unfinished runs are dropped; the policy's own failures train with reward 0;
+    a sample with nothing sampled is always dropped."""
+    policy_made = {FailureKind.AGENT_TIMEOUT, FailureKind.HARNESS_ERROR, FailureKind.LIMIT_EXCEEDED,
+                   FailureKind.EVALUATION_TIMEOUT}
+    assert masked(kind, 10) is (kind not in policy_made)
+    assert masked(kind, 0) is True
+    assert (kind in MASKED_KINDS) is (kind not in policy_made)
+
+
+def test_a_completed_session_is_masked_only_without_tokens() -> None:
+    assert masked(None, 5) is False and masked(None, 0) is True

@@ -13,11 +13,11 @@ from polar_env.errors import ConfigError
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.proxy.capture import CaptureStore
-    from polar_env.trajectory.reader import build_trajectories
+    from polar_env.trajectory.reader import all_session_ids, build_trajectories
 
     root = existing_dir(args.store, "--store", "pass the folder polar-env gateway --store wrote")
     store = CaptureStore(root)
-    known = store.session_ids()
+    known = all_session_ids(store)  # journals, and rollout sessions that ended before their first call
     if not known:
         raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); pass the folder polar-env gateway --store wrote")
     unknown = [s for s in args.session or () if s not in known]
@@ -29,19 +29,22 @@ def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build trajectories from a capture store; print per-session stats, optionally write JSONL."""
+    from polar_env.trajectory.reader import unbuilt
+
     out_path = file_to_write(args.out, "--out") if args.out else None
     trajectories = _trajectories(args)
     out = open(out_path, "wb") if out_path else None  # noqa: SIM115
     try:
         for traj in trajectories:
             stats = traj.metadata.get("stats", {})
-            print(f"{traj.session_id}: {traj.status.value} {json.dumps(stats or traj.metadata)}")
+            failure = f" ({traj.failure_kind.value}{', masked' if traj.mask else ''})" if traj.failure_kind else ""
+            print(f"{traj.session_id}: {traj.status.value}{failure} {json.dumps(stats or traj.metadata)}")
             if out is not None:
                 out.write(traj.to_json() + b"\n")
     finally:
         if out is not None:
             out.close()
-    return 0 if all(t.status.value != "error" for t in trajectories) else 1
+    return 1 if any(unbuilt(t) for t in trajectories) else 0  # failed sessions are data; unbuilt journals are not
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -50,12 +53,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     trajectories = _trajectories(args)
     from polar_env.engines.embedded.model import ModelSpec, build_model, load_model
     from polar_env.trajectory.fidelity import verify
+    from polar_env.trajectory.reader import unbuilt
 
     model = load_model(folder) if folder else build_model(ModelSpec(seed=args.seed))
     worst, tokens, failed = 0.0, 0, []
     for traj in trajectories:
-        if traj.status.value == "error":
-            print(f"{traj.session_id}: not checked, its trajectory is an error: {traj.metadata.get('error', traj.metadata)}")
+        if unbuilt(traj):
+            why = traj.failure_detail or traj.metadata.get("error", traj.metadata)
+            print(f"{traj.session_id}: not checked, its trajectory is an error: {why}")
             failed.append(traj.session_id)
             continue
         report = verify([traj], model)

@@ -165,7 +165,8 @@ class Run:
             "reward": outcome.get("reward"), "calls": calls,
             "tokens": report_row.get("sampled_tokens"), "drift": report_row.get("drift_boundaries"),
             "wall_s": wall_of(outcome.get("stage_times") or {}), "node_id": outcome.get("node_id") or meta.get("node_id"),
-            "reason": (outcome.get("evaluation") or {}).get("reason"), "error": outcome.get("error"),
+            "reason": (outcome.get("evaluation") or {}).get("reason"),
+            "failure_detail": outcome.get("failure_detail") or outcome.get("error"),  # "error": outcomes before kinds
         }
 
     def locate(self, session_id: str) -> tuple[CaptureStore, dict[str, Any]] | None:

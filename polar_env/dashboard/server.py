@@ -219,7 +219,9 @@ async def _session_detail(request: web.Request) -> web.Response:
         sampled = sum(t["sampled_tokens"] for t in traces)
         return {"run": run.name, "row": {**row, "tokens": row["tokens"] if row["tokens"] is not None else sampled},
                 "evaluation": outcome.get("evaluation") or {}, "stage_seconds": stage_s, "stage_times": stage_times,
-                "metadata": outcome.get("metadata") or {}, "error": outcome.get("error") or trajectory.metadata.get("error"),
+                "metadata": outcome.get("metadata") or {},
+                "failure_detail": (outcome.get("failure_detail") or outcome.get("error") or trajectory.failure_detail
+                                   or trajectory.metadata.get("error")),
                 "trajectory_status": trajectory.status.value, "stats": trajectory.metadata.get("stats", {}),
                 "traces": traces, "calls": len(records), "journal": f"/api/runs/{run.name}/sessions/{row['session_id']}/journal"}
 

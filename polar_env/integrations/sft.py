@@ -28,16 +28,18 @@ import orjson
 from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
 from polar_env.qwen.template import content_text
-from polar_env.records import AssistantMessage, CompletionRecord, Trajectory
+from polar_env.records import AssistantMessage, CompletionRecord, FailureKind, Status, Trajectory
+from polar_env.trajectory.outcome import legacy_failure_kind
 
 SFT_JSONL = "sft.jsonl"
 SFT_PARQUET = "sft.parquet"
 
 
-def accepted(status: str, reward: float, evaluation: Mapping[str, Any], min_reward: float = 1.0) -> bool:
-    """Did the evaluator accept this session? A completed session whose evaluation says
-    ``resolved`` (swebench), or, for evaluators without that verdict, whose reward ≥ ``min_reward``."""
-    if status != "completed" or evaluation.get("status", "completed") != "completed":
+def accepted(failure_kind: FailureKind | None, reward: float, evaluation: Mapping[str, Any], min_reward: float = 1.0) -> bool:
+    """Did the evaluator accept this session? A session that completed (no ``failure_kind``) and whose
+    evaluation says ``resolved`` (swebench), or, for evaluators without that verdict, whose reward ≥
+    ``min_reward``."""
+    if failure_kind is not None or evaluation.get("status", "completed") != "completed":
         return False
     if "resolved" in evaluation:
         return evaluation["resolved"] is True
@@ -167,15 +169,16 @@ class SftSummary:
         return "\n".join(lines)
 
 
-def export(results: Iterable[tuple[str, float, Mapping[str, Any], Trajectory | None, str]],
+def export(results: Iterable[tuple[FailureKind | None, float, Mapping[str, Any], Trajectory | None, str]],
            records_of: Any, out_dir: Path, *, min_reward: float = 1.0,
            credit: CreditScheme = CreditScheme.SESSION) -> SftSummary:
-    """Filter and write. ``results``: (status, reward, evaluation, trajectory, repo) per session;
-    ``records_of(trajectory)`` returns its captured records (for the messages)."""
+    """Filter and write. ``results``: (failure kind, reward, evaluation, trajectory, repo) per session;
+    a masked trajectory is never accepted. ``records_of(trajectory)`` returns its captured records
+    (for the messages)."""
     summary = SftSummary()
     rows: list[dict[str, Any]] = []
-    for status, reward, evaluation, traj, repo in results:
-        ok = traj is not None and accepted(status, reward, evaluation, min_reward)
+    for kind, reward, evaluation, traj, repo in results:
+        ok = traj is not None and not traj.mask and accepted(kind, reward, evaluation, min_reward)
         summary.attempt(repo, ok)
         if not ok or traj is None:
             continue
@@ -211,6 +214,13 @@ def export_job(out_dir: Path, repo_of: Mapping[str, str], *, min_reward: float =
             stores[node] = CaptureStore(out_dir / "capture" / node)
         return stores[node].read(traj.session_id)
 
-    rows = ((s["status"], float(s.get("reward", 0.0)), s.get("evaluation") or {}, trajs.get(s["session_id"]),
+    rows = ((_failure_kind(s), float(s.get("reward", 0.0)), s.get("evaluation") or {}, trajs.get(s["session_id"]),
              repo_of.get(s["task_id"], s["task_id"])) for s in sessions)
     return export(rows, records_of, out_dir, min_reward=min_reward, credit=credit)
+
+
+def _failure_kind(row: Mapping[str, Any]) -> FailureKind | None:
+    """A sessions.jsonl row's kind (rows written before kinds existed: from their status and error)."""
+    if row.get("failure_kind"):
+        return FailureKind(row["failure_kind"])
+    return legacy_failure_kind(Status(row["status"]), row.get("failure_detail") or row.get("error"))

@@ -18,6 +18,11 @@ workers. ``generate`` watches that flag while its session runs and cancels the s
 waits for a harness run it will throw away. What comes back depends on ``--partial-rollout``:
 
 - off: ``list[Sample]`` as always (fan-out); an aborted session is the masked placeholder.
+
+Outcomes map from the session's typed fields, never from text: ``mask`` (``polar_env.records.masked``)
+decides between trained samples and the ``remove_sample`` placeholder, and ``failure_kind`` decides
+the placeholder's ``Sample.Status`` (ABORTED for cancelled/interrupted, FAILED otherwise); every
+sample's ``metadata["polar"]`` names the kind.
 - on: one ``Sample`` per session, because slime's partial-rollout path iterates each group as
   samples and puts aborted groups back in its buffer to run again. A completed session delivers
   one trace (``polar_env.integrations.delivery``: the most trainable tokens; the dropped share is
@@ -49,7 +54,7 @@ from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
 from polar_env.integrations.delivery import choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
-from polar_env.records import Status, Trace, Trajectory
+from polar_env.records import FailureKind, Trace, Trajectory
 
 POLAR_METADATA_KEY = "polar"
 """Key in ``Sample.metadata`` holding the session id, trace index, loss weight and evaluation."""
@@ -93,9 +98,20 @@ def _sibling(base: Any) -> Any:
     return out
 
 
-def failure_sample(base: Any, reason: str, *, aborted: bool = False) -> Any:
-    """The one-element placeholder for a rollout that produced nothing trainable. It keeps the
-    group's shape (slime asserts ``n_samples_per_prompt`` entries) and trains nothing."""
+RERUN_KINDS = frozenset({FailureKind.CANCELLED, FailureKind.INTERRUPTED})
+"""Failures slime sees as ``Sample.Status.ABORTED`` (its fully-async rollout re-queues the group);
+every other masked failure is ``FAILED``."""
+
+
+def failure_status(kind: FailureKind | None) -> str:
+    """slime's status name for a masked session of failure ``kind``."""
+    return "ABORTED" if kind in RERUN_KINDS else "FAILED"
+
+
+def failure_sample(base: Any, reason: str, *, aborted: bool = False, kind: FailureKind | None = None) -> Any:
+    """The one-element placeholder for a rollout that produced nothing trainable (a masked session:
+    ``polar_env.records.masked``). It keeps the group's shape (slime asserts ``n_samples_per_prompt``
+    entries), trains nothing (``remove_sample``) and carries the failure kind in ``metadata``."""
     out = _sibling(base)
     out.tokens = list(FAILURE_TOKENS)
     out.response_length = 1
@@ -104,8 +120,8 @@ def failure_sample(base: Any, reason: str, *, aborted: bool = False) -> Any:
     out.response = ""
     out.reward = 0.0
     out.remove_sample = True
-    out.status = out.Status.ABORTED if aborted else out.Status.FAILED
-    out.metadata[POLAR_METADATA_KEY] = {"failed": reason}
+    out.status = out.Status.ABORTED if aborted else getattr(out.Status, failure_status(kind))
+    out.metadata[POLAR_METADATA_KEY] = {"failed": reason, "failure_kind": kind.value if kind is not None else None}
     return out
 
 
@@ -134,18 +150,21 @@ def trajectory_to_samples(
     ``base`` is the prompt sample slime handed to the generate function: ``index``,
     ``group_index``, ``prompt``, ``label``, ``session_id`` and ``train_metadata`` are copied from it.
     ``reward`` defaults to the trajectory's. ``max_tokens`` (``--rollout-max-context-len``) cuts
-    longer traces at the end and marks them TRUNCATED. ``failure`` forces the placeholder.
+    longer traces at the end and marks them TRUNCATED. A masked trajectory (``mask``: see
+    ``polar_env.records.masked``) becomes the placeholder, ABORTED when it was cancelled or
+    interrupted and FAILED otherwise; ``failure`` forces the placeholder. A trajectory that is not
+    masked trains with its reward even when its session failed (agent timeout, harness error,
+    limit hit): its traces keep their finish status and ``metadata["polar"]`` names the kind.
     """
+    kind = trajectory.failure_kind if trajectory is not None else None
     if failure is None:
         if trajectory is None:
             failure = "no trajectory"
-        elif trajectory.status is Status.ERROR:
-            failure = str(trajectory.metadata.get("error") or "trajectory build failed")
-        elif not any(t.response_ids for t in trajectory.traces):
-            failure = "session produced no sampled tokens"
+        elif trajectory.mask or not any(t.response_ids for t in trajectory.traces):
+            failure = (f"{kind.value}: {trajectory.failure_detail or ''}" if kind is not None
+                       else str(trajectory.metadata.get("error") or "session produced no sampled tokens"))
     if failure is not None:
-        aborted = trajectory is not None and trajectory.status is Status.ABORTED
-        return [failure_sample(base, failure, aborted=aborted)]
+        return [failure_sample(base, failure, kind=kind)]
     assert trajectory is not None
     chosen = reward if reward is not None else trajectory.reward
     value = 0.0 if chosen is None else float(chosen)
@@ -177,6 +196,7 @@ def trajectory_to_samples(
             "seqs": trace.metadata.get("seqs", []),
             "drift_boundaries": len(trace.metadata.get("drift") or []),
             "cut_to_context": cut,
+            "failure_kind": kind.value if kind is not None else None,
         }
         samples.append(out)
     return samples or [failure_sample(base, f"every trace exceeds the {max_tokens}-token context")]
@@ -401,25 +421,28 @@ class SlimeRollout:
             failed = failure_sample(sample, f"{type(exc).__name__}: {exc}")
             return failed if single else [failed]
         result = group.results[0] if group.results else None
-        status = str(getattr(result, "status", "error"))
-        if aborted or status == "cancelled":
-            reason = "slime aborted the rollout" if aborted else "session cancelled"
-            return reset_for_rerun(sample, reason) if single else [failure_sample(sample, reason, aborted=True)]
         if result is None:
             failed = failure_sample(sample, "PolarEnv returned no session")
             return failed if single else [failed]
-        # An errored session (runtime, harness or evaluator failure) says nothing about the policy:
-        # train nothing from it. A timed-out one is the policy's doing and keeps its tokens.
-        failure = (result.error or f"session {status}") if status == "error" or result.trajectory is None else None
+        status = str(result.status)
+        kind = FailureKind(result.failure_kind) if result.failure_kind else None
+        if aborted or kind in RERUN_KINDS:
+            reason = "slime aborted the rollout" if aborted else f"session {kind}"
+            return reset_for_rerun(sample, reason) if single else [failure_sample(sample, reason, aborted=True, kind=kind)]
+        # The session's mask is the rule (polar_env.records.masked): an environment failure (INIT,
+        # engine, evaluator, build, a lost node) or nothing sampled trains nothing; an agent timeout,
+        # a harness error or a limit hit is the policy's doing and keeps its tokens and reward.
         trajectory = result.trajectory
+        failure = f"{kind or 'no tokens'}: {result.failure_detail or 'session produced no sampled tokens'}" if result.mask else None
         delivery = choose_delivered(trajectory)
-        if single and failure is None and trajectory is not None and delivery.index is not None:
+        if single and failure is None and delivery.index is not None:
             trajectory = trajectory.model_copy(update={"traces": [trajectory.traces[delivery.index]]})
-        samples = trajectory_to_samples(trajectory, sample, reward=result.reward,
-                                        max_tokens=max_context, failure=failure)
+        samples = (trajectory_to_samples(trajectory, sample, reward=result.reward, max_tokens=max_context)
+                   if failure is None else [failure_sample(sample, failure, kind=kind)])
         for s in samples:
             s.metadata[POLAR_METADATA_KEY].update({
-                "session_status": status, "evaluation": dict(result.evaluation or {}), "evaluation_mode": evaluation})
+                "session_status": status, "failure_kind": kind.value if kind is not None else None,
+                "evaluation": dict(result.evaluation or {}), "evaluation_mode": evaluation})
             if single:
                 s.metadata[POLAR_METADATA_KEY].update({"dropped_traces": delivery.dropped_traces,
                                                        "dropped_tokens": delivery.dropped_tokens})

@@ -284,7 +284,8 @@ class EvalWorkers:
 
     async def evaluate(self, key: str, job: EvalJob, timeout_s: float) -> EvalResult | None:
         """The verdict; None when the worker cannot resolve the evaluator (run it in the node).
-        ``timeout_s`` bounds the wait (a hung worker): past it, the evaluation is cancelled."""
+        ``timeout_s`` bounds the wait (a hung worker): past it, the evaluation is cancelled and the
+        verdict is an ERROR (``evaluator_error``: the grader failed, not the agent's change)."""
         worker = await self._assign(key)
         future: asyncio.Future[EvalResult | None] = asyncio.get_running_loop().create_future()
         worker.pending[key] = future
@@ -295,9 +296,9 @@ class EvalWorkers:
                 worker._lost()
             async with asyncio.timeout(timeout_s):
                 return await future
-        except TimeoutError:
+        except TimeoutError:  # the evaluator's own timeout answers inside the worker: this one is a stuck worker
             await asyncio.to_thread(self._send_quietly, worker, ("cancel", key))
-            return EvalResult(status=Status.TIMEOUT, report={"reason": f"the evaluation worker gave no verdict in {timeout_s} s"})
+            return EvalResult(status=Status.ERROR, report={"error": f"the evaluation worker gave no verdict in {timeout_s} s"})
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(self._send_quietly, worker, ("cancel", key)))
             raise

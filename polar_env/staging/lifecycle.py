@@ -9,7 +9,8 @@ evaluates (only a session whose agent finished; one that grades in a fresh runti
 evaluation worker process, ``eval_worker.py``, which also pre-warms that runtime), attaches
 reward and provenance, and stops every runtime.
 Failures are data here: ``run_session`` returns a ``SessionResult`` and never raises, except when
-the node itself is shutting down.
+the node itself is shutting down. Every exit path names its ``FailureKind`` (``Run.fail``), and the
+result always carries a trajectory, empty when nothing was captured, so groups stay whole.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from polar_env.errors import PolarError
 from polar_env.evaluators import (
     EvalContext,
     EvalResult,
@@ -30,7 +32,7 @@ from polar_env.evaluators import (
     run_evaluator,
 )
 from polar_env.harnesses import loop
-from polar_env.records import Status
+from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
 from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, offloadable
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
@@ -53,13 +55,19 @@ class Run:
     stage: Stage | None = None
     stage_times: dict[str, float] = field(default_factory=dict)
     status: SessionStatus = SessionStatus.COMPLETED
-    error: str | None = None
+    failure_kind: FailureKind | None = None
+    failure_detail: str | None = None
     runtime: Runtime | None = None
     eval_ctx: EvalContext | None = None
     prewarm_task: asyncio.Task[Any] | None = None
     offload: EvalJob | None = None  # the evaluation runs in an evaluation worker process
     exit_code: int | None = None
     final_answer: str | None = None
+
+    def fail(self, status: SessionStatus, kind: FailureKind, detail: str) -> None:
+        """End the run as ``status`` for ``kind``; a later failure replaces an earlier one (a limit
+        hit explains the harness's exit, a build error a completed run)."""
+        self.status, self.failure_kind, self.failure_detail = status, kind, detail
 
 
 def session_metadata(spec: SessionSpec, node_id: str) -> dict[str, Any]:
@@ -106,7 +114,10 @@ async def run_session(node: GatewayNode, spec: SessionSpec) -> SessionResult:
                 await asyncio.shield(_postrun(node, run, cancelled=True))
                 raise
         if work.cancelled():
-            run.status, run.error = SessionStatus.CANCELLED, run.error or "cancelled"
+            if node.stopping:
+                run.fail(SessionStatus.CANCELLED, FailureKind.INTERRUPTED, "the node stopped before the session finished")
+            else:
+                run.fail(SessionStatus.CANCELLED, FailureKind.CANCELLED, "cancelled")
         return await asyncio.shield(_postrun(node, run))
     finally:
         node.runs.pop(spec.session_id, None)
@@ -133,10 +144,10 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                     await node.open_session(spec, session_metadata(spec, node.node_id))
                     run.runtime = await node.prepare_runtime(spec)
             except TimeoutError:
-                run.status, run.error = SessionStatus.TIMEOUT, f"INIT exceeded {req.init_timeout_s} s"
+                run.fail(SessionStatus.TIMEOUT, FailureKind.INIT_ERROR, f"INIT exceeded {req.init_timeout_s} s")
                 return
             except Exception as exc:  # noqa: BLE001 - the task boundary: a failed INIT is an ERROR result
-                run.status, run.error = SessionStatus.ERROR, f"INIT failed: {_one_line(exc)}"
+                run.fail(SessionStatus.ERROR, FailureKind.INIT_ERROR, f"INIT failed: {_one_line(exc)}")
                 return
         _enter(node, run, Stage.READY)
         async with pools.running:
@@ -153,13 +164,11 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                 async with asyncio.timeout(req.timeout_s):
                     await _run_agent(node, run)
             except TimeoutError:
-                run.status, run.error = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s"
+                run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
             except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
-                run.status, run.error = SessionStatus.ERROR, f"harness failed: {_one_line(exc)}"
+                run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"harness failed: {_one_line(exc)}")
             finally:
-                hit = getattr(run.runtime, "limit_hit", None)
-                if hit is not None:  # the runtime ended the session: say which limit, whatever else happened
-                    run.status, run.error = SessionStatus.ERROR, f"limit exceeded: {hit}"
+                _explain_failure(node, run)
                 _enter(node, run, Stage.POSTRUN)  # off the engine: the RUNNING slot frees now
     finally:
         if holds_place:
@@ -176,7 +185,7 @@ async def _run_agent(node: GatewayNode, run: Run) -> None:
             prompt=req.instruction, settings=loop.LoopSettings.from_dict(req.agent.settings))
         run.exit_code, run.final_answer = outcome.exit_code, outcome.final_answer
         if outcome.exit_code == 1:
-            run.status, run.error = SessionStatus.ERROR, f"loop agent stopped: {outcome.output[-300:]}"
+            run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"loop agent stopped: {outcome.output[-300:]}")
         return
     from polar_env.harnesses.launch import run_harness
 
@@ -186,10 +195,27 @@ async def _run_agent(node: GatewayNode, run: Run) -> None:
                                cache_dir=node.harness_cache)
     run.exit_code = result.exit_code
     if result.timed_out:
-        run.status, run.error = SessionStatus.TIMEOUT, f"agent exceeded {req.timeout_s} s"
+        run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
     elif result.exit_code != 0:
-        run.status = SessionStatus.ERROR
-        run.error = f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}"
+        run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR,
+                 f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}")
+
+
+def _explain_failure(node: GatewayNode, run: Run) -> None:
+    """At the end of RUNNING: a limit the runtime enforced explains whatever else happened; a harness
+    that failed or timed out while the gateway was answering it errors failed because of the engine."""
+    hit = getattr(run.runtime, "limit_hit", None)
+    if hit is not None:
+        run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
+        return
+    if run.failure_kind in (FailureKind.HARNESS_ERROR, FailureKind.AGENT_TIMEOUT):
+        try:
+            errors = int(node.session(run.spec.session_id).errors)  # engine errors (and aborts) it was answered
+        except PolarError:  # not registered (cannot happen after INIT): nothing to explain
+            errors = 0
+        if errors:
+            run.fail(SessionStatus.ERROR, FailureKind.ENGINE_ERROR,
+                     f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
 
 
 def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime: RuntimeSpec, run: Run) -> EvalContext | None:
@@ -237,41 +263,44 @@ async def _evaluate(node: GatewayNode, run: Run, evaluator: EvaluatorSpec) -> Ev
 async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> SessionResult:
     spec, req = run.spec, run.spec.request
     if cancelled:
-        run.status, run.error = SessionStatus.CANCELLED, "node shutting down"
+        run.fail(SessionStatus.CANCELLED, FailureKind.INTERRUPTED, "node shutting down")
     if run.stage is not Stage.POSTRUN:
         _enter(node, run, Stage.POSTRUN)
     async with node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
         # read + build in a worker process (postrun_pool.py): never on the gateway's GIL
         built = await node.postrun.build(node.store.root, spec.session_id, req.builder)
         if built.error is not None:
-            run.status, run.error = SessionStatus.ERROR, built.error
+            run.fail(SessionStatus.ERROR, FailureKind.BUILD_ERROR, built.error)
         if run.final_answer is None and built.records:
             run.final_answer = built.final_answer
         reward, evaluation = 0.0, {}
-        trajectory = built.trajectory
         if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
             result = await _evaluate(node, run, req.evaluator)
             evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
             evaluation["status"] = result.status.value
             reward = result.reward
-            if result.status is Status.TIMEOUT:
-                run.status, run.error = SessionStatus.TIMEOUT, f"evaluation: {result.report.get('reason')}"
+            hit = getattr(run.runtime, "limit_hit", None)
+            if hit is not None:  # the agent's diff ran past patch_mb: the policy's doing, not the grader's
+                run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
+                reward = 0.0
+            elif result.status is Status.TIMEOUT:
+                run.fail(SessionStatus.TIMEOUT, FailureKind.EVALUATION_TIMEOUT, f"evaluation: {result.report.get('reason')}")
             elif result.status is Status.ERROR:
-                run.status, run.error = SessionStatus.ERROR, f"evaluation failed: {result.report.get('error')}"
+                run.fail(SessionStatus.ERROR, FailureKind.EVALUATOR_ERROR, f"evaluation failed: {result.report.get('error')}")
         elif req.evaluator is not None:
-            evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.error}"}
+            evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.failure_detail}"}
         await _cleanup(node, run)
         _enter(node, run, Stage.DONE)
         outcome = _outcome(run, reward, evaluation, built.weight_versions, node)
         await asyncio.to_thread(write_outcome, node.store.root, spec.session_id, outcome)
-        if trajectory is not None:
-            trajectory = with_outcome(trajectory, outcome)
+        trajectory = with_outcome(built.trajectory or Trajectory(session_id=spec.session_id, traces=[]), outcome)
     node.pools.occupancy.move(Stage.DONE, None)
     return SessionResult(
         session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
         node_id=node.node_id, status=run.status, reward=reward, evaluation=evaluation, trajectory=trajectory,
-        stage_times=run.stage_times, records=built.records, harness_exit_code=run.exit_code, error=run.error,
-        limits=outcome["limits"])
+        stage_times=run.stage_times, records=built.records, harness_exit_code=run.exit_code,
+        limits=outcome["limits"], failure_kind=run.failure_kind, failure_detail=run.failure_detail,
+        mask=trajectory.mask)
 
 
 def _outcome(run: Run, reward: float, evaluation: dict[str, Any], weight_versions: list[str], node: GatewayNode) -> dict[str, Any]:
@@ -280,7 +309,9 @@ def _outcome(run: Run, reward: float, evaluation: dict[str, Any], weight_version
             "status": run.status.value, "reward": reward, "evaluation": evaluation,
             "limits": limits() if limits is not None else {},
             "weight_versions": weight_versions,
-            "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "error": run.error}
+            "stage_times": run.stage_times, "harness_exit_code": run.exit_code,
+            "failure_kind": run.failure_kind.value if run.failure_kind is not None else None,
+            "failure_detail": run.failure_detail}
 
 
 async def _cleanup(node: GatewayNode, run: Run) -> None:

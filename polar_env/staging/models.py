@@ -12,20 +12,15 @@ import enum
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.records import FailureKind, ProviderAPI, Trajectory
+from polar_env.records import MASKED_KINDS, SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
 from polar_env.runtimes.base import RuntimeSpec
 
-
-class SessionStatus(enum.StrEnum):
-    """How a session ended. Every session ends in exactly one of these, and always after POSTRUN."""
-
-    COMPLETED = "completed"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    CANCELLED = "cancelled"
+SessionStatus = Status
+"""How a session ended: the records' one ``Status`` vocabulary (completed, timeout, error, cancelled;
+never ``truncated``, which is a trace's finish). Every session ends in exactly one, after POSTRUN."""
 
 
 class Stage(enum.StrEnum):
@@ -95,9 +90,11 @@ class SessionSpec(BaseModel):
 
 
 class SessionResult(BaseModel):
-    """What a node reports for one session. ``trajectory`` is None only when nothing could be built
-    (e.g. the runtime never started); a timed-out, crashed or cancelled session still carries
-    whatever was captured."""
+    """What a node reports for one session: every exit path (INIT failure, agent timeout, harness or
+    engine failure, limit hit, evaluator or build failure, cancellation, a dead node) gives one, with
+    ``failure_kind`` set whenever ``status`` is not completed, and always a ``trajectory`` (with no
+    traces when nothing was captured), so every GRPO group has ``num_samples`` rows. ``mask`` is the
+    one flag a trainer drops a sample by (``polar_env.records.masked``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -109,15 +106,44 @@ class SessionResult(BaseModel):
     status: SessionStatus
     reward: float = 0.0
     evaluation: dict[str, Any] = Field(default_factory=dict)
-    trajectory: Trajectory | None = None
+    trajectory: Trajectory
     stage_times: dict[str, float] = Field(default_factory=dict)  # stage name -> epoch seconds entered
     records: int = 0  # captured engine calls
     harness_exit_code: int | None = None
-    error: str | None = None
     limits: dict[str, Any] = Field(default_factory=dict)  # per limit: value, mechanism; which was hit
     failure_kind: FailureKind | None = None  # None: completed and evaluated
     failure_detail: str | None = None  # free text for people; trainers read failure_kind
     mask: bool = False  # True: a trainer should drop this sample from the loss
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete(cls, data: Any) -> Any:
+        """Old sessions.jsonl rows said ``error`` for ``failure_detail`` and had no kind (one is
+        inferred from their status and text); a result built with no trajectory gets the empty one
+        its row needs."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "error" in data:
+            error = data.pop("error")
+            data.setdefault("failure_detail", error)
+            if data.get("failure_kind") is None and "status" in data:
+                from polar_env.trajectory.outcome import legacy_failure_kind
+
+                data["failure_kind"] = legacy_failure_kind(Status(data["status"]), data.get("failure_detail"))
+                data.setdefault("mask", data["failure_kind"] is not None and data["failure_kind"] in MASKED_KINDS)
+        if data.get("trajectory") is None and "session_id" in data:
+            data["trajectory"] = empty_trajectory(data)
+        return data
+
+    @model_validator(mode="after")
+    def _typed(self) -> SessionResult:
+        if self.status not in SESSION_STATUSES:
+            raise ValueError(f"a session ends {sorted(SESSION_STATUSES)}, not {self.status.value!r}")
+        if (self.status is Status.COMPLETED) != (self.failure_kind is None):
+            raise ValueError(f"session {self.session_id}: status {self.status.value} with failure_kind "
+                             f"{self.failure_kind}: a failure_kind is set exactly when the session did not complete")
+        return self
 
     @property
     def usable(self) -> bool:
@@ -128,6 +154,14 @@ class SessionResult(BaseModel):
         """Seconds spent in each stage, from the transition timestamps."""
         order = [s.value for s in Stage if s.value in self.stage_times]
         return {a: round(self.stage_times[b] - self.stage_times[a], 4) for a, b in zip(order, order[1:], strict=False)}
+
+
+def empty_trajectory(result: dict[str, Any]) -> Trajectory:
+    """The row of a session that captured nothing: no traces, masked, with the result's outcome."""
+    return Trajectory(session_id=result["session_id"], traces=[], reward=result.get("reward", 0.0),
+                      status=result.get("status", Status.ERROR), failure_kind=result.get("failure_kind"),
+                      failure_detail=result.get("failure_detail"), mask=True, group_id=result.get("group_id"),
+                      sample_index=result.get("sample_index"))
 
 
 class TaskState(enum.StrEnum):
@@ -153,9 +187,13 @@ class TaskStatus(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
+        kinds: dict[str, int] = {}
         for r in self.results:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
+            if r.failure_kind is not None:
+                kinds[r.failure_kind.value] = kinds.get(r.failure_kind.value, 0) + 1
         rewards = [r.reward for r in self.results]
         return {"task_id": self.task_id, "group_id": self.group_id, "state": self.state.value,
                 "done": len(self.results), "num_samples": self.num_samples, "statuses": counts,
+                "failure_kinds": kinds, "masked": sum(r.mask for r in self.results),
                 "mean_reward": sum(rewards) / len(rewards) if rewards else None}

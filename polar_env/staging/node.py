@@ -135,6 +135,7 @@ class GatewayNode:
         self._incarnation: Any = None  # this process's locked runtime folder (runtimes/leftovers.py)
         self.started_at = time.monotonic()
         self.completed = 0
+        self.stopping = False  # stop() cancels what runs: those sessions end interrupted, not cancelled
 
     # -- lifetime -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -172,6 +173,7 @@ class GatewayNode:
 
     async def stop(self) -> None:
         """Cancel running sessions (each still goes through POSTRUN), then close the gateway."""
+        self.stopping = True
         for work in list(self.work.values()):
             work.cancel()
         deadline = time.monotonic() + 60

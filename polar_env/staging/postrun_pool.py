@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.errors import PolarError
-from polar_env.records import Trajectory
+from polar_env.records import Status, Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,9 @@ def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
     except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the session's result
         line = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         return Built(None, len(records), final, versions, f"builder {builder} failed: {type(exc).__name__}: {line}")
+    if trajectory.status is Status.ERROR:  # the builder refused the records (checks.py): nothing to train on
+        why = trajectory.metadata.get("error") or "no reason given"
+        return Built(None, len(records), final, versions, f"builder {builder} refused the journal: {why}")
     return Built(trajectory, len(records), final, versions)
 
 

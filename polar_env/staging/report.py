@@ -17,13 +17,15 @@ TIMELINE_STAGES = (Stage.QUEUED, Stage.INIT, Stage.READY, Stage.RUNNING, Stage.P
 
 def session_row(r: SessionResult) -> dict[str, Any]:
     traj = r.trajectory
-    stats = traj.metadata.get("stats", {}) if traj else {}
+    stats = traj.metadata.get("stats", {})
     return {"session_id": r.session_id, "task_id": r.task_id, "sample_index": r.sample_index, "node_id": r.node_id,
             "status": r.status.value, "reward": r.reward, "records": r.records,
-            "traces": len(traj.traces) if traj else 0, "drift_boundaries": stats.get("drift_boundaries", 0),
-            "sampled_tokens": sum(sum(t.loss_mask) for t in traj.traces) if traj else 0,
+            "traces": len(traj.traces), "drift_boundaries": stats.get("drift_boundaries", 0),
+            "sampled_tokens": sum(sum(t.loss_mask) for t in traj.traces),
             "stage_s": r.stage_seconds(), "harness_exit_code": r.harness_exit_code,
-            "resolved": r.evaluation.get("resolved"), "reason": r.evaluation.get("reason"), "error": r.error}
+            "resolved": r.evaluation.get("resolved"), "reason": r.evaluation.get("reason"),
+            "failure_kind": r.failure_kind.value if r.failure_kind is not None else None,
+            "failure_detail": r.failure_detail, "mask": r.mask}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -37,8 +39,11 @@ def build_report(results: Sequence[SessionResult], node_stats: Sequence[dict[str
                  config: dict[str, Any] | None = None) -> dict[str, Any]:
     rows = [session_row(r) for r in results]
     statuses: dict[str, int] = {}
+    failures: dict[str, int] = {}
     for r in results:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+        if r.failure_kind is not None:
+            failures[r.failure_kind.value] = failures.get(r.failure_kind.value, 0) + 1
     stage_s: dict[str, list[float]] = {}
     for r in results:
         for stage, secs in r.stage_seconds().items():
@@ -53,6 +58,8 @@ def build_report(results: Sequence[SessionResult], node_stats: Sequence[dict[str
         "wall_s": round(wall_s, 2),
         "sessions": len(results),
         "statuses": statuses,
+        "failure_kinds": failures,
+        "masked": sum(r.mask for r in results),
         "mean_reward": round(statistics.fmean([r.reward for r in results]), 4) if results else None,
         "per_task_mean_reward": {k: round(statistics.fmean(v), 4) for k, v in per_task.items()},
         "stage_seconds": {k: _summary(v) for k, v in stage_s.items()},

@@ -4,7 +4,7 @@ TaskStatus comes back (a callback, a pollable status, or an awaited return value
 Dispatch goes to the least-loaded live node (sessions assigned and not yet finished). Early stop
 (``early_stop_min_usable``) finishes a group as soon as that many sessions completed, cancelling the
 stragglers (they still report, as CANCELLED, with what they captured). A node that dies has its
-sessions reported as ERROR results and takes no more work; the server keeps serving on the others.
+sessions reported as ERROR ``node_lost`` results (salvaged from its store) and takes no more work; the server keeps serving on the others.
 Callbacks are retried with exponential backoff; the status endpoint serves the same payload.
 Nodes are ``LocalNode`` (a GatewayNode in this process) or ``RayNode`` (a node actor).
 """
@@ -26,6 +26,7 @@ from aiohttp import web
 
 from polar_env.errors import ConfigError
 from polar_env.observe.metrics import RolloutMetrics, install_server_metrics
+from polar_env.records import FailureKind
 from polar_env.staging.models import (
     SessionResult,
     SessionSpec,
@@ -239,10 +240,14 @@ class RolloutServer:
             task.assigned.pop(spec.session_id, None)
 
     @staticmethod
-    def _error_result(spec: SessionSpec, node_id: str, error: str) -> SessionResult:
-        return SessionResult(session_id=spec.session_id, task_id=spec.request.task_id, group_id=spec.group_id,
-                             sample_index=spec.sample_index, node_id=node_id, status=SessionStatus.ERROR,
-                             error=error, stage_times={"done": time.time()})
+    def _error_result(spec: SessionSpec, node_id: str, detail: str) -> SessionResult:
+        """The result of a session its node could not run (it died, failed, or none was left): an
+        ERROR ``node_lost`` with an empty trajectory, so the group keeps its size."""
+        return SessionResult.model_validate({  # no trajectory given: the empty, masked row (models.py)
+            "session_id": spec.session_id, "task_id": spec.request.task_id, "group_id": spec.group_id,
+            "sample_index": spec.sample_index, "node_id": node_id, "status": SessionStatus.ERROR,
+            "failure_kind": FailureKind.NODE_LOST, "failure_detail": detail, "mask": True,
+            "stage_times": {"done": time.time()}})
 
     def _least_loaded(self) -> NodeHandle | None:
         live = [n for n in self.nodes if n.node_id not in self.dead]
@@ -305,9 +310,8 @@ class RolloutServer:
         return list(await asyncio.gather(*(n.update_weights(source, version) for n in live)))
 
     async def aclose(self) -> None:
-        for task in self.tasks.values():
-            if task.runner is not None and not task.runner.done():
-                await self._cancel_stragglers(task)
+        """Stop the nodes: each cancels what still runs (those sessions end ``interrupted``, not
+        ``cancelled``: nobody asked for them to go, and a resumed job runs them again)."""
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
         if self._http is not None:
             await self._http.close()

@@ -94,7 +94,14 @@ def _reason_fits(report: dict[str, Any], width: int) -> bool:
 
 
 def _why(row: dict[str, Any]) -> str:
-    return str(row["error"] or row["reason"] or _unexplained(row))[:200]
+    return str(_failure(row) or row["reason"] or _unexplained(row))[:200]
+
+
+def _failure(row: dict[str, Any]) -> str | None:
+    """The typed failure of a session row (``failure_kind: detail``), or None for a clean one."""
+    if not row.get("failure_kind"):
+        return None
+    return f"{row['failure_kind']}: {row['failure_detail']}" if row.get("failure_detail") else str(row["failure_kind"])
 
 
 def reasons_table(report: dict[str, Any]) -> Table:
@@ -230,7 +237,7 @@ def excerpt(report: dict[str, Any], out: Path) -> list[str]:
     row = pick_session(report.get("session_rows", []))
     if row is None:
         return []
-    why = row.get("error") or row.get("reason") or _unexplained(row) or "no reason given"
+    why = _failure(row) or row.get("reason") or _unexplained(row) or "no reason given"
     head = (f"one session, {row['session_id']} ({row['status']}, {row['records']} model call(s)): "
             f"reward {row['reward']:.2f} — {_short(str(why), 200)}")
     journal = out / "capture" / row.get("node_id", "") / f"{row['session_id']}.jsonl"
@@ -248,7 +255,7 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
     statuses = report.get("statuses", {})
     if statuses.get("error") or statuses.get("timeout"):
         steps.append(f"{statuses.get('error', 0)} error / {statuses.get('timeout', 0)} timeout session(s): the "
-                     "reason column says why; sessions.jsonl has each one's error and stage times")
+                     "reason column says why; sessions.jsonl has each one's failure_kind, failure_detail and stage times")
     if (report.get("mean_reward") or 0) == 0 and engine.get("kind", "embedded") == "embedded" \
             and not engine.get("script") and not engine.get("model_dir"):
         steps.append("reward 0 is expected here: the embedded engine has random weights. To see reward 1, force the "

@@ -1,5 +1,8 @@
 """Trajectories to files: JSON lines (one Trajectory per line, lossless) and Parquet (one row per
-trace, the columns a trainer loads: ids, loss mask, logprobs, reward, status and provenance).
+trace, the columns a trainer loads: ids, loss mask, logprobs, reward, status, failure kind, mask and
+provenance). A trajectory with no traces (a session that ended before any model call) still has one
+Parquet row, with ``trace_index`` -1, empty token lists and ``mask`` true, so every GRPO group keeps
+its size in both files.
 
 Parquet needs the ``parquet`` extra (pyarrow). Token ids stay int64 lists and logprobs float64.
 """
@@ -13,7 +16,7 @@ from typing import Any
 import orjson
 
 from polar_env.errors import ConfigError
-from polar_env.records import Trajectory
+from polar_env.records import Trace, Trajectory
 
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: Path) -> int:
@@ -33,16 +36,24 @@ def trace_rows(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
     rows = []
     for traj in trajectories:
         meta = traj.metadata
-        for index, trace in enumerate(traj.traces):
+        group_id = traj.group_id if traj.group_id is not None else meta.get("group_id")
+        sample_index = traj.sample_index if traj.sample_index is not None else meta.get("sample_index")
+        traces: list[tuple[int, Trace | None]] = [*enumerate(traj.traces)] or [(-1, None)]  # no traces: still a row
+        for index, trace in traces:
             rows.append({
                 "session_id": traj.session_id, "trace_index": index,
-                "task_id": meta.get("task_id"), "group_id": meta.get("group_id"),
-                "sample_index": meta.get("sample_index"), "harness": meta.get("harness"),
-                "reward": traj.reward, "status": traj.status.value, "trace_status": trace.status.value,
-                "prompt_ids": trace.prompt_ids, "response_ids": trace.response_ids, "loss_mask": trace.loss_mask,
-                "response_logprobs": trace.response_logprobs,
+                "task_id": meta.get("task_id"), "group_id": group_id,
+                "sample_index": sample_index, "harness": meta.get("harness"),
+                "reward": traj.reward, "status": traj.status.value,
+                "trace_status": trace.status.value if trace is not None else traj.status.value,
+                "failure_kind": traj.failure_kind.value if traj.failure_kind is not None else None,
+                "failure_detail": traj.failure_detail, "mask": traj.mask,
+                "prompt_ids": trace.prompt_ids if trace is not None else [],
+                "response_ids": trace.response_ids if trace is not None else [],
+                "loss_mask": trace.loss_mask if trace is not None else [],
+                "response_logprobs": trace.response_logprobs if trace is not None else [],
                 "weight_versions": [str(v) for v in meta.get("weight_versions", [])],
-                "metadata": orjson.dumps({**meta, "trace": trace.metadata}, default=str).decode(),
+                "metadata": orjson.dumps({**meta, "trace": trace.metadata if trace is not None else {}}, default=str).decode(),
             })
     return rows
 
@@ -58,6 +69,7 @@ def write_parquet(trajectories: Sequence[Trajectory], path: Path) -> int:
         ("session_id", pa.string()), ("trace_index", pa.int32()), ("task_id", pa.string()),
         ("group_id", pa.string()), ("sample_index", pa.int32()), ("harness", pa.string()),
         ("reward", pa.float64()), ("status", pa.string()), ("trace_status", pa.string()),
+        ("failure_kind", pa.string()), ("failure_detail", pa.string()), ("mask", pa.bool_()),
         ("prompt_ids", pa.list_(pa.int64())), ("response_ids", pa.list_(pa.int64())),
         ("loss_mask", pa.list_(pa.int8())), ("response_logprobs", pa.list_(pa.float64())),
         ("weight_versions", pa.list_(pa.string())), ("metadata", pa.string()),

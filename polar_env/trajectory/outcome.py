@@ -1,8 +1,10 @@
-"""A session's outcome on its trajectory: reward, status and provenance, so files are self-describing.
+"""A session's outcome on its trajectory: reward, status, failure and provenance, so files are
+self-describing.
 
 The rollout pipeline writes the outcome next to the session's journal (``<session>.result.json``)
 and applies it to the trajectory it builds; ``build_trajectories`` applies the same file when it
-rebuilds a store later, so both give the same rewarded trajectory.
+rebuilds a store later, so both give the same rewarded trajectory with the same ``status``,
+``failure_kind``, ``failure_detail`` and ``mask`` (``polar_env.records.masked``).
 """
 
 from __future__ import annotations
@@ -12,28 +14,51 @@ from typing import Any
 
 import orjson
 
-from polar_env.records import Status, Trajectory
+from polar_env.records import FailureKind, Status, Trajectory, masked
 
 RESULT_SUFFIX = ".result.json"
-# session status → trajectory status; a cancelled session never yields a trainable COMPLETED trace
-_STATUS = {"completed": Status.COMPLETED, "timeout": Status.TIMEOUT, "error": Status.ERROR,
-           "cancelled": Status.ABORTED}
+_TYPED = ("status", "reward", "failure_kind", "failure_detail", "error")  # fields of the trajectory, not metadata
+_LEGACY = (("INIT", FailureKind.INIT_ERROR), ("limit exceeded", FailureKind.LIMIT_EXCEEDED),
+           ("evaluation", FailureKind.EVALUATOR_ERROR), ("builder", FailureKind.BUILD_ERROR),
+           ("journal", FailureKind.BUILD_ERROR), ("node", FailureKind.NODE_LOST),
+           ("no outcome was written", FailureKind.NODE_LOST))
+
+
+def legacy_failure_kind(status: Status, detail: str | None) -> FailureKind | None:
+    """The failure kind of an outcome written before kinds existed (only its status and error text)."""
+    if status is Status.COMPLETED:
+        return None
+    if status is Status.CANCELLED:
+        return FailureKind.CANCELLED
+    text = detail or ""
+    for prefix, kind in _LEGACY:
+        if text.startswith(prefix):
+            return FailureKind.EVALUATION_TIMEOUT if kind is FailureKind.EVALUATOR_ERROR and status is Status.TIMEOUT else kind
+    return FailureKind.AGENT_TIMEOUT if status is Status.TIMEOUT else FailureKind.HARNESS_ERROR
 
 
 def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
-    """``traj`` with the outcome's reward on it and every trace, its status (a builder ERROR stays an
-    ERROR) and its provenance in ``metadata``."""
+    """``traj`` with the outcome's reward, status, failure and provenance on it and its traces. A
+    trajectory the builder refused (ERROR) of a session that did not fail otherwise is a build error."""
     reward = float(outcome.get("reward", 0.0))
-    status = traj.status if traj.status is Status.ERROR else _STATUS.get(outcome.get("status", ""), traj.status)
+    status = Status(outcome.get("status") or traj.status)
+    detail = outcome.get("failure_detail") or outcome.get("error")
+    kind = FailureKind(outcome["failure_kind"]) if outcome.get("failure_kind") else legacy_failure_kind(status, detail)
+    if traj.status is Status.ERROR and status is not Status.ERROR:
+        status, kind, detail = Status.ERROR, FailureKind.BUILD_ERROR, str(traj.metadata.get("error") or "build failed")
     session_id = outcome.get("session_id", traj.session_id)
-    group_id = outcome.get("metadata", {}).get("group_id")
-    meta = {**outcome.get("metadata", {}), **{k: v for k, v in outcome.items() if k != "metadata"},
-            **{k: v for k, v in traj.metadata.items()}}
+    provenance = outcome.get("metadata", {})
+    group_id = provenance.get("group_id")
+    meta = {**provenance, **{k: v for k, v in outcome.items() if k != "metadata" and k not in _TYPED},
+            **traj.metadata}
     traces = [t.model_copy(update={"reward": reward,
                                    "status": status if t.status is Status.COMPLETED else t.status,
                                    "metadata": {**t.metadata, "session_id": session_id, "group_id": group_id}})
               for t in traj.traces]
-    return traj.model_copy(update={"traces": traces, "reward": reward, "status": status, "metadata": meta})
+    return traj.model_copy(update={
+        "traces": traces, "reward": reward, "status": status, "metadata": meta, "failure_kind": kind,
+        "failure_detail": detail, "mask": masked(kind, sum(sum(t.loss_mask) for t in traces)),
+        "group_id": group_id, "sample_index": provenance.get("sample_index")})
 
 
 def write_outcome(store_root: Path, session_id: str, outcome: dict[str, Any]) -> None:

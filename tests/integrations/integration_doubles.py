@@ -12,7 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_env.records import Status, Trace, Trajectory
+from polar_env.records import FailureKind, Status, Trace, Trajectory, masked
+from polar_env.staging.models import SessionResult
 
 
 @dataclass
@@ -86,26 +87,27 @@ def multi_turn_trace() -> Trace:
     return trace([1, 2, 3], [([10, 11, 99], [7, 8]), ([12, 99], [7, 9, 9]), ([13, 14], [])])
 
 
-@dataclass
-class FakeResult:
-    """Stand-in for ``polar_env.SessionResult``."""
+DEFAULT_KIND = {"completed": None, "timeout": FailureKind.AGENT_TIMEOUT, "error": FailureKind.ENGINE_ERROR,
+                "cancelled": FailureKind.CANCELLED}
+"""The failure kind a scripted session of each status gets unless the script names one."""
 
-    session_id: str
-    task_id: str
-    group_id: str
-    sample_index: int
-    status: str
-    reward: float
-    evaluation: dict[str, Any]
-    trajectory: Trajectory | None
-    error: str | None = None
+
+def fake_result(task_id: str, index: int, status: str, reward: float, traj: Trajectory | None,
+                kind: FailureKind | None = None, detail: str | None = None) -> SessionResult:
+    """A real ``SessionResult`` for a scripted session (the mask by the real rule)."""
+    kind = kind if kind is not None else DEFAULT_KIND[status]
+    tokens = sum(sum(t.loss_mask) for t in traj.traces) if traj is not None else 0
+    return SessionResult(session_id=f"{task_id}-{index}", task_id=task_id, group_id="g", sample_index=index,
+                         status=Status(status), reward=reward, evaluation={"reward": reward}, trajectory=traj,
+                         failure_kind=kind, failure_detail=detail or (f"scripted {status}" if kind else None),
+                         mask=masked(kind, tokens))
 
 
 @dataclass
 class FakeGroup:
     task_id: str
     group_id: str
-    results: list[FakeResult]
+    results: list[SessionResult]
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -114,9 +116,10 @@ class FakeGroup:
 
 class FakePolarEnv:
     """Test double for ``PolarEnv``: ``rollout`` answers from ``script`` (task_id → list of
-    (status, reward, trajectory) per sample, cycled) and records what it was asked."""
+    (status, reward, trajectory[, failure kind]) per sample, cycled) and records what it was asked.
+    Its results are real ``SessionResult``s."""
 
-    def __init__(self, script: dict[str, list[tuple[str, float, Trajectory | None]]] | None = None,
+    def __init__(self, script: dict[str, list[tuple[Any, ...]]] | None = None,
                  raises: Exception | None = None) -> None:
         self.script = script or {}
         self.raises = raises
@@ -142,9 +145,8 @@ class FakePolarEnv:
         plan = self.script[task_id]
         results = []
         for i in range(n):
-            status, reward, traj = plan[(len(self.calls) - 1 + i) % len(plan)]
-            results.append(FakeResult(session_id=f"{task_id}-{i}", task_id=task_id, group_id="g", sample_index=i,
-                                      status=status, reward=reward, evaluation={"reward": reward}, trajectory=traj))
+            status, reward, traj, *kind = plan[(len(self.calls) - 1 + i) % len(plan)]
+            results.append(fake_result(task_id, i, status, reward, traj, *kind))
         return FakeGroup(task_id=task_id, group_id="g", results=results)
 
     async def rollout_many(self, tasks: list[Any], n: int = 1) -> list[FakeGroup]:

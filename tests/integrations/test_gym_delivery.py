@@ -69,7 +69,8 @@ async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(
     assert delivery.dropped_token_share == title_tokens / (title_tokens + sum(traj.traces[main].loss_mask))
     assert choose_delivered(build_prefix_merged(records)) == delivery  # deterministic on a rebuild
     row = {"responses_create_params": {"input": [{"role": "user", "content": "echo hi"}]}}
-    result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, error=None, trajectory=traj)
+    result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, failure_kind=None,
+                             failure_detail=None, mask=False, trajectory=traj)
     out = build_result(row, result, model="m", records=records)
     assert out["polar_dropped_traces"] == 1 and out["polar_dropped_tokens"] == title_tokens
     items = out["response"]["output"]

@@ -32,7 +32,7 @@ from polar_env.integrations.nemo_gym.agent import build_result
 from polar_env.integrations.nemo_gym.convert import check_contiguous
 row = {{"responses_create_params": {{"input": [{{"role": "user", "content": "fix"}}]}}, "instance_id": "x"}}
 result = SimpleNamespace(session_id="s", status="completed", reward=1.0, evaluation={{"resolved": True}},
-                         error=None, trajectory=trajectory([multi_turn_trace()]))
+                         failure_kind=None, failure_detail=None, mask=False, trajectory=trajectory([multi_turn_trace()]))
 out = PolarRunResponse.model_validate(build_result(row, result, model="m")).model_dump(mode="json")
 items = out["response"]["output"]
 assert len(items) == 3 and all("generation_token_ids" in i for i in items), items

@@ -15,6 +15,7 @@ from polar_env.env import task_request as polar_task_request
 from polar_env.integrations.nemo_gym import GYM_ROOT
 from polar_env.integrations.nemo_gym.agent import PolarGymAgent, gym_ids, task_request
 from polar_env.integrations.nemo_gym.convert import check_contiguous, generation_spans, output_items
+from polar_env.records import FailureKind
 
 
 def nemo_rl_message_log(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,14 +104,21 @@ async def test_agent_run_multi_chain_session() -> None:
     assert (env.entered, env.exited) == (1, 1)
 
 
-@pytest.mark.parametrize("status, traj, kind, masked", [
-    ("error", None, "polar_agent:session_error", True),
-    ("cancelled", None, "polar_agent:session_cancelled", True),
-    ("completed", trajectory([]), "polar_agent:no_tokens", True),
-    ("timeout", trajectory([multi_turn_trace()], reward=0.0), None, False),  # the policy ran out of time
+@pytest.mark.parametrize("status, traj, failure, kind, masked", [
+    ("error", None, FailureKind.ENGINE_ERROR, "polar_agent:engine_error", True),
+    ("error", None, FailureKind.INIT_ERROR, "polar_agent:init_error", True),
+    ("error", trajectory([multi_turn_trace()], reward=0.0), FailureKind.EVALUATOR_ERROR, "polar_agent:evaluator_error", True),
+    ("error", trajectory([multi_turn_trace()], reward=0.0), FailureKind.NODE_LOST, "polar_agent:node_lost", True),
+    ("cancelled", None, FailureKind.CANCELLED, "polar_agent:cancelled", True),
+    ("completed", trajectory([]), None, "polar_agent:no_tokens", True),
+    # the policy ran out of time / broke its harness: its tokens train with reward 0, the kind is still named
+    ("timeout", trajectory([multi_turn_trace()], reward=0.0), FailureKind.AGENT_TIMEOUT, "polar_agent:agent_timeout", False),
+    ("error", trajectory([multi_turn_trace()], reward=0.0), FailureKind.HARNESS_ERROR, "polar_agent:harness_error", False),
+    ("timeout", None, FailureKind.AGENT_TIMEOUT, "polar_agent:agent_timeout", True),  # timed out before any call
 ])
-async def test_agent_failures(status: str, traj: Any, kind: str | None, masked: bool) -> None:
-    env = FakePolarEnv({"toy__calc-1": [(status, 0.0, traj)]})
+async def test_agent_failures(status: str, traj: Any, failure: FailureKind | None, kind: str | None, masked: bool) -> None:
+    """mask_sample and failure_kind come from the session's typed outcome, not from its status text."""
+    env = FakePolarEnv({"toy__calc-1": [(status, 0.0, traj, failure)]})
     out = await PolarGymAgent(env).run(ROW)
     assert out["mask_sample"] is masked and out["reward"] == 0.0
     assert out.get("failure_kind") == kind

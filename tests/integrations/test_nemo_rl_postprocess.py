@@ -58,7 +58,8 @@ async def test_nemo_rl_postprocesses_a_real_polar_result(tmp_path: Path) -> None
     records = await opencode_capture(tmp_path)
     traj = build_prefix_merged(records)
     row = {"responses_create_params": {"input": [{"role": "user", "content": "echo hi"}]}}
-    result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, error=None, trajectory=traj)
+    result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, failure_kind=None,
+                             failure_detail=None, mask=False, trajectory=traj)
     out = build_result(row, result, model="m", records=records)
     out["responses_create_params"] = row["responses_create_params"]
     payload = tmp_path / "run.json"

@@ -13,11 +13,12 @@ import orjson
 import pytest
 from integration_doubles import multi_turn_trace, trace, trajectory
 
-from polar_env.integrations.sft import SFT_JSONL, SFT_PARQUET, accepted, export, sft_rows
+from polar_env.integrations.sft import SFT_JSONL, SFT_PARQUET, accepted, export, export_job, sft_rows
 from polar_env.records import (
     AssistantMessage,
     ChatRequest,
     CompletionRecord,
+    FailureKind,
     ProviderAPI,
     Timings,
     ToolCall,
@@ -57,16 +58,17 @@ def test_rows_hold_exact_ids_masks_and_messages() -> None:
     assert (row["num_messages"], row["assistant_turns"], row["loss_weight"]) == (5, 2, 1.0)
 
 
-@pytest.mark.parametrize("status, reward, evaluation, ok", [
-    ("completed", 1.0, {"status": "completed", "resolved": True}, True),
-    ("completed", 1.0, {"status": "completed", "resolved": False}, False),  # swebench's verdict wins
-    ("timeout", 0.0, {"status": "skipped"}, False),
-    ("completed", 0.0, {"status": "error"}, False),
-    ("completed", 0.5, {"status": "completed"}, False),  # no verdict: reward >= min_reward
-    ("completed", 1.0, {"status": "completed"}, True),
+@pytest.mark.parametrize("kind, reward, evaluation, ok", [
+    (None, 1.0, {"status": "completed", "resolved": True}, True),
+    (None, 1.0, {"status": "completed", "resolved": False}, False),  # swebench's verdict wins
+    (FailureKind.AGENT_TIMEOUT, 0.0, {"status": "skipped"}, False),
+    (FailureKind.EVALUATOR_ERROR, 0.0, {"status": "error"}, False),
+    (FailureKind.LIMIT_EXCEEDED, 1.0, {"status": "completed"}, False),  # any failure: never SFT data
+    (None, 0.5, {"status": "completed"}, False),  # no verdict: reward >= min_reward
+    (None, 1.0, {"status": "completed"}, True),
 ])
-def test_acceptance(status: str, reward: float, evaluation: dict[str, Any], ok: bool) -> None:
-    assert accepted(status, reward, evaluation) is ok
+def test_acceptance(kind: FailureKind | None, reward: float, evaluation: dict[str, Any], ok: bool) -> None:
+    assert accepted(kind, reward, evaluation) is ok
 
 
 def test_export_filters_by_acceptance_and_loads_back(tmp_path: Path) -> None:
@@ -74,9 +76,9 @@ def test_export_filters_by_acceptance_and_loads_back(tmp_path: Path) -> None:
                        trace([1, 4], [([30, 31], [])])], reward=1.0, session_id="s-1")
     bad = trajectory([multi_turn_trace()], reward=0.0, session_id="s-2")
     resolved = {"status": "completed", "resolved": True}
-    results = [("completed", 1.0, resolved, good, "toy/calc"),
-               ("completed", 0.0, {"status": "completed", "resolved": False}, bad, "toy/calc"),
-               ("error", 0.0, {}, None, "toy/textkit")]
+    results = [(None, 1.0, resolved, good, "toy/calc"),
+               (None, 0.0, {"status": "completed", "resolved": False}, bad, "toy/calc"),
+               (FailureKind.INIT_ERROR, 0.0, {}, None, "toy/textkit")]
     summary = export(results, lambda t: conversation() if t.session_id == "s-1" else [], tmp_path)
     assert summary.per_repo == {"toy/calc": [2, 1], "toy/textkit": [1, 0]}
     assert summary.rows == 2 and summary.messages == [5] and summary.assistant_turns == [2]
@@ -129,3 +131,25 @@ def test_cli_sft_keeps_only_the_solved_task(tmp_path: Path, capsys: pytest.Captu
     assert rows[0]["input_ids"] == tr["prompt_ids"] + tr["response_ids"]  # the engine's ids, untouched
     assert rows[0]["loss_mask"][len(tr["prompt_ids"]):] == tr["loss_mask"]
     assert rows[0]["messages"][-1]["role"] == "assistant" and rows[0]["messages"][-2]["role"] == "tool"
+
+
+def test_export_job_reads_typed_rows_and_old_ones(tmp_path: Path) -> None:
+    """sessions.jsonl rows are accepted by their failure kind and mask; rows written before kinds
+    existed (``error`` text) still load, and a failed one is never accepted."""
+    from polar_env.trajectory.export import write_jsonl
+
+    good = trajectory([multi_turn_trace()], reward=1.0, session_id="ok")
+    timed_out = trajectory([multi_turn_trace()], reward=1.0, session_id="late").model_copy(
+        update={"failure_kind": FailureKind.AGENT_TIMEOUT})
+    old = trajectory([multi_turn_trace()], reward=1.0, session_id="old")
+    write_jsonl([good, timed_out, old], tmp_path / "trajectories.jsonl")
+    rows = [{"session_id": "ok", "task_id": "t", "status": "completed", "reward": 1.0, "failure_kind": None,
+             "mask": False, "evaluation": {"status": "completed"}},
+            {"session_id": "late", "task_id": "t", "status": "timeout", "reward": 1.0, "failure_kind": "agent_timeout",
+             "mask": False, "evaluation": {"status": "completed"}},
+            {"session_id": "old", "task_id": "t", "status": "error", "reward": 1.0, "error": "INIT failed: boom",
+             "evaluation": {"status": "completed"}}]
+    (tmp_path / "sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = export_job(tmp_path, {})
+    assert summary.per_repo == {"t": [3, 1]}
+    assert {r["session_id"] for r in map(orjson.loads, (tmp_path / SFT_JSONL).read_bytes().splitlines())} == {"ok"}

@@ -28,7 +28,7 @@ from polar_env.integrations.slime import (
     task_row,
     trajectory_to_samples,
 )
-from polar_env.records import Status
+from polar_env.records import FailureKind, Status
 
 ARGS = SimpleNamespace(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
                        reward_key=None, rollout_max_context_len=None)
@@ -237,6 +237,37 @@ async def test_generate_with_fake_polar_env() -> None:
     assert env.exited == 1
 
 
+@pytest.mark.parametrize("status, kind, traj, want", [
+    # environment failures and unfinished runs: the one-sample placeholder, never trained
+    ("error", FailureKind.INIT_ERROR, None, "FAILED"),
+    ("error", FailureKind.ENGINE_ERROR, "good", "FAILED"),
+    ("error", FailureKind.EVALUATOR_ERROR, "good", "FAILED"),
+    ("error", FailureKind.BUILD_ERROR, None, "FAILED"),
+    ("error", FailureKind.NODE_LOST, "good", "FAILED"),
+    ("cancelled", FailureKind.CANCELLED, "good", "ABORTED"),
+    ("cancelled", FailureKind.INTERRUPTED, None, "ABORTED"),
+    ("timeout", FailureKind.AGENT_TIMEOUT, None, "FAILED"),  # timed out before any call: nothing to train
+    # the policy's own failures keep their tokens and train with reward 0
+    ("timeout", FailureKind.AGENT_TIMEOUT, "good", "COMPLETED"),
+    ("error", FailureKind.HARNESS_ERROR, "good", "COMPLETED"),
+    ("error", FailureKind.LIMIT_EXCEEDED, "good", "COMPLETED"),
+    ("timeout", FailureKind.EVALUATION_TIMEOUT, "good", "COMPLETED"),
+])
+async def test_sample_status_and_mask_come_from_the_failure_kind(status: str, kind: FailureKind, traj: Any, want: str) -> None:
+    good = trajectory([multi_turn_trace()], reward=0.0)
+    env = FakePolarEnv({"t": [(status, 0.0, good if traj else None, kind)]})
+    rollout = SlimeRollout(env, aborted=lambda: False)
+    samples = await rollout.generate(ARGS, SampleDouble(index=1, group_index=0, metadata={"task_id": "t"}), {})
+    assert [s.status for s in samples] == [getattr(SampleDouble.Status, want)]
+    (s,) = samples
+    assert s.remove_sample is (want != "COMPLETED") and s.reward == 0.0
+    assert s.metadata[POLAR_METADATA_KEY]["failure_kind"] == kind.value
+    if want != "COMPLETED":
+        assert s.loss_mask == [0] and s.tokens == FAILURE_TOKENS
+    else:
+        assert sum(s.loss_mask) == sum(good.traces[0].loss_mask)
+
+
 # --- the real slime Sample, when slime imports -------------------------------------------------
 
 HAVE_SLIME = importlib.util.find_spec("slime") is not None and importlib.util.find_spec("slime.utils") is not None
@@ -369,7 +400,8 @@ class _CancellableEnv:
         gate = self._gate[overrides["group_id"]] = asyncio.Event()
         self.started.set()
         await gate.wait()
-        result = SimpleNamespace(status="cancelled", reward=0.0, trajectory=None, evaluation={}, error="cancelled")
+        result = SimpleNamespace(status="cancelled", reward=0.0, trajectory=None, evaluation={}, mask=True,
+                                 failure_kind="cancelled", failure_detail="cancelled")
         return SimpleNamespace(results=[result])
 
 

@@ -138,7 +138,7 @@ def test_limits_end_their_own_session_and_spare_the_others(tmp_path: Path) -> No
     results = out["results"]
     assert out["peak_mb"] < 1024, f"peak RSS {out['peak_mb']:.0f} MiB (before the sessions {out['before_mb']:.0f} MiB)"
     flood = results["flood"]
-    assert flood["status"] == "completed", flood["error"]
+    assert flood["status"] == "completed", flood["failure_detail"]
     seen = _tool_outputs(tmp_path, flood["session_id"])  # what the model was sent
     assert "characters truncated; " in seen and "bytes of output were dropped by the runtime's output cap" in seen
     assert "flood-done" in seen
@@ -147,7 +147,8 @@ def test_limits_end_their_own_session_and_spare_the_others(tmp_path: Path) -> No
     enforced = [("forks", "pids_limit"), ("memory", "memory_mb")] if cgroup_version() else []
     for name, limit in (*enforced, ("disk", "disk_mb")):
         r = results[name]
-        assert r["status"] == "error" and r["error"] is not None and f"limit exceeded: {limit}=" in r["error"], (name, r["error"])
+        assert r["status"] == "error" and r["failure_kind"] == "limit_exceeded", (name, r["failure_detail"])
+        assert f"limit exceeded: {limit}=" in r["failure_detail"] and r["mask"] is False  # the policy's doing: trained
         assert r["limits"]["hit"] and r["limits"]["hit"].startswith(limit)
     assert results["normal"]["status"] == "completed" and results["normal"]["reward"] == 1.0
     assert results["normal"]["limits"]["limits"]["pids_limit"] == 64

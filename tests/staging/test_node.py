@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.records import Status
+from polar_env.records import FailureKind, Status
 from polar_env.staging.models import (
     AgentSpec,
     SessionSpec,
@@ -95,7 +95,8 @@ async def test_agent_timeout_keeps_the_partial_trajectory(node_config) -> None: 
     finally:
         await server.aclose()
     r = status.results[0]
-    assert r.status is SessionStatus.TIMEOUT and "agent exceeded 0.5 s" in (r.error or "")
+    assert r.status is SessionStatus.TIMEOUT and "agent exceeded 0.5 s" in (r.failure_detail or "")
+    assert r.failure_kind is FailureKind.AGENT_TIMEOUT and not r.mask  # the policy's doing: trained with reward 0
     assert r.reward == 0.0 and r.evaluation["status"] == "skipped"
     assert r.records == 1 and r.trajectory is not None  # the first call was captured and built
     assert r.trajectory.status is Status.TIMEOUT and len(r.trajectory.traces[0].response_ids) > 0
@@ -120,7 +121,8 @@ async def test_harness_crash_is_an_error_with_the_partial_trajectory(node_config
     finally:
         await server.aclose()
     r = status.results[0]
-    assert r.status is SessionStatus.ERROR and "the harness process died" in (r.error or "")
+    assert r.status is SessionStatus.ERROR and "the harness process died" in (r.failure_detail or "")
+    assert r.failure_kind is FailureKind.HARNESS_ERROR and r.trajectory.failure_kind is FailureKind.HARNESS_ERROR
     assert r.records == 1 and r.trajectory is not None and r.trajectory.status is Status.ERROR
     assert node.made[0].stopped
 
@@ -133,7 +135,13 @@ async def test_init_failure_is_an_error_and_frees_its_place(node_config) -> None
     finally:
         await server.aclose()
     assert [r.status for r in status.results] == [SessionStatus.ERROR] * 3
-    assert all("INIT failed" in (r.error or "") and r.trajectory is None for r in status.results)
+    assert all("INIT failed" in (r.failure_detail or "") for r in status.results)
+    # each has its (empty) trajectory row, typed init_error and masked
+    for r in status.results:
+        traj = r.trajectory
+        assert r.failure_kind is FailureKind.INIT_ERROR and r.mask
+        assert traj.traces == [] and traj.status is Status.ERROR and traj.failure_kind is FailureKind.INIT_ERROR
+        assert traj.mask and traj.group_id == status.group_id and traj.sample_index == r.sample_index
 
 
 async def test_cancel_at_any_stage_reports_cancelled(node_config) -> None:  # type: ignore[no-untyped-def]
@@ -155,8 +163,10 @@ async def test_cancel_at_any_stage_reports_cancelled(node_config) -> None:  # ty
     finally:
         await node.stop()
     assert [r.status for r in results] == [SessionStatus.CANCELLED] * 3
-    assert results[0].records == 1 and results[0].trajectory is not None  # what was captured is kept, marked
-    assert results[0].trajectory.status is Status.ABORTED and results[1].trajectory is None
+    assert [r.failure_kind for r in results] == [FailureKind.CANCELLED] * 3 and all(r.mask for r in results)
+    assert results[0].records == 1 and results[0].trajectory.traces  # what was captured is kept, marked
+    assert results[0].trajectory.status is Status.CANCELLED and results[1].trajectory.traces == []
+    assert all(r.trajectory.status is Status.CANCELLED and r.trajectory.mask for r in results)
     assert len(node.made) == 2 and all(rt.stopped for rt in node.made)  # c-2 never got a runtime
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_env.engines.config import EngineConfig
+from polar_env.records import FailureKind
 from polar_env.staging.cluster import ClusterConfig, start_cluster
 from polar_env.staging.models import SessionStatus
 from polar_env.staging.node import NodeConfig
@@ -46,7 +47,7 @@ async def test_sessions_run_in_node_actors(ray_local: None, tmp_path: Path) -> N
         stats = await cluster.server.node_stats()
     finally:
         await cluster.aclose()
-    assert [r.status for r in status.results] == [SessionStatus.COMPLETED] * 4, [r.error for r in status.results]
+    assert [r.status for r in status.results] == [SessionStatus.COMPLETED] * 4, [r.failure_detail for r in status.results]
     assert {r.node_id for r in status.results} == {"node-0", "node-1"}
     assert all(r.reward == 1.0 and r.trajectory is not None for r in status.results)
     assert sorted(s["completed"] for s in stats) == [2, 2]
@@ -72,18 +73,20 @@ async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp
         for r in status.results:
             by_node.setdefault(r.node_id, []).append(r.status)
         assert by_node["node-0"] == [SessionStatus.ERROR] * 2
-        assert all("node node-0 died" in (r.error or "") for r in status.results if r.node_id == "node-0")
-        # the dead node's sessions keep their partial calls, as ERROR trajectories with an outcome on disk
+        assert all("node node-0 died" in (r.failure_detail or "") for r in status.results if r.node_id == "node-0")
+        # the dead node's sessions keep their partial calls, as masked node_lost trajectories with an outcome on disk
         dead = [r for r in status.results if r.node_id == "node-0"]
-        assert sum(r.records for r in dead) >= 1 and any(r.trajectory is not None for r in dead)
+        assert sum(r.records for r in dead) >= 1 and any(r.trajectory.traces for r in dead)
         for r in dead:
-            if r.trajectory is not None:
-                assert r.trajectory.status.value == "error" and r.trajectory.reward == 0.0
+            assert r.failure_kind is FailureKind.NODE_LOST and r.mask
+            assert r.trajectory.status.value == "error" and r.trajectory.reward == 0.0
+            assert r.trajectory.failure_kind is FailureKind.NODE_LOST and r.trajectory.mask
             assert (tmp_path / "store" / "node-0" / f"{r.session_id}.result.json").exists()
         from polar_env.trajectory.reader import build_trajectories
 
         rebuilt = {t.session_id: t for t in build_trajectories(tmp_path / "store" / "node-0")}
-        assert rebuilt and all(t.status.value == "error" for t in rebuilt.values())
+        assert set(rebuilt) == {r.session_id for r in dead}  # every lost session has its row, calls or not
+        assert all(t.status.value == "error" and t.failure_kind is FailureKind.NODE_LOST for t in rebuilt.values())
         assert by_node["node-1"] == [SessionStatus.COMPLETED] * 2
         # the server keeps serving, on the live node only
         again = await asyncio.wait_for(cluster.server.run(loop_task(2, evaluator=None)), 120)

@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from polar_env.records import FailureKind
 from polar_env.staging.models import SessionStatus, TaskRequest, TaskState, TaskStatus
 from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
 from tests.staging.conftest import FakeRuntimeNode
@@ -49,6 +50,7 @@ async def test_early_stop_cancels_the_stragglers(node_config) -> None:  # type: 
     assert sum(s is SessionStatus.COMPLETED for s in by_status.values()) >= 3
     assert {sid for sid, s in by_status.items() if s is SessionStatus.CANCELLED} == slow
     assert len(status.results) == 6  # stragglers still report
+    assert {r.session_id for r in status.results if r.failure_kind is FailureKind.CANCELLED and r.mask} == slow
 
 
 async def test_callback_is_retried_until_it_is_accepted(node_config) -> None:  # type: ignore[no-untyped-def]
@@ -119,6 +121,7 @@ async def test_http_task_api_requires_the_token(node_config) -> None:  # type: i
                 break
             await asyncio.sleep(0.05)
         assert summary["done"] == 2 and summary["statuses"] == {"completed": 2} and summary["mean_reward"] == 1.0
+        assert summary["failure_kinds"] == {} and summary["masked"] == 0
         full = TaskStatus.model_validate(await (await client.get(f"/rollout/task/{group}", headers=auth)).json())
         assert all(r.trajectory is not None for r in full.results)
         overview = await (await client.get("/rollout/status", headers=auth)).json()
@@ -143,6 +146,8 @@ async def test_cancel_a_running_task_over_http(node_config) -> None:  # type: ig
     status = server.get(group)
     assert status is not None and status.state is TaskState.CANCELLED
     assert [r.status for r in status.results] == [SessionStatus.CANCELLED] * 2
+    assert all(r.failure_kind is FailureKind.CANCELLED and r.mask and r.trajectory.traces for r in status.results)
+    assert status.summary()["failure_kinds"] == {"cancelled": 2} and status.summary()["masked"] == 2
     await server.aclose()
 
 

@@ -367,7 +367,7 @@ async function pageSession(run, sid) {
     h("h1", {}, `${sid} `, badge(r.status), r.failure_kind ? h("span", {class: "badge error", text: r.failure_kind}) : null),
     h("p", {class: "muted"}, `task ${r.task_id} · sample ${fmt(r.sample_index)} · harness ${fmt(r.harness)} · node ${fmt(r.node_id)} · `,
       h("a", {href: `#/run/${enc(run)}/session/${enc(sid)}/journal`, id: "journal-link", text: "raw journal records"})),
-    d.error ? h("div", {class: "card bad", text: d.error}) : null,
+    d.failure_detail ? h("div", {class: "card bad", text: d.failure_detail}) : null,
     facts, h("div", {class: "grid2"}, evaluationView(d.evaluation), stagesView(d.stage_seconds)),
     await traceView(run, sid, d.traces),
     h("div", {class: "card"}, h("h2", {text: "Transcript (what the harness sent, and each reply)"}), transcript, more));

@@ -4,8 +4,10 @@ The row is Gym's: ``responses_create_params`` (the prompt, as Responses ``input`
 passed through (a SWE-Gym row for ``polar_swegym``), and ``_ng_rollout_id``. The Polar task is the
 row's ``task`` field if it has one, else the row itself without Gym's own keys; the instruction is
 the row's ``instruction``/``problem_statement`` or the last user message of the input. The result
-carries the real evaluator reward; ``mask_sample`` is set when the environment, not the policy,
-failed (the session errored or was cancelled, the evaluation failed, nothing was sampled).
+carries the real evaluator reward; ``mask_sample`` is the session's ``mask``
+(``polar_env.records.masked``: the environment, not the policy, failed, the session was cancelled, or
+nothing was sampled) or nothing delivered; ``failure_kind`` is ``polar_agent:<FailureKind>`` whenever
+the session did not complete (an agent timeout keeps its tokens and reward 0, unmasked).
 No nemo_gym import: Gym's ``app.py`` wraps this in its server classes.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 from polar_env.integrations.delivery import DeliveryTally, choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.integrations.nemo_gym.convert import output_items, response_object
+from polar_env.records import FailureKind
 
 GYM_KEYS = ("responses_create_params", "_ng_rollout_id", "_ng_task_index", "_ng_rollout_index", "agent_ref",
             "capture_rollout_id")
@@ -86,22 +89,21 @@ def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Se
     chosen = delivery.index
     items = output_items(traj.traces[chosen], records) if traj is not None and chosen is not None else []
     evaluation = dict(result.evaluation or {})
-    eval_failed = evaluation.get("status") in ("error", "timeout")
+    kind = str(result.failure_kind) if result.failure_kind else None
     failure: tuple[str, str] | None = None
-    if status in ("error", "cancelled"):
-        failure = (f"{FAILURE_KIND_PREFIX}:session_{status}", result.error or f"session {status}")
-    elif eval_failed:
-        failure = (f"{FAILURE_KIND_PREFIX}:evaluation_{evaluation['status']}", str(evaluation.get("reason") or ""))
+    if kind is not None:
+        failure = (f"{FAILURE_KIND_PREFIX}:{kind}", result.failure_detail or kind)
     elif not items:
         failure = (f"{FAILURE_KIND_PREFIX}:no_tokens", "the session sampled no tokens")
     out = {k: v for k, v in row.items() if k not in ("_ng_rollout_id", "capture_rollout_id")}
     out.update({
         "response": response_object(items, model=model, created_at=time.time(), incomplete=status != "completed"),
         "reward": float(result.reward),
-        "mask_sample": failure is not None,
+        "mask_sample": bool(result.mask) or not items,
         "polar": {
             "session_id": result.session_id,
             "status": status,
+            "failure_kind": kind,
             "evaluation": evaluation,
             "delivered_trace": chosen,
             "traces": len(traj.traces) if traj is not None else 0,
@@ -141,7 +143,8 @@ class PolarGymAgent:
             raise
         except Exception as exc:  # noqa: BLE001 - Gym gets a masked sample, not a 500
             result = SimpleNamespace(session_id="", status="error", trajectory=None, reward=0.0, evaluation={},
-                                     error=f"{type(exc).__name__}: {exc}")
+                                     failure_kind=FailureKind.NODE_LOST, mask=True,
+                                     failure_detail=f"the rollout service failed: {type(exc).__name__}: {exc}")
         records = await asyncio.to_thread(self._records, result.session_id, getattr(result, "node_id", ""))
         out = build_result(row, result, model=self.model, records=records)
         self.delivery.add(choose_delivered(result.trajectory))
