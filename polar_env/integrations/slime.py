@@ -143,6 +143,8 @@ def trajectory_to_samples(
             failure = str(trajectory.metadata.get("error") or "trajectory build failed")
         elif not any(t.response_ids for t in trajectory.traces):
             failure = "session produced no sampled tokens"
+        elif not any(t.response_ids and t.trainable for t in trajectory.traces):
+            failure = "no chain the harness continued (only side requests or abandoned calls)"
     if failure is not None:
         aborted = trajectory is not None and trajectory.status is Status.ABORTED
         return [failure_sample(base, failure, aborted=aborted)]
@@ -151,7 +153,7 @@ def trajectory_to_samples(
     value = 0.0 if chosen is None else float(chosen)
     if not math.isfinite(value):
         raise ValueError(f"session {trajectory.session_id}: reward {value} is not finite")
-    traces = [t for t in trajectory.traces if t.response_ids]
+    traces = [t for t in trajectory.traces if t.response_ids and t.trainable]  # never train a side chain
     weights = trace_weights(traces, credit)
     samples: list[Any] = []
     for index, (original, weight) in enumerate(zip(traces, weights, strict=True)):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,7 +260,7 @@ class Decoder:
         return record
 
 
-def apply_events(records: list[CompletionRecord], events: list[Mapping[str, Any]]) -> list[CompletionRecord]:
+def apply_events(records: list[CompletionRecord], events: Sequence[Mapping[str, Any]]) -> list[CompletionRecord]:
     """``records`` with the client-gone events of their journal folded into their notes."""
     gone = {e.get("seq") for e in events if e.get("event") == CLIENT_GONE_EVENT}
     for record in records:

@@ -124,7 +124,7 @@ def _link(records: Sequence[CompletionRecord], eot: Collection[int], turn_start:
                     continue
                 up = packed[leaf.parent.record.seq]
                 cut = boundary(up, prompt, eot, turn_start)
-                if cut is not None and (key := (int(cut == len(up.ids)), cut)) > best:
+                if cut is not None and (key := (int(cut == len(up.ids)), cut, 0, 0)) > best:
                     parent, best = leaf.parent, key
         if parent is not None:
             node.parent = parent

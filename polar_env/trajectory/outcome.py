@@ -21,15 +21,16 @@ _STATUS = {"completed": Status.COMPLETED, "timeout": Status.TIMEOUT, "error": St
 
 
 def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
-    """``traj`` with the outcome's reward on it and every trace, its status (a builder ERROR stays an
-    ERROR) and its provenance in ``metadata``."""
+    """``traj`` with the outcome's reward on it and on every trainable trace (a chain the harness did
+    not continue gets none: ``lineage.py``), its status (a builder ERROR stays an ERROR) and its
+    provenance in ``metadata``."""
     reward = float(outcome.get("reward", 0.0))
     status = traj.status if traj.status is Status.ERROR else _STATUS.get(outcome.get("status", ""), traj.status)
     session_id = outcome.get("session_id", traj.session_id)
     group_id = outcome.get("metadata", {}).get("group_id")
     meta = {**outcome.get("metadata", {}), **{k: v for k, v in outcome.items() if k != "metadata"},
             **{k: v for k, v in traj.metadata.items()}}
-    traces = [t.model_copy(update={"reward": reward,
+    traces = [t.model_copy(update={"reward": reward if t.trainable else None,
                                    "status": status if t.status is Status.COMPLETED else t.status,
                                    "metadata": {**t.metadata, "session_id": session_id, "group_id": group_id}})
               for t in traj.traces]

@@ -104,7 +104,7 @@ def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Se
             "evaluation": evaluation,
             "delivered_trace": chosen,
             "traces": len(traj.traces) if traj is not None else 0,
-            "trainable_tokens": [sum(t.loss_mask) for t in traj.traces] if traj is not None else [],
+            "trainable_tokens": [sum(t.loss_mask) if t.trainable else 0 for t in traj.traces] if traj is not None else [],
             "dropped_traces": delivery.dropped_traces,
             "dropped_tokens": delivery.dropped_tokens,
         },
