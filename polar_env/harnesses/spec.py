@@ -22,6 +22,7 @@ the shape ``check.py`` and runtimes consume.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Mapping
@@ -105,8 +106,9 @@ def _text(content: object) -> str:
 @dataclass(frozen=True, slots=True)
 class RequestMatch:
     """What a side request's model call looks like once normalized (its ``ChatRequest``), checked
-    by builders; every condition given must hold. ``system``: any of these phrases occurs in a
-    system message (case-insensitive); ``tools``: False for a call that offers no tools;
+    by builders; every condition given must hold. ``system``: any of these phrases occurs in the
+    leading system messages (case-insensitive; only those, so a check costs nothing per turn of
+    history); ``tools``: False for a call that offers no tools;
     ``json_output``: True for a call that asks for JSON output (``response_format``)."""
 
     api: ProviderAPI | None = None
@@ -122,8 +124,8 @@ class RequestMatch:
         if self.json_output is not None and (chat.response_format is not None) != self.json_output:
             return False
         if self.system:
-            text = "\n".join(_text(m.get("content")) for m in chat.messages
-                             if m.get("role") in ("system", "developer")).lower()
+            lead = itertools.takewhile(lambda m: m.get("role") in ("system", "developer"), chat.messages)
+            text = "\n".join(_text(m.get("content")) for m in lead).lower()
             if not any(phrase.lower() in text for phrase in self.system):
                 return False
         return True

@@ -97,4 +97,5 @@ class DeliveryTally:
         r = self.report()
         return (f"delivered one trace per rollout: {r['dropped_traces']} of {r['traces']} traces and "
                 f"{r['dropped_tokens']} of {r['trainable_tokens']} trainable tokens dropped "
-                f"({float(r['dropped_token_share']):.1%}) over {r['rollouts']} rollouts")
+                f"({float(r['dropped_token_share']):.1%}) over {r['rollouts']} rollouts; "
+                f"{r['untrained_tokens']} tokens of side requests and abandoned calls not trainable")

@@ -1,5 +1,6 @@
 """Trajectories to files: JSON lines (one Trajectory per line, lossless) and Parquet (one row per
-trace, the columns a trainer loads: ids, loss mask, logprobs, reward, status and provenance).
+trace, the columns a trainer loads: ids, loss mask, logprobs, reward, status, whether the trace may
+be trained with the task's reward (``trainable``, ``role``) and provenance).
 
 Parquet needs the ``parquet`` extra (pyarrow). Token ids stay int64 lists and logprobs float64.
 """
@@ -38,7 +39,8 @@ def trace_rows(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
                 "session_id": traj.session_id, "trace_index": index,
                 "task_id": meta.get("task_id"), "group_id": meta.get("group_id"),
                 "sample_index": meta.get("sample_index"), "harness": meta.get("harness"),
-                "reward": traj.reward, "status": traj.status.value, "trace_status": trace.status.value,
+                "reward": traj.reward if trace.trainable else None, "status": traj.status.value, "trace_status": trace.status.value,
+                "trainable": trace.trainable, "role": trace.role,
                 "prompt_ids": trace.prompt_ids, "response_ids": trace.response_ids, "loss_mask": trace.loss_mask,
                 "response_logprobs": trace.response_logprobs,
                 "weight_versions": [str(v) for v in meta.get("weight_versions", [])],
@@ -58,6 +60,7 @@ def write_parquet(trajectories: Sequence[Trajectory], path: Path) -> int:
         ("session_id", pa.string()), ("trace_index", pa.int32()), ("task_id", pa.string()),
         ("group_id", pa.string()), ("sample_index", pa.int32()), ("harness", pa.string()),
         ("reward", pa.float64()), ("status", pa.string()), ("trace_status", pa.string()),
+        ("trainable", pa.bool_()), ("role", pa.string()),
         ("prompt_ids", pa.list_(pa.int64())), ("response_ids", pa.list_(pa.int64())),
         ("loss_mask", pa.list_(pa.int8())), ("response_logprobs", pa.list_(pa.float64())),
         ("weight_versions", pa.list_(pa.string())), ("metadata", pa.string()),

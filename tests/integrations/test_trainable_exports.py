@@ -19,6 +19,7 @@ from polar_env.integrations.slime import POLAR_METADATA_KEY, trajectory_to_sampl
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.staging.models import SessionResult, SessionStatus
 from polar_env.staging.report import build_report
+from polar_env.trajectory.export import trace_rows
 from polar_env.trajectory.outcome import with_outcome
 from polar_env.trajectory.per_request import build_per_request
 from polar_env.trajectory.prefix_merge import build_prefix_merged
@@ -53,6 +54,9 @@ def _check(traj: Trajectory, records: list[CompletionRecord]) -> None:
     assert delivery.untrained_tokens == len(records[0].response_ids)
     assert delivery.trainable_tokens == sum(sum(t.loss_mask) for t in main)
     assert trace_weights(traj.traces, CreditScheme.SESSION)[traj.traces.index(title[0])] == 0.0
+
+    rows = trace_rows([traj])  # the Parquet export's rows
+    assert [(r["trainable"], r["role"], r["reward"]) for r in rows] == [(t.trainable, t.role, t.reward) for t in traj.traces]
 
     stats = traj.metadata["stats"]
     assert stats["captured_tokens"] == sum(len(r.response_ids) for r in records)
