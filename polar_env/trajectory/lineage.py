@@ -31,8 +31,10 @@ The algorithm, shared by both builders:
 5. **Roles.** The chain with the most calls (ties: most sampled tokens, then the earliest) is
    ``main``; other chains are ``branch`` (sub-agents, compactions, forks the harness continued) —
    except a standalone single call (a root nobody continued) while ``main`` has more than one
-   call: ``uncontinued``, unless its answer text appears in a later request or its request holds
-   an earlier call's answer text (a sub-agent's reply, a compaction summary carried on).
+   call: ``uncontinued``, unless its answer text appears in a later request (a sub-agent's reply
+   quoted in a tool result), or its request holds the answer of an earlier call nothing continued
+   by tokens (a compaction summary carried into a fresh history; quoting answers that were
+   continued is just history, which a late fork holds too).
 
 Readers of journals written before the client-gone note see no note: "not gone".
 """
@@ -187,8 +189,7 @@ def _answer(record: CompletionRecord) -> bytes:
 class _Requests:
     """Each call's request messages as JSON bytes, serialised on first need."""
 
-    def __init__(self, records: Sequence[CompletionRecord]) -> None:
-        self.records = records
+    def __init__(self) -> None:
         self._bytes: dict[int, bytes] = {}
 
     def of(self, record: CompletionRecord) -> bytes:
@@ -198,22 +199,23 @@ class _Requests:
         return data
 
 
-def _linked(record: CompletionRecord, others: Sequence[CompletionRecord], requests: _Requests) -> bool:
-    """Does a later request quote this call's answer, or its request quote an earlier answer?"""
+def _linked(record: CompletionRecord, others: Sequence[_Node], requests: _Requests) -> bool:
+    """Does a later request quote this call's answer, or its request quote the answer of an
+    earlier call nothing continued (a leaf)?"""
     answer = _answer(record)
     mine = requests.of(record)
     for other in others:
-        if other.seq > record.seq:
-            if answer and answer in requests.of(other):
+        if other.record.seq > record.seq:
+            if answer and answer in requests.of(other.record):
                 return True
-        elif other.seq < record.seq:
-            earlier = _answer(other)
+        elif other.record.seq < record.seq and not other.children:
+            earlier = _answer(other.record)
             if earlier and earlier in mine:
                 return True
     return False
 
 
-def _roles(chains: list[list[_Node]], main_pool: Sequence[CompletionRecord]) -> list[str]:
+def _roles(chains: list[list[_Node]], nodes: Sequence[_Node]) -> list[str]:
     """Step 5."""
     kept = [i for i, c in enumerate(chains) if c[0].dropped is None]
     roles = [c[0].dropped or BRANCH for c in chains]
@@ -222,10 +224,10 @@ def _roles(chains: list[list[_Node]], main_pool: Sequence[CompletionRecord]) -> 
     main = max(kept, key=lambda i: (len(chains[i]), sum(len(n.record.response_ids) for n in chains[i]), -i))
     roles[main] = MAIN
     if len(chains[main]) > 1:
-        requests = _Requests(main_pool)
+        requests = _Requests()
         for i in kept:
             chain = chains[i]
-            if i != main and len(chain) == 1 and chain[0].parent is None and not _linked(chain[0].record, main_pool, requests):
+            if i != main and len(chain) == 1 and chain[0].parent is None and not _linked(chain[0].record, nodes, requests):
                 roles[i] = UNCONTINUED
     return roles
 
@@ -284,7 +286,7 @@ def lineage(records: Sequence[CompletionRecord], eot: Collection[int], turn_star
         if node.gone and not node.children and node.dropped is None:
             node.dropped = CLIENT_GONE  # nobody read it, and nothing continued it
     chains = _chains(nodes)
-    roles = _roles(chains, main_pool)
+    roles = _roles(chains, nodes)
     out = [Chain([n.record for n in chain], role) for chain, role in zip(chains, roles, strict=True)]
     for name, calls in side.items():
         for chain in _chains(_link(calls, eot, turn_start, packed)):

@@ -274,3 +274,64 @@ def test_every_declared_model_side_request_has_a_matcher_that_fits_its_recorded_
     memory["messages"][0] = {"role": "system",
                              "content": "You are now acting as the managed memory extraction subagent for an AI coding assistant."}
     assert side_request_of(record(ProviderAPI.OPENAI_CHAT, memory), requests) == "memory"
+
+
+async def test_a_summary_carried_into_a_fresh_history_keeps_the_post_compaction_call_trainable(tmp_path: Path) -> None:
+    def text(answer: str) -> SimulatedEngine:
+        return SimulatedEngine(latency_s=0.0, policy=ScriptedPolicy(steps=(ScriptStep(text=answer, reasoning="Write it."),)))
+
+    main_engine = simulated("main.")
+    summary = "Summary so far: listed the files, echoed hi, the bug is fixed."
+    engine = PerCallEngine(main_engine, main_engine, main_engine, text(summary), text("All done, nothing left."),
+                           text("Spelling checked: receive."))
+    client, store = await start_gateway(engine, tmp_path)
+    try:
+        gw = Gateway(client, store)
+        s = await gw.session(session_id="compact")
+        main = ChatAgent(gw, s["key"], "You are the main agent.", "Fix the bug.")
+        while not main.done:
+            await main.step()  # seqs 0-2
+        compact = ChatAgent(gw, s["key"], "", "")
+        compact.messages = [*main.messages, {"role": "user", "content": "Summarize the work so far."}]
+        said = await compact.post(compact.body())  # seq 3: the compaction call
+        assert said["content"] == summary
+        after = ChatAgent(gw, s["key"], "You are the main agent.", f"Earlier work: {said['content']} Finish up.")
+        await after.step()  # seq 4: the one call after the compaction, on a fresh history quoting the summary
+        other = ChatAgent(gw, s["key"], "You are the main agent.", "Check the spelling of recieve.")
+        await other.step()  # seq 5: one call on a fresh history that quotes nothing
+    finally:
+        await client.close()
+    records = store.read("compact")
+    traj = build_prefix_merged(records)
+    by_first = {t.metadata["seqs"][0]: (t.trainable, t.role) for t in traj.traces}
+    assert by_first[0] == (True, "main") and by_first[4] == (True, "branch") and by_first[5] == (False, "uncontinued")
+    assert all(t.trainable for t in traj.traces if 3 in t.metadata["seqs"])  # the compaction call itself
+    assert_counts(traj, records)
+
+
+async def test_a_retry_recorded_after_its_sibling_was_continued_is_not_trainable() -> None:
+    """No client-gone note (an old journal): the late sibling is a standalone call whose answer no
+    request quotes, off to the side of a multi-call main chain."""
+    first, second = simulated("first."), simulated("second.")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are the main agent."}, {"role": "user", "content": "Fix it."}]
+    records: list[CompletionRecord] = []
+
+    async def call(engine: SimulatedEngine, history: list[dict[str, Any]]) -> dict[str, Any]:
+        chat = ChatRequest(messages=list(history), tools=[SHELL_TOOL])
+        gen = await engine.generate(chat)
+        records.append(CompletionRecord(**gen.model_dump(), session_id="s", seq=len(records), provider_api=ProviderAPI.OPENAI_CHAT,
+                                        provider_request={}, chat_request=chat, timings={"received_at": 0.0}))
+        msg = gen.message
+        calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in msg.tool_calls]
+        return {"role": "assistant", "content": msg.content or "", "reasoning_content": msg.reasoning, **({"tool_calls": calls} if calls else {})}
+
+    turn = await call(second, messages)  # seq 0
+    messages += [turn, {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "a.py"}]
+    retried = list(messages)
+    turn = await call(second, messages)  # seq 1: the reply the harness got
+    messages += [turn, {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "hi"}]
+    await call(second, messages)  # seq 2
+    await call(first, retried)  # seq 3: the abandoned twin of seq 1, recorded last
+    traj = build_prefix_merged(records)
+    assert roles(traj) == [([0, 1, 2], True, "main"), ([3], False, "uncontinued")]
+    assert_counts(traj, records)
