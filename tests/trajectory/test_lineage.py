@@ -323,7 +323,8 @@ async def test_a_retry_recorded_after_its_sibling_was_continued_is_not_trainable
                                         provider_request={}, chat_request=chat, timings={"received_at": 0.0}))
         msg = gen.message
         calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in msg.tool_calls]
-        return {"role": "assistant", "content": msg.content or "", "reasoning_content": msg.reasoning, **({"tool_calls": calls} if calls else {})}
+        turn: dict[str, Any] = {"role": "assistant", "content": msg.content or "", "reasoning_content": msg.reasoning}
+        return {**turn, "tool_calls": calls} if calls else turn
 
     turn = await call(second, messages)  # seq 0
     messages += [turn, {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "a.py"}]

@@ -92,7 +92,7 @@ def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Se
     elif eval_failed:
         failure = (f"{FAILURE_KIND_PREFIX}:evaluation_{evaluation['status']}", str(evaluation.get("reason") or ""))
     elif not items:
-        failure = (f"{FAILURE_KIND_PREFIX}:no_tokens", "the session sampled no tokens")
+        failure = (f"{FAILURE_KIND_PREFIX}:no_tokens", "the session sampled no tokens in a chain the harness continued")
     out = {k: v for k, v in row.items() if k not in ("_ng_rollout_id", "capture_rollout_id")}
     out.update({
         "response": response_object(items, model=model, created_at=time.time(), incomplete=status != "completed"),
