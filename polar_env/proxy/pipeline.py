@@ -10,10 +10,10 @@ Validation happens before the engine call: a body that cannot be recorded (neste
 ill-typed field or a bad parameter is a provider-shaped 4xx and never reaches the engine. What
 the engine returns is checked too (finite logprobs); the record is written whole before the reply
 or the request fails with a provider-shaped 5xx. A call whose harness disconnected while it was
-generated is still recorded (its tokens were paid for) with the journal's ``client_gone`` note, and
-a reply that could not be written is marked by a ``client_gone`` event: builders then train only
-the retry the conversation continued (``polar_env/trajectory/lineage.py``). Anything unexpected still answers in the
-provider's JSON shape (500), never aiohttp's plain text.
+generated is still recorded (its tokens were paid for) with the journal's ``client_gone`` note,
+and a reply that could not be written is marked by a ``client_gone`` event: builders then train
+only the retry the conversation continued (``polar_env/trajectory/lineage.py``). Anything
+unexpected still answers in the provider's JSON shape (500), never aiohttp's plain text.
 """
 
 from __future__ import annotations
@@ -228,11 +228,11 @@ async def generate_and_record(
             raise CallAborted(f"call aborted: session {reason}") from None
         gw.aborted.pop(engine_call, None)
         engine_ms = (time.perf_counter() - engine_started) * 1000
-        # Generation and ChatRequest are validated already; construct without re-validating the
-        # (possibly 100k-long) token lists on the hot path.
         if client_gone(request):  # the harness gave up during the generation: nobody reads this reply
             gw.stats["client_gone"] += 1
-            notes = [*notes, CLIENT_GONE]
+            notes.append(CLIENT_GONE)
+        # Generation and ChatRequest are validated already; construct without re-validating the
+        # (possibly 100k-long) token lists on the hot path.
         seq = session.take_seq()
         record = CompletionRecord.model_construct(
             **{name: getattr(generation, name) for name in type(generation).model_fields},
@@ -334,6 +334,8 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
         await resp.write(b"".join(provider.stream_events(reply)))
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError):  # the client went away; the record is already on disk
+        if CLIENT_GONE in notes:  # gone before the record was written: the record says so already
+            return resp
         gw.stats["client_gone"] += 1
         try:
             await gw.journal_event(session.id, {"event": CLIENT_GONE_EVENT, "seq": seq})

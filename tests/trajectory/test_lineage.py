@@ -116,7 +116,8 @@ def assert_counts(traj: Trajectory, records: list[CompletionRecord]) -> None:
         assert sampled == [t for s in trace.metadata["seqs"] for t in by_seq[s].response_ids]
 
 
-async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_chain(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_chain(tmp_path: Path, stream: bool) -> None:
     engine = PerCallEngine(simulated("first try."), simulated("second try."))
     engine.hold = asyncio.Event()
     client, store = await start_gateway(engine, tmp_path)
@@ -125,7 +126,7 @@ async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_
         s = await gw.session(session_id="gone")
         agent = ChatAgent(gw, s["key"], "You are the main agent.", "Fix the bug.")
         with pytest.raises(asyncio.TimeoutError):  # the harness's SDK gives up on a slow first call ...
-            await agent.post(agent.body(), timeout=aiohttp.ClientTimeout(total=0.5))
+            await agent.post({**agent.body(), "stream": stream}, timeout=aiohttp.ClientTimeout(total=0.5))
         engine.hold.set()  # ... the engine finishes it anyway, and the gateway records it
         await asyncio.wait_for(engine.first_done.wait(), 10)
         for _ in range(100):
@@ -135,14 +136,15 @@ async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_
         await agent.step()  # the retry, whose answer the harness keeps
         while not agent.done:
             await agent.step()
-        assert live(client).stats["client_gone"] == 1
+        assert live(client).stats["client_gone"] == 1  # once: the note spares an event line for the same call
     finally:
         await client.close()
     records = store.read("gone")
     assert [CLIENT_GONE in r.notes for r in records] == [True, False, False, False]
     assert records[0].prompt_ids == records[1].prompt_ids and records[0].response_ids != records[1].response_ids
-    raw = store.path("gone").read_bytes().splitlines()[0]
-    assert json.loads(raw)["notes"][-1] == CLIENT_GONE  # the note is in the durable line itself
+    lines = store.path("gone").read_bytes().splitlines()
+    assert json.loads(lines[0])["notes"][-1] == CLIENT_GONE  # the note is in the durable line itself
+    assert len(lines) == 4 and not store.events("gone")
     read, refs = read_with_refs(store.path("gone"))
     for traj in (build_prefix_merged(records), build_prefix_merged(read, prompt_refs=refs)):
         assert roles(traj) == [([0], False, "client_gone"), ([1, 2, 3], True, "main")]
