@@ -40,18 +40,7 @@ from polar_env.trajectory.prefix import Prompt, boundary, detect_eot_ids, first_
 if TYPE_CHECKING:
     from polar_env.harnesses.spec import SideRequest
 
-__all__ = ["build_prefix_merged", "detect_eot_ids", "group_chains"]
-
-
-def group_chains(
-    records: Sequence[CompletionRecord],
-    eot: Collection[int],
-    turn_start: Collection[int] = (IM_START_ID,),
-    prompts: Mapping[int, Prompt] | None = None,
-) -> list[list[CompletionRecord]]:
-    """Chains of records, every call in one (see the module docstring); ``prompts`` maps seq → prompt."""
-    packed = prompts if prompts is not None else prompts_of(records, None)
-    return [c.records for c in lineage(records, eot, turn_start, packed).chains]
+__all__ = ["build_prefix_merged", "detect_eot_ids"]
 
 
 def _span(a: list[int], b: list[int]) -> int:

@@ -146,7 +146,7 @@ async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_
     assert json.loads(lines[0])["notes"][-1] == CLIENT_GONE  # the note is in the durable line itself
     assert len(lines) == 4 and not store.events("gone")
     read, refs = read_with_refs(store.path("gone"))
-    for traj in (build_prefix_merged(records), build_prefix_merged(read, prompt_refs=refs)):
+    for traj in (build_prefix_merged(records), build_prefix_merged(read, prompt_refs=refs), build_prefix_merged(records, strict=True)):
         assert roles(traj) == [([0], False, "client_gone"), ([1, 2, 3], True, "main")]
         assert_counts(traj, records)
         assert traj.metadata["stats"]["untrained"] == {"client_gone": {"calls": 1, "tokens": len(records[0].response_ids)}}
