@@ -188,6 +188,9 @@ class Trace(_Record):
 
     ``loss_mask`` is 1 on sampled tokens, 0 on tokens the harness or template inserted;
     ``response_logprobs`` is the sampled logprob where the mask is 1 and 0.0 elsewhere.
+    ``trainable``: whether the task's reward may train it — False for a chain the harness did not
+    continue (a side request, a call whose client went away, a single call off to the side); its
+    tokens and mask are kept as captured and ``role`` says why (``polar_env/trajectory/lineage.py``).
     """
 
     prompt_ids: list[int]
@@ -196,6 +199,8 @@ class Trace(_Record):
     response_logprobs: list[float]
     reward: float | None = None
     status: Status = Status.COMPLETED
+    trainable: bool = True
+    role: str = ""  # main, branch, side_request:<name>, client_gone, uncontinued, ambiguous_sibling; "" unclassified
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

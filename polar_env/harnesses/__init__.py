@@ -43,6 +43,7 @@ from polar_env.harnesses.spec import (
     ClientSpec,
     HarnessSpec,
     Install,
+    RequestMatch,
     SideRequest,
     render,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "ClientSpec",
     "HarnessSpec",
     "Install",
+    "RequestMatch",
     "SideRequest",
     "binary_path",
     "default_cache_dir",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar_env.harnesses.spec import ApiConfig, HarnessSpec, Install, SideRequest
+from polar_env.harnesses.spec import ApiConfig, HarnessSpec, Install, RequestMatch, SideRequest
 from polar_env.records import ProviderAPI
 
 SPEC = HarnessSpec(
@@ -37,7 +37,8 @@ SPEC = HarnessSpec(
     side_requests=(
         SideRequest("HEAD / preconnect", None, "answer 200"),
         SideRequest("title generation: no tools, output_config.format json_schema",
-                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"),
+                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", name="title",
+                    match=RequestMatch(ProviderAPI.ANTHROPIC, system=("title",), tools=False, json_output=True)),
     ),
     description="Anthropic's Claude Code CLI (native binary shipped in the npm package).",
 )

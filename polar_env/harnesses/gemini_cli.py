@@ -7,7 +7,7 @@ names. ``GEMINI_CLI_TRUST_WORKSPACE`` avoids exit 55 in an untrusted cwd (which 
 
 from __future__ import annotations
 
-from polar_env.harnesses.spec import ApiConfig, HarnessSpec, Install, SideRequest, as_json
+from polar_env.harnesses.spec import ApiConfig, HarnessSpec, Install, RequestMatch, SideRequest, as_json
 from polar_env.records import ProviderAPI
 
 SETTINGS = {
@@ -35,7 +35,9 @@ SPEC = HarnessSpec(
     quiet_env={"HOME": "{home}", "GEMINI_CLI_TRUST_WORKSPACE": "true"},
     side_requests=(
         SideRequest("router classifier :generateContent with a JSON schema (uppercase types)",
-                    "-m <model> (this preset)", "answer valid JSON if it arrives"),
+                    "-m <model> (this preset)", "answer valid JSON if it arrives; not trained with the task's reward",
+                    name="classifier",
+                    match=RequestMatch(ProviderAPI.GEMINI, system=("Task Routing AI",), json_output=True)),
     ),
     description="Google's Gemini CLI.",
 )

@@ -8,7 +8,7 @@ sends lands on the gateway too.
 
 from __future__ import annotations
 
-from polar_env.harnesses.spec import KEY_ENV, PROMPT_WORDS, ApiConfig, HarnessSpec, Install, SideRequest, as_json
+from polar_env.harnesses.spec import KEY_ENV, PROMPT_WORDS, ApiConfig, HarnessSpec, Install, RequestMatch, SideRequest, as_json
 from polar_env.records import ProviderAPI
 
 CONFIG = {
@@ -48,7 +48,8 @@ SPEC = HarnessSpec(
         "OPENCODE_DISABLE_SHARE": "1",
     },
     side_requests=(
-        SideRequest("title generation on small_model, no tools, before the main turn", None),
+        SideRequest("title generation on small_model, no tools, before the main turn", None, name="title",
+                    match=RequestMatch(ProviderAPI.OPENAI_CHAT, system=("You are a title generator",), tools=False)),
     ),
     description="opencode (two Bun binaries in the npm package); approvals off via permission '*': allow. "
                 "It sends its own x-session-id header; the gateway's session key stays authoritative.",

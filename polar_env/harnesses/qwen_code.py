@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar_env.harnesses.spec import ApiConfig, HarnessSpec, Install, SideRequest, as_json
+from polar_env.harnesses.spec import ApiConfig, HarnessSpec, Install, RequestMatch, SideRequest, as_json
 from polar_env.records import ProviderAPI
 
 SETTINGS = {
@@ -32,8 +32,9 @@ SPEC = HarnessSpec(
     unattended_flags=("--yolo",),
     quiet_env={"HOME": "{home}"},  # telemetry, usage statistics, auto-update: off in settings.json
     side_requests=(
-        SideRequest("managed-memory extraction chat request after each answer",
-                    "memory.enableManagedAutoMemory=false (this preset)"),
+        SideRequest("managed-memory extraction chat request after each answer (a forked sub-agent with tools)",
+                    "memory.enableManagedAutoMemory=false (this preset)", name="memory",
+                    match=RequestMatch(ProviderAPI.OPENAI_CHAT, system=("memory extraction subagent",))),
     ),
     description="Qwen Code CLI (a Gemini CLI fork speaking OpenAI chat).",
 )

@@ -8,8 +8,9 @@ A :class:`HarnessSpec` describes one unmodified agent harness CLI:
   point it at the session's gateway (:class:`ApiConfig`), and ``default_api``;
 - ``argv``: the headless command for one task instruction;
 - ``quiet_env`` / ``unattended_flags``: what turns off telemetry, update checks and approval prompts;
-- ``side_requests``: the extra requests the gateway should expect (documentation, see
-  ``harnesses.md`` §9).
+- ``side_requests``: the extra requests the gateway should expect (``harnesses.md`` §9); a model
+  call among them carries a :class:`RequestMatch`, so builders keep its chain out of what is
+  trained with the task's reward (``polar_env/trajectory/lineage.py``).
 
 Every string is a template filled by :func:`render` with ``{base_url}`` (the gateway root, no
 ``/v1``), ``{key}`` (the session key), ``{model}``, ``{home}`` (the private, writable ``$HOME``) and
@@ -21,6 +22,7 @@ the shape ``polar_env.testing.harness_check`` and runtimes consume.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Mapping
@@ -30,7 +32,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from polar_env.errors import ConfigError
-from polar_env.records import ProviderAPI
+from polar_env.records import ChatRequest, ProviderAPI
 
 KEY_ENV = "POLAR_API_KEY"
 """Env var holding the session key, for harnesses whose config names a variable rather than a value
@@ -92,13 +94,54 @@ class ApiConfig:
         object.__setattr__(self, "files", _frozen(self.files))
 
 
+def _text(content: object) -> str:
+    """A message's text: a string, or the ``text`` of its parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMatch:
+    """What a side request's model call looks like once normalized (its ``ChatRequest``), checked
+    by builders; every condition given must hold. ``system``: any of these phrases occurs in the
+    leading system messages (case-insensitive; only those, so a check costs nothing per turn of
+    history); ``tools``: False for a call that offers no tools;
+    ``json_output``: True for a call that asks for JSON output (``response_format``)."""
+
+    api: ProviderAPI | None = None
+    system: tuple[str, ...] = ()
+    tools: bool | None = None
+    json_output: bool | None = None
+
+    def matches(self, api: ProviderAPI, chat: ChatRequest) -> bool:
+        if self.api is not None and api != self.api:
+            return False
+        if self.tools is not None and bool(chat.tools) != self.tools:
+            return False
+        if self.json_output is not None and (chat.response_format is not None) != self.json_output:
+            return False
+        if self.system:
+            lead = itertools.takewhile(lambda m: m.get("role") in ("system", "developer"), chat.messages)
+            text = "\n".join(_text(m.get("content")) for m in lead).lower()
+            if not any(phrase.lower() in text for phrase in self.system):
+                return False
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class SideRequest:
-    """An extra request the harness sends besides its main turns (documentation data)."""
+    """An extra request the harness sends besides its main turns. ``match`` (model calls only)
+    recognizes it in a capture; its chain is then kept but not trained with the task's reward,
+    under the role ``side_request:<name>``."""
 
     what: str
     disabled_by: str | None = None  # the env/setting that stops it (set in the preset), or None
-    handling: str = "record it; it forms its own prefix chain"
+    handling: str = "record it; it forms its own prefix chain, not trained with the task's reward"
+    name: str = ""  # short name for the role (title, classifier, memory); "" for non-model requests
+    match: RequestMatch | None = None
 
 
 @dataclass(frozen=True, slots=True)

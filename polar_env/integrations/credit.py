@@ -31,7 +31,7 @@ def trace_weights(traces: Sequence[Trace], scheme: CreditScheme = CreditScheme.S
     """One loss weight per trace of one session (see the module docstring)."""
     if scheme is CreditScheme.TRACE or not traces:
         return [1.0] * len(traces)
-    trainable = [sum(t.loss_mask) for t in traces]
+    trainable = [sum(t.loss_mask) if t.trainable else 0 for t in traces]  # a side chain gets no credit
     total = sum(trainable)
     if total == 0:  # nothing trainable: split evenly so the weights still sum to 1
         return [1.0 / len(traces)] * len(traces)

@@ -84,9 +84,10 @@ def trace_messages(seqs: Sequence[int], records: Mapping[int, CompletionRecord])
 
 def sft_rows(trajectory: Trajectory, records: Iterable[CompletionRecord] = (), *, repo: str = "",
              credit: CreditScheme = CreditScheme.SESSION) -> list[dict[str, Any]]:
-    """One row per trace with sampled tokens (see the module docstring)."""
+    """One row per trainable trace with sampled tokens (see the module docstring); side requests
+    and calls the harness did not continue are not the session's accepted work."""
     by_seq = {r.seq: r for r in records}
-    traces = [t for t in trajectory.traces if t.response_ids]
+    traces = [t for t in trajectory.traces if t.response_ids and t.trainable]
     rows = []
     for index, (trace, weight) in enumerate(zip(traces, trace_weights(traces, credit), strict=True)):
         msgs = trace_messages(trace.metadata.get("seqs", []), by_seq)

@@ -163,6 +163,8 @@ def trajectory_to_samples(
         elif trajectory.mask or not any(t.response_ids for t in trajectory.traces):
             failure = (f"{kind.value}: {trajectory.failure_detail or ''}" if kind is not None
                        else str(trajectory.metadata.get("error") or "session produced no sampled tokens"))
+        elif not any(t.response_ids and t.trainable for t in trajectory.traces):
+            failure = "no chain the harness continued (only side requests or abandoned calls)"
     if failure is not None:
         return [failure_sample(base, failure, kind=kind)]
     assert trajectory is not None
@@ -170,7 +172,7 @@ def trajectory_to_samples(
     value = 0.0 if chosen is None else float(chosen)
     if not math.isfinite(value):
         raise ValueError(f"session {trajectory.session_id}: reward {value} is not finite")
-    traces = [t for t in trajectory.traces if t.response_ids]
+    traces = [t for t in trajectory.traces if t.response_ids and t.trainable]  # never train a side chain
     weights = trace_weights(traces, credit)
     samples: list[Any] = []
     for index, (original, weight) in enumerate(zip(traces, weights, strict=True)):

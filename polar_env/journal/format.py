@@ -14,6 +14,12 @@ with a 100k-token final context is ~50 MB. A v2 line (``"v": 2``) stores instead
   (``{"whole": {...}}``) for the first record or when nothing can be shared.
 - everything else whole (sampled ids, logprobs, message, finish reason, timings, notes).
 
+Notes a reader acts on: ``CLIENT_GONE`` — the harness had disconnected when the call was
+recorded, so nobody read the reply (builders then trust only a later prompt that continues it).
+A reply that could not be delivered after its record was written is marked by an event line
+``{"event": "client_gone", "seq": n}``; ``apply_events`` folds those into the records' notes.
+Journals written before the note existed have neither: "not gone".
+
 References only point back to the previous ``WINDOW`` records of the same session, so a
 streaming reader needs a bounded window. Lines are serialized from the record's fields (no deep
 copy). ``Encoder`` is the writer's per-session state, ``Decoder`` the reader's; both are pure
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +40,9 @@ from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord
 
 VERSION = 2
 WINDOW = 64  # records a v2 reference may point back (Continuation remembers 32 turns)
+
+CLIENT_GONE = "client_gone"
+CLIENT_GONE_EVENT = "client_gone"
 
 _CHAT_FIELDS = tuple(name for name in ChatRequest.model_fields if name != "prompt_ids")
 _SCALAR_FIELDS = ("finish_reason", "stop_reason", "model", "engine", "weight_version", "logprobs_mode")
@@ -249,3 +258,12 @@ class Decoder:
         if context is not None:
             record.prompt_ids = context[: stored["keep"]] + record.prompt_ids
         return record
+
+
+def apply_events(records: list[CompletionRecord], events: Sequence[Mapping[str, Any]]) -> list[CompletionRecord]:
+    """``records`` with the client-gone events of their journal folded into their notes."""
+    gone = {e.get("seq") for e in events if e.get("event") == CLIENT_GONE_EVENT}
+    for record in records:
+        if record.seq in gone and CLIENT_GONE not in record.notes:
+            record.notes = [*record.notes, CLIENT_GONE]
+    return records

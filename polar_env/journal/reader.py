@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from polar_env.journal.format import VERSION, Decoder
+from polar_env.journal.format import VERSION, Decoder, apply_events
 from polar_env.proxy.capture import JournalError, _decode
 from polar_env.records import CompletionRecord
 
@@ -34,9 +34,11 @@ class _RefDecoder(Decoder):
 
 
 def read_with_refs(path: Path) -> tuple[list[CompletionRecord], PromptRefs]:
-    """All complete records of one journal file and their prompt references."""
+    """All complete records of one journal file (client-gone events folded into their notes) and
+    their prompt references."""
     decoder = _RefDecoder()
     records: list[CompletionRecord] = []
+    events: list[dict[str, Any]] = []
     if not path.exists():
         return records, decoder.refs
     with open(path, "rb") as f:  # streamed: one line ahead, to know which one is the last
@@ -44,17 +46,17 @@ def read_with_refs(path: Path) -> tuple[list[CompletionRecord], PromptRefs]:
         for line in f:
             if pending is not None:
                 number += 1
-                _keep(records, _decode(decoder, pending, path, number))
+                _keep(records, _decode(decoder, pending, path, number, events))
             pending = line
         if pending is not None:
             number += 1
             try:
-                _keep(records, _decode(decoder, pending, path, number))
+                _keep(records, _decode(decoder, pending, path, number, events))
             except JournalError:
                 if pending.endswith(b"\n"):
                     raise
                 # no trailing newline: a torn tail (crash mid-write) is not a record
-    return records, decoder.refs
+    return apply_events(records, events), decoder.refs
 
 
 def _keep(records: list[CompletionRecord], record: CompletionRecord | None) -> None:

@@ -36,7 +36,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError, PolarError
-from polar_env.journal.format import Decoder, Encoder, FormatError, PromptRef
+from polar_env.journal.format import Decoder, Encoder, FormatError, PromptRef, apply_events
 from polar_env.records import CompletionRecord
 
 log = logging.getLogger("polar_env.gateway")
@@ -178,8 +178,15 @@ class CaptureStore:
     # -- reading ----------------------------------------------------------------------------------
     def read(self, session_id: str) -> list[CompletionRecord]:
         """All complete records of a session; a torn final line (crash mid-write) is skipped.
-        A bad line anywhere else raises JournalError naming the file and line."""
-        return list(self.iter_records(session_id))
+        A bad line anywhere else raises JournalError naming the file and line. Client-gone event
+        lines are folded into their records' notes (``journal.format.apply_events``)."""
+        path = self.path(session_id)
+        if not path.exists():
+            return []
+        events: list[dict[str, Any]] = []
+        with open(path, "rb") as f:
+            records = list(iter_journal(f, path, events=events))
+        return apply_events(records, events)
 
     def iter_records(self, session_id: str, start: int = 0) -> Iterator[CompletionRecord]:
         """The session's records in journal order, streamed line by line (v1 and v2); records
@@ -277,9 +284,10 @@ class CaptureStore:
                 self.close_session(session_id)
 
 
-def iter_journal(f: Any, path: Path, start: int = 0) -> Iterator[CompletionRecord]:
+def iter_journal(f: Any, path: Path, start: int = 0, events: list[dict[str, Any]] | None = None) -> Iterator[CompletionRecord]:
     """Records from an open journal file, one line at a time (see ``CaptureStore.read``); the
-    ``start`` count and line numbers in errors are over record lines (event lines are skipped)."""
+    ``start`` count and line numbers in errors are over record lines (event lines are skipped,
+    or collected into ``events``)."""
     decoder = Decoder()
     number = 0  # records seen
     line_no = 0
@@ -287,7 +295,7 @@ def iter_journal(f: Any, path: Path, start: int = 0) -> Iterator[CompletionRecor
     for raw in f:
         if pending is not None:
             line_no += 1
-            record = _decode(decoder, pending, path, line_no)
+            record = _decode(decoder, pending, path, line_no, events)
             if record is not None:
                 number += 1
                 if number > start:
@@ -297,20 +305,23 @@ def iter_journal(f: Any, path: Path, start: int = 0) -> Iterator[CompletionRecor
         return
     line_no += 1
     if pending.endswith(b"\n"):
-        record = _decode(decoder, pending, path, line_no)
+        record = _decode(decoder, pending, path, line_no, events)
     else:  # no trailing newline: the write was cut short (a torn tail) unless it parses whole
         try:
-            record = _decode(decoder, pending, path, line_no)
+            record = _decode(decoder, pending, path, line_no, events)
         except JournalError:
             return
     if record is not None and number + 1 > start:
         yield record
 
 
-def _decode(decoder: Decoder, line: bytes, path: Path, number: int) -> CompletionRecord | None:
+def _decode(decoder: Decoder, line: bytes, path: Path, number: int,
+            events: list[dict[str, Any]] | None = None) -> CompletionRecord | None:
     try:
         raw = orjson.loads(line)
         if isinstance(raw, dict) and "event" in raw:
+            if events is not None:
+                events.append(raw)
             return None
         return decoder.decode(raw)
     except (orjson.JSONDecodeError, ValidationError, ValueError, KeyError, TypeError, AttributeError, FormatError) as exc:

@@ -117,8 +117,9 @@ class Gateway:
         self.gate = EngineGate()
         self.sessions = SessionRegistry(store, self.new_continuation)
         self.events = GatewayEvents()
-        self.stats: dict[str, int] = {"engine_errors": 0, "capture_errors": 0, "abandoned": 0, "unexpected": 0}
-        self.in_flight: set[asyncio.Future[Generation]] = set()  # strong references to shielded captures
+        self.stats: dict[str, int] = {"engine_errors": 0, "capture_errors": 0, "abandoned": 0, "unexpected": 0,
+                                  "client_gone": 0}
+        self.in_flight: set[asyncio.Future[Any]] = set()  # strong references to shielded captures
         self._engine_calls: dict[str, set[asyncio.Task[Generation]]] = {}  # session -> running engine calls
         self.aborted: dict[asyncio.Task[Generation], str] = {}  # engine calls the gateway cancelled, and why
         self._app: web.Application | None = None
@@ -268,9 +269,13 @@ class Gateway:
 
     async def mark_aborted(self, session_id: str, mark: dict[str, Any]) -> None:
         """Journal that a call was aborted (no tokens to record), in order with the records."""
+        await self.journal_event(session_id, {"event": "aborted", **mark})
+
+    async def journal_event(self, session_id: str, event: dict[str, Any]) -> None:
+        """Journal an event line (``{"event": ...}``), in order with the records."""
         if self._writer is None:
             self._writer = JournalWriter(self.store.append)
-        await self._writer.submit(self.store.append_event, session_id, {"event": "aborted", **mark})
+        await self._writer.submit(self.store.append_event, session_id, event)
 
     def _forget(self, session_id: str) -> None:
         """Drop a closed session's journal state after whatever is still queued for it."""
@@ -279,12 +284,12 @@ class Gateway:
         else:
             self.store.forget(session_id)
 
-    def track(self, capture: asyncio.Future[Generation]) -> None:
+    def track(self, capture: asyncio.Future[Any]) -> None:
         """Keep a strong reference to a shielded capture until it settles."""
         self.in_flight.add(capture)
         capture.add_done_callback(self._settled)
 
-    def _settled(self, capture: asyncio.Future[Generation]) -> None:
+    def _settled(self, capture: asyncio.Future[Any]) -> None:
         """Drop the reference; retrieve the outcome so a capture whose handler was cancelled
         (client gone) does not log 'exception was never retrieved' (it was counted already)."""
         self.in_flight.discard(capture)

@@ -9,8 +9,11 @@ the provider's own error shape; nothing is recorded for a request that was refus
 Validation happens before the engine call: a body that cannot be recorded (nested too deep), an
 ill-typed field or a bad parameter is a provider-shaped 4xx and never reaches the engine. What
 the engine returns is checked too (finite logprobs); the record is written whole before the reply
-or the request fails with a provider-shaped 5xx. Anything unexpected still answers in the
-provider's JSON shape (500), never aiohttp's plain text.
+or the request fails with a provider-shaped 5xx. A call whose harness disconnected while it was
+generated is still recorded (its tokens were paid for) with the journal's ``client_gone`` note,
+and a reply that could not be written is marked by a ``client_gone`` event: builders then train
+only the retry the conversation continued (``polar_env/trajectory/lineage.py``). Anything
+unexpected still answers in the provider's JSON shape (500), never aiohttp's plain text.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from polar_env.errors import (
     PolarError,
     RequestError,
 )
-from polar_env.journal.format import PromptRef
+from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef
 from polar_env.proxy.capture import CaptureError
 from polar_env.proxy.continuation import Plan
 from polar_env.proxy.gateway import GATEWAY, Gateway, GatewayConfig
@@ -196,9 +199,9 @@ async def generate_and_record(
     received: float,
     started: float,
     plan: Plan | None = None,
-) -> Generation:
-    """Call the engine through the pause gate and journal the completion before returning it.
-    The gate is held until the record is durable, so a drained pause has nothing half-recorded."""
+) -> tuple[Generation, int]:
+    """Call the engine through the pause gate and journal the completion before returning it with
+    its seq. The gate is held until the record is durable, so a drained pause has nothing half-recorded."""
     gw = request.app[GATEWAY]
     async with gw.gate.call(session.id) as weight_version:
         if client_gone(request):  # gave up while queued behind a pause: spend nothing on it
@@ -225,6 +228,9 @@ async def generate_and_record(
             raise CallAborted(f"call aborted: session {reason}") from None
         gw.aborted.pop(engine_call, None)
         engine_ms = (time.perf_counter() - engine_started) * 1000
+        if client_gone(request):  # the harness gave up during the generation: nobody reads this reply
+            gw.stats["client_gone"] += 1
+            notes.append(CLIENT_GONE)
         # Generation and ChatRequest are validated already; construct without re-validating the
         # (possibly 100k-long) token lists on the hot path.
         seq = session.take_seq()
@@ -250,7 +256,7 @@ async def generate_and_record(
             raise
     if session.continuation is not None:
         session.continuation.remember(chat, generation, seq, plan)
-    return generation
+    return generation, seq
 
 
 def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]) -> dict[str, Any]:
@@ -317,7 +323,7 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
         generate_and_record(request, session, provider, body, chat, engine_chat, notes, received, started, plan)
     )
     gw.track(capture)
-    generation = await asyncio.shield(capture)
+    generation, seq = await asyncio.shield(capture)
 
     reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
     if not inbound.stream:
@@ -327,8 +333,14 @@ async def complete(request: web.Request, provider: Provider) -> web.StreamRespon
         await resp.prepare(request)
         await resp.write(b"".join(provider.stream_events(reply)))
         await resp.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        pass  # the client went away; the record is already on disk
+    except (ConnectionResetError, ConnectionError):  # the client went away; the record is already on disk
+        if CLIENT_GONE in notes:  # gone before the record was written: the record says so already
+            return resp
+        gw.stats["client_gone"] += 1
+        try:
+            await gw.journal_event(session.id, {"event": CLIENT_GONE_EVENT, "seq": seq})
+        except CaptureError as exc:  # the record stands; builders then see it as delivered
+            log.error("cannot journal that seq %d of %s was not delivered: %s", seq, session.id, exc)
     return resp
 
 

@@ -22,6 +22,8 @@ def session_row(r: SessionResult) -> dict[str, Any]:
             "status": r.status.value, "reward": r.reward, "records": r.records,
             "traces": len(traj.traces), "drift_boundaries": stats.get("drift_boundaries", 0),
             "sampled_tokens": sum(sum(t.loss_mask) for t in traj.traces),
+            "captured_tokens": stats.get("captured_tokens", 0),  # sampled tokens the gateway recorded
+            "trainable_tokens": stats.get("trainable_tokens", 0),  # of those, in chains the harness continued
             "stage_s": r.stage_seconds(), "harness_exit_code": r.harness_exit_code,
             "resolved": r.evaluation.get("resolved"), "reason": r.evaluation.get("reason"),
             "failure_kind": r.failure_kind.value if r.failure_kind is not None else None,
@@ -70,6 +72,8 @@ def build_report(results: Sequence[SessionResult], node_stats: Sequence[dict[str
         "per_request_traces": sum(r.records for r in results),
         "merged_traces": sum(row["traces"] for row in rows),
         "drift_boundaries": sum(row["drift_boundaries"] for row in rows),
+        "captured_tokens": sum(row["captured_tokens"] for row in rows),
+        "trainable_tokens": sum(row["trainable_tokens"] for row in rows),
         "nodes": list(node_stats),
         "session_rows": rows,
     }

@@ -166,7 +166,7 @@ class LocalGateway:
             "evaluation": evaluation,
             "final_answer": answer,
         }
-        traces = [t.model_copy(update={"reward": reward}) for t in trajectory.traces]
+        traces = [t.model_copy(update={"reward": reward if t.trainable else None}) for t in trajectory.traces]
         status = trajectory.status if error is None else Status.ERROR
         return trajectory.model_copy(update={"traces": traces, "reward": reward, "metadata": metadata, "status": status})
 

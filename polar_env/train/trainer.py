@@ -59,12 +59,13 @@ class StepStats:
 
 
 def trainable_traces(trajectories: Sequence[Trajectory]) -> list[tuple[str, Trace, str]]:
-    """(label, trace, rollout key) for every trace with at least one mask-1 token."""
+    """(label, trace, rollout key) for every trainable trace (a chain the harness continued) with at
+    least one mask-1 token."""
     out = []
     for traj in trajectories:
         key = rollout_key(traj)
         for i, trace in enumerate(traj.traces):
-            if any(trace.loss_mask):
+            if trace.trainable and any(trace.loss_mask):
                 out.append((f"{key}/{i}", trace, key))
     return out
 

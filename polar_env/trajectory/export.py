@@ -1,7 +1,8 @@
 """Trajectories to files: JSON lines (one Trajectory per line, lossless) and Parquet (one row per
-trace, the columns a trainer loads: ids, loss mask, logprobs, reward, status, failure kind, mask and
-provenance). A trajectory with no traces (a session that ended before any model call) still has one
-Parquet row, with ``trace_index`` -1, empty token lists and ``mask`` true, so every GRPO group keeps
+trace, the columns a trainer loads: ids, loss mask, logprobs, reward, status, failure kind, mask,
+whether the trace may be trained with the task's reward (``trainable``, ``role``) and provenance). A
+trajectory with no traces (a session that ended before any model call) still has one Parquet row, with
+``trace_index`` -1, empty token lists, ``trainable`` false and ``mask`` true, so every GRPO group keeps
 its size in both files.
 
 Parquet needs the ``parquet`` extra (pyarrow). Token ids stay int64 lists and logprobs float64.
@@ -44,10 +45,13 @@ def trace_rows(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
                 "session_id": traj.session_id, "trace_index": index,
                 "task_id": meta.get("task_id"), "group_id": group_id,
                 "sample_index": sample_index, "harness": meta.get("harness"),
-                "reward": traj.reward, "status": traj.status.value,
+                "reward": traj.reward if trace is not None and trace.trainable else None,
+                "status": traj.status.value,
                 "trace_status": trace.status.value if trace is not None else traj.status.value,
                 "failure_kind": traj.failure_kind.value if traj.failure_kind is not None else None,
                 "failure_detail": traj.failure_detail, "mask": traj.mask,
+                "trainable": trace.trainable if trace is not None else False,
+                "role": trace.role if trace is not None else None,
                 "prompt_ids": trace.prompt_ids if trace is not None else [],
                 "response_ids": trace.response_ids if trace is not None else [],
                 "loss_mask": trace.loss_mask if trace is not None else [],
@@ -70,6 +74,7 @@ def write_parquet(trajectories: Sequence[Trajectory], path: Path) -> int:
         ("group_id", pa.string()), ("sample_index", pa.int32()), ("harness", pa.string()),
         ("reward", pa.float64()), ("status", pa.string()), ("trace_status", pa.string()),
         ("failure_kind", pa.string()), ("failure_detail", pa.string()), ("mask", pa.bool_()),
+        ("trainable", pa.bool_()), ("role", pa.string()),
         ("prompt_ids", pa.list_(pa.int64())), ("response_ids", pa.list_(pa.int64())),
         ("loss_mask", pa.list_(pa.int8())), ("response_logprobs", pa.list_(pa.float64())),
         ("weight_versions", pa.list_(pa.string())), ("metadata", pa.string()),

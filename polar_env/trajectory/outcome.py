@@ -38,8 +38,9 @@ def legacy_failure_kind(status: Status, detail: str | None) -> FailureKind | Non
 
 
 def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
-    """``traj`` with the outcome's reward, status, failure and provenance on it and its traces. A
-    trajectory the builder refused (ERROR) of a session that did not fail otherwise is a build error."""
+    """``traj`` with the outcome's reward, status, failure and provenance on it, and the reward on every
+    trainable trace (a chain the harness did not continue gets none: ``lineage.py``). A trajectory the
+    builder refused (ERROR) of a session that did not fail otherwise is a build error."""
     reward = float(outcome.get("reward", 0.0))
     status = Status(outcome.get("status") or traj.status)
     detail = outcome.get("failure_detail") or outcome.get("error")
@@ -51,13 +52,13 @@ def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
     group_id = provenance.get("group_id")
     meta = {**provenance, **{k: v for k, v in outcome.items() if k != "metadata" and k not in _TYPED},
             **traj.metadata}
-    traces = [t.model_copy(update={"reward": reward,
+    traces = [t.model_copy(update={"reward": reward if t.trainable else None,
                                    "status": status if t.status is Status.COMPLETED else t.status,
                                    "metadata": {**t.metadata, "session_id": session_id, "group_id": group_id}})
               for t in traj.traces]
     return traj.model_copy(update={
         "traces": traces, "reward": reward, "status": status, "metadata": meta, "failure_kind": kind,
-        "failure_detail": detail, "mask": masked(kind, sum(sum(t.loss_mask) for t in traces)),
+        "failure_detail": detail, "mask": masked(kind, sum(sum(t.loss_mask) for t in traces if t.trainable)),
         "group_id": group_id, "sample_index": provenance.get("sample_index")})
 
 

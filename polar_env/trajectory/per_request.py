@@ -1,19 +1,31 @@
 """Per-request builder: one trace per captured call. Lossless and simple, but a session of N calls
-becomes N trainer rows that each repeat the whole growing prompt."""
+becomes N trainer rows that each repeat the whole growing prompt. Each trace is trainable and has
+the role of the chain its call belongs to (``lineage.py``: side requests, calls whose client went
+away and calls nobody continued are kept but not trained with the task's reward)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from polar_env.qwen.tokenizer import IM_START_ID
 from polar_env.records import CompletionRecord, Status, Trace, Trajectory
 from polar_env.trajectory.checks import check_records, error_trajectory
+from polar_env.trajectory.lineage import TRAINABLE_ROLES, lineage
+from polar_env.trajectory.prefix import detect_eot_ids, prompts_of
+
+if TYPE_CHECKING:
+    from polar_env.harnesses.spec import SideRequest
 
 
-def build_per_request(records: Sequence[CompletionRecord], session_id: str | None = None) -> Trajectory:
+def build_per_request(records: Sequence[CompletionRecord], session_id: str | None = None, *,
+                      side_requests: Sequence[SideRequest] | None = None) -> Trajectory:
     problem = check_records(records, session_id)
     if problem is not None:
         return error_trajectory(records, session_id, problem)
     ordered = sorted(records, key=lambda r: r.seq)
+    found = lineage(ordered, detect_eot_ids(ordered), (IM_START_ID,), prompts_of(ordered, None), side_requests)
+    roles = found.role_of()
     traces = [
         Trace(
             prompt_ids=r.prompt_ids,
@@ -21,6 +33,8 @@ def build_per_request(records: Sequence[CompletionRecord], session_id: str | Non
             loss_mask=[1] * len(r.response_ids),
             response_logprobs=r.response_logprobs,
             status=Status.TRUNCATED if r.finish_reason == "length" else Status.COMPLETED,
+            trainable=roles[r.seq] in TRAINABLE_ROLES,
+            role=roles[r.seq],
             metadata={"seqs": [r.seq], "finish_reason": r.finish_reason, "temperature": r.chat_request.temperature,
                       "logprobs_mode": r.logprobs_mode,
                       "weight_versions": [r.weight_version]},
@@ -30,5 +44,6 @@ def build_per_request(records: Sequence[CompletionRecord], session_id: str | Non
     return Trajectory(
         session_id=ordered[0].session_id,
         traces=traces,
-        metadata={"builder": "per_request", "stats": {"completions": len(ordered), "traces": len(traces)}},
+        metadata={"builder": "per_request", "stats": {"completions": len(ordered), "traces": len(traces),
+                                                             **found.stats()}},
     )

@@ -2,7 +2,8 @@
 recorded bodies (tests/fixtures/providers/captured/opencode-openai_chat: a title-generator
 request, then the main agent's tool round trip) replayed through the real gateway and the
 embedded engine (scripted tokens), built by the prefix-merge builder. The main chain is
-delivered, the title chain dropped, and the drop is reported per rollout and per run."""
+delivered; the title chain is opencode's declared side request, so it is not trainable for the
+task's reward: never delivered, its tokens reported apart (untrained), per rollout and per run."""
 
 from __future__ import annotations
 
@@ -64,15 +65,19 @@ async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(
     delivery = choose_delivered(traj)
     main = max(range(2), key=lambda i: len(traj.traces[i].metadata["seqs"]))
     assert delivery.index == main and delivery.dropped_traces == 1
-    title_tokens = sum(traj.traces[1 - main].loss_mask)
-    assert delivery.dropped_tokens == title_tokens > 0
-    assert delivery.dropped_token_share == title_tokens / (title_tokens + sum(traj.traces[main].loss_mask))
+    title = traj.traces[1 - main]
+    title_tokens = sum(title.loss_mask)
+    assert (title.trainable, title.role, traj.traces[main].trainable) == (False, "side_request:title", True)
+    assert delivery.untrained_tokens == title_tokens > 0 and delivery.dropped_tokens == 0
+    assert delivery.trainable_tokens == delivery.delivered_tokens == sum(traj.traces[main].loss_mask)
     assert choose_delivered(build_prefix_merged(records)) == delivery  # deterministic on a rebuild
     row = {"responses_create_params": {"input": [{"role": "user", "content": "echo hi"}]}}
     result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, failure_kind=None,
                              failure_detail=None, mask=False, trajectory=traj)
     out = build_result(row, result, model="m", records=records)
-    assert out["polar_dropped_traces"] == 1 and out["polar_dropped_tokens"] == title_tokens
+    assert out["polar_dropped_traces"] == 1 and out["polar_dropped_tokens"] == 0
+    assert out["polar_untrained_tokens"] == title_tokens
+    assert out["polar"]["trainable_tokens"][1 - main] == 0
     items = out["response"]["output"]
     assert [i["type"] for i in items] == ["reasoning", "function_call", "function_call_output", "reasoning", "message"]
     assert items[2]["output"] == "hi\n" and items[4]["content"][0]["text"] == "done"

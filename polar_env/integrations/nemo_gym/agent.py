@@ -94,7 +94,7 @@ def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Se
     if kind is not None:
         failure = (f"{FAILURE_KIND_PREFIX}:{kind}", result.failure_detail or kind)
     elif not items:
-        failure = (f"{FAILURE_KIND_PREFIX}:no_tokens", "the session sampled no tokens")
+        failure = (f"{FAILURE_KIND_PREFIX}:no_tokens", "the session sampled no tokens in a chain the harness continued")
     out = {k: v for k, v in row.items() if k not in ("_ng_rollout_id", "capture_rollout_id")}
     out.update({
         "response": response_object(items, model=model, created_at=time.time(), incomplete=status != "completed"),
@@ -107,7 +107,7 @@ def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Se
             "evaluation": evaluation,
             "delivered_trace": chosen,
             "traces": len(traj.traces) if traj is not None else 0,
-            "trainable_tokens": [sum(t.loss_mask) for t in traj.traces] if traj is not None else [],
+            "trainable_tokens": [sum(t.loss_mask) if t.trainable else 0 for t in traj.traces] if traj is not None else [],
             "dropped_traces": delivery.dropped_traces,
             "dropped_tokens": delivery.dropped_tokens,
         },
