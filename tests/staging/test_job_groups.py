@@ -15,7 +15,7 @@ import pytest
 
 from polar_env.cli import main
 from polar_env.engines.config import EngineConfig
-from polar_env.engines.simulated import SimulatedEngine
+from polar_env.testing.simulated_engine import SimulatedEngine
 from polar_env.env import PolarEnvConfig
 from polar_env.errors import EngineUnavailable
 from polar_env.records import ChatRequest, FailureKind, Generation

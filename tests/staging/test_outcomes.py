@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from polar_env.engines.simulated import SimulatedEngine
+from polar_env.testing.simulated_engine import SimulatedEngine
 from polar_env.errors import EngineUnavailable
 from polar_env.evaluators import EvalContext, EvalResult, register_evaluator
 from polar_env.evaluators.base import EvaluatorSpec

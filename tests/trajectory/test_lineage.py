@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
-from polar_env.engines.simulated import SimulatedEngine
+from polar_env.testing.simulated_engine import SimulatedEngine
 from polar_env.harnesses import HARNESSES
 from polar_env.journal.format import CLIENT_GONE
 from polar_env.journal.reader import read_with_refs
