@@ -95,33 +95,61 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
     p.add_argument("--task-id", action="append", help="only this task (repeatable)")
     p.add_argument("--limit", type=int, help="at most this many tasks")
     p.add_argument("--samples", type=int, default=samples, help="sessions per task (the GRPO group size)")
-    p.add_argument("--out", default="polar_rollouts", help="output folder (journals, trajectories, report)")
+    p.add_argument("--out", default="polar_rollouts", help="folder of runs: each run writes OUT/<run id>/ (journals, "
+                   "trajectories, report) and OUT/latest points at the newest")
+    p.add_argument("--run-id", help="name of the run folder (default: UTC time, command and a random tail)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run (e.g. OUT/latest): only the "
+                   "sessions that did not finish, under their planned ids")
     p.add_argument("--early-stop", type=int, dest="early_stop", help="finish a group after this many usable sessions")
     p.add_argument("--no-progress", action="store_true", help="no live table (e.g. in CI logs)")
     p.add_argument("--tracker", choices=["wandb", "tensorboard"], help="also log the figures there (W&B offline by default)")
     add_env_options(p)
 
 
+def job_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.staging.job import RolloutJob
+
+    return RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
+                      samples=args.samples, out=Path(args.out), mode="eval" if args.command == "eval" else "rollout",
+                      pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
+                      tracker=args.tracker, run_id=args.run_id)
+
+
+def resume_dir(args: argparse.Namespace) -> Path | None:
+    """``--resume``'s run folder, checked against the plan (one line and exit 2 when it does not fit)."""
+    if not args.resume:
+        return None
+    from polar_env.cli import build_parser
+    from polar_env.staging.job import check_resume
+
+    defaults = build_parser().parse_args([args.command])
+    return check_resume(Path(args.resume), args.command, job_from_args(args).model_dump(mode="json"),
+                        job_from_args(defaults).model_dump(mode="json"))
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from polar_env.staging.job import RolloutJob, run_job
+    from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress, print_summary
 
-    job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
-                     samples=args.samples, out=Path(args.out), mode=args.command,
-                     pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
-                     tracker=args.tracker)
+    resume = resume_dir(args)
+    job = job_from_args(args)
     env = job.env
+    where = f"resuming {resume}" if resume else f"output {job.out}/<run id>"
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
-          f"output {job.out}", flush=True)
+          f"{where}", flush=True)
     live = None if args.no_progress else LiveProgress()
     try:
-        report = asyncio.run(run_job(job, live))
+        report = asyncio.run(run_job(job, live, command=args.command, resume=resume))
     finally:
         if live is not None:
             live.stop()
     print_summary(report)
-    print(f"wrote {job.out}/: {', '.join(report['files'])}")
+    print(f"wrote {report['run_dir']}/: {', '.join(report['files'])}")
+    line = interrupt_line(report)
+    if line is not None:
+        print(line, flush=True)
+        return int(report["interrupted"]["exit_code"])
     return 0 if report["statuses"].get("completed", 0) > 0 else 1
 
 
