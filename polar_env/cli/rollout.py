@@ -123,8 +123,7 @@ def resume_dir(args: argparse.Namespace) -> Path | None:
     from polar_env.staging.job import check_resume
 
     defaults = build_parser().parse_args([args.command])
-    return check_resume(Path(args.resume), args.command, job_from_args(args).model_dump(mode="json"),
-                        job_from_args(defaults).model_dump(mode="json"))
+    return check_resume(Path(args.resume), args.command, job_from_args(args), job_from_args(defaults))
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

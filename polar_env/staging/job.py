@@ -140,29 +140,14 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     """Run ``job`` into a new run folder ``job.out/<run id>`` (or continue the run folder ``resume``:
     only the sessions that did not finish, under their planned ids); returns the report.
     SIGINT/SIGTERM stop it cleanly with every output written (see ``interrupt.py``)."""
-    if resume is None:
-        reqs = load_tasks(job)  # a bad task set is refused before any folder exists
-        run_id = check_run_id(job.run_id) if job.run_id else new_run_id(command or job.mode)
-        job = job.model_copy(update={"run_id": run_id})
-        run_dir = create_run_dir(Path(job.out), run_id)
-        plan = make_plan(reqs, run_id, command or job.mode, job.model_dump(mode="json"))
-        plan.write(run_dir)
-        previous: list[SessionResult] = []
-    else:
-        run_dir = resolve_run(Path(resume))
-        plan = Plan.read(run_dir)
-        job = RolloutJob.model_validate({**plan.job, "out": str(run_dir.parent), "run_id": plan.run_id,
-                                         "tracker": job.tracker})
-        if job.tasks == "toy":
-            load_tasks(job)  # the toy repos are built into their cache again if it was cleared
-        previous = read_results(run_dir)
+    job, run_dir, plan, previous = _open_run(job, command, resume)
     env_config = job.env.model_copy(update={"store": run_dir / "capture"})
     planned = set(plan.session_ids())
     kept = {sid: r for sid, r in finished(previous).items() if sid in planned}
     todo, skipped = _todo(plan, kept)
     attempt = next_attempt(run_dir) if resume is not None else 0
-    if resume is not None:
-        set_aside(run_dir, [sid for g in plan.groups for sid in g.session_ids if sid not in kept], attempt)
+    if resume is not None:  # the interrupted attempt's journals and report move to attempts/<n>/
+        set_aside(run_dir, [sid for sid in plan.session_ids() if sid not in kept], attempt)
         if (run_dir / "report.json").exists():
             (run_dir / ATTEMPTS / str(attempt)).mkdir(parents=True, exist_ok=True)
             (run_dir / "report.json").replace(run_dir / ATTEMPTS / str(attempt) / "report.json")
@@ -170,35 +155,65 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     observer = JobObserver(run_dir, job.tracker, job.model_dump(mode="json"), progress)
     started = time.monotonic()
     try:
-        with StopSignals(f"the {plan.command} run {plan.run_id}") as signals:
+        with StopSignals(f"the {plan.command} run {plan.run_id}") as signals:  # also while the outputs are written
             results, node_stats = await _run_sessions(env_config, todo, total, started, observer, engine, signals)
-        wall = time.monotonic() - started
-        results = _complete(plan, {**kept, **{r.session_id: r for r in skipped + results}}, signals.signal_name)
-        report = _write_outputs(run_dir, job, plan, results, node_stats, wall, observer)
+            wall, stopped_by = time.monotonic() - started, signals.signal_name
+            results = _complete(plan, {**kept, **{r.session_id: r for r in skipped + results}}, stopped_by)
+            report = _write_outputs(run_dir, job, plan, results, node_stats, wall, observer)
+            if resume is not None:
+                report["resumed"] = {"attempt": attempt, "kept": len(kept), "rerun": total,
+                                     "set_aside": f"{ATTEMPTS}/{attempt}"}
+            if stopped_by is not None:
+                cut = [r for r in results if r.failure_kind is FailureKind.INTERRUPTED]
+                report["interrupted"] = {"signal": stopped_by, "exit_code": signals.exit_code,
+                                         "finished": len(results) - len(cut), "interrupted": len(cut),
+                                         "not_started": sum(1 for r in cut if "running" not in r.stage_times),
+                                         "resume": f"polar-env {plan.command} --resume {run_dir}"}
+            (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
     finally:
         observer.close()
-    if resume is not None:
-        report["resumed"] = {"attempt": attempt, "kept": len(kept), "rerun": total, "set_aside": f"{ATTEMPTS}/{attempt}"}
-    if signals.fired:
-        n_int = sum(1 for r in results if r.failure_kind is FailureKind.INTERRUPTED)
-        n_new = sum(1 for r in results if r.failure_kind is FailureKind.INTERRUPTED and "running" not in r.stage_times)
-        report["interrupted"] = {"signal": signals.signal_name, "exit_code": signals.exit_code,
-                                 "finished": len(results) - n_int, "interrupted": n_int, "not_started": n_new,
-                                 "resume": f"polar-env {plan.command} --resume {run_dir}"}
-    (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
     return report
 
 
-def check_resume(path: Path, command: str, given: dict[str, Any], defaults: dict[str, Any]) -> Path:
+def _open_run(job: RolloutJob, command: str | None, resume: Path | None) -> tuple[RolloutJob, Path, Plan, list[SessionResult]]:
+    """A new run folder with its plan, or the run folder being resumed with its plan and the
+    results its last attempt wrote."""
+    if resume is None:
+        reqs = load_tasks(job)  # a bad task set is refused before any folder exists
+        run_id = check_run_id(job.run_id) if job.run_id else new_run_id(command or job.mode)
+        job = job.model_copy(update={"run_id": run_id})
+        run_dir = create_run_dir(Path(job.out), run_id)
+        plan = make_plan(reqs, run_id, command or job.mode, plan_settings(job))
+        plan.write(run_dir)
+        return job, run_dir, plan, []
+    run_dir = resolve_run(Path(resume))
+    plan = Plan.read(run_dir)
+    job = RolloutJob.model_validate({**plan.job, "out": str(run_dir.parent), "run_id": plan.run_id, "tracker": job.tracker})
+    if job.tasks == "toy":
+        load_tasks(job)  # the toy repos are built into their cache again if it was cleared
+    return job, run_dir, plan, read_results(run_dir)
+
+
+def plan_settings(job: RolloutJob) -> dict[str, Any]:
+    """The job as its plan records it: files the engine reads as absolute paths, so a resume from
+    another working directory (and the check of its flags) reads the same files."""
+    engine = job.env.engine
+    update = {k: Path(v).resolve() for k, v in (("script", engine.script), ("model_dir", engine.model_dir)) if v is not None}
+    env = job.env.model_copy(update={"engine": engine.model_copy(update=update)}) if update else job.env
+    return job.model_copy(update={"env": env}).model_dump(mode="json")
+
+
+def check_resume(path: Path, command: str, given: RolloutJob, defaults: RolloutJob) -> Path:
     """The run folder to resume, after checking that the flags given agree with its plan
-    (``given``/``defaults``: RolloutJob dumps from the command line and from no flags)."""
+    (``given``/``defaults``: the job from the command line and from no flags)."""
     run_dir = resolve_run(Path(path))
     plan = Plan.read(run_dir)
     if plan.command != command:
         raise ConfigError(f"--resume {path}: a {plan.command} run; continue it with polar-env {plan.command} --resume {path}")
     ignore = ("out", "run_id", "tracker")
-    diffs = differences({k: v for k, v in plan.job.items() if k not in ignore},
-                        {k: v for k, v in given.items() if k not in ignore}, {k: v for k, v in defaults.items() if k not in ignore})
+    planned, flags, bare = ({k: v for k, v in d.items() if k not in ignore}
+                            for d in (plan.job, plan_settings(given), plan_settings(defaults)))
+    diffs = differences(planned, flags, bare)
     if diffs:
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
         raise ConfigError(f"--resume {path}: the flags differ from the run's plan: {diffs[0]}{more}; resume without "
@@ -252,10 +267,12 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
         server = env.cluster.server
         statuses = [] if signals.fired else [server.submit(req, samples=indices) for req, indices in todo]
         watcher = asyncio.create_task(_watch(server, statuses, total, started, observer))
-        runners = asyncio.gather(*(server.tasks[s.group_id].runner for s in statuses))
+        tasks = [server.tasks[s.group_id].runner for s in statuses]
+        runners = asyncio.gather(*(t for t in tasks if t is not None))
         stop = asyncio.create_task(signals.stop.wait())
         try:
-            await asyncio.wait({runners, stop}, return_when=asyncio.FIRST_COMPLETED)
+            first: set[asyncio.Future[Any]] = {runners, stop}
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             while not runners.done():  # interrupted: cancel until every group has reported (POSTRUN included)
                 for s in statuses:
                     if not server.tasks[s.group_id].done.is_set():

@@ -305,13 +305,10 @@ def store_roots(path: Path) -> list[Path]:
 
     if is_store(path) and not is_run_folder(path):
         return [path]
-    capture = path / "capture" if (path / "capture").is_dir() else path
-    nodes = sorted(p for p in capture.iterdir() if p.is_dir() and not p.is_symlink() and not is_run_folder(p)
-                   and is_store(p)) if capture.is_dir() else []
-    if nodes:
-        return nodes
-    inside = runs_in(path)
+    inside = [] if is_run_folder(path) else runs_in(path)
     if inside:
         raise ConfigError(f"--store {path} is a folder of {len(inside)} run(s); give one run so runs never mix, "
                           f"e.g. --store {path / LATEST} or --store {inside[-1]}")
-    return []
+    capture = path / "capture" if (path / "capture").is_dir() else path
+    return sorted(p for p in capture.iterdir() if p.is_dir() and not p.is_symlink() and not is_run_folder(p)
+                  and is_store(p)) if capture.is_dir() else []
