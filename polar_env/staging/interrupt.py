@@ -48,19 +48,24 @@ class StopSignals:
         return self
 
     def _fire(self, sig: signal.Signals) -> None:
-        if self.signal_name is None:
-            self.signal_name = sig.name
-            self.stop.set()
-            print(f"\npolar-env: {sig.name}: stopping {self.what}: no new sessions, cancelling the running ones and "
-                  f"finishing POSTRUN for what they captured ({sig.name} again exits at once)", file=sys.stderr, flush=True)
-            return
-        print(f"\npolar-env: second {sig.name}: exiting now; the captures stay on disk for --resume",
-              file=sys.stderr, flush=True)
-        os._exit(128 + int(sig))
+        assert self._loop is not None
+        self.signal_name = sig.name
+        self.stop.set()
+        for installed, _ in self._installed:  # from now on a signal exits even while the loop is busy
+            self._loop.remove_signal_handler(installed)
+            signal.signal(installed, _exit_now)
+        print(f"\npolar-env: {sig.name}: stopping {self.what}: no new sessions, cancelling the running ones and "
+              f"finishing POSTRUN for what they captured ({sig.name} again exits at once)", file=sys.stderr, flush=True)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         assert self._loop is not None
         for sig, previous in self._installed:
-            self._loop.remove_signal_handler(sig)
+            self._loop.remove_signal_handler(sig)  # False when _fire already took it over
             signal.signal(sig, previous)
         self._installed.clear()
+
+
+def _exit_now(signum: int, frame: Any) -> None:
+    print(f"\npolar-env: second {signal.Signals(signum).name}: exiting now; the captures stay on disk for --resume",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)

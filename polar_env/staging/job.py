@@ -46,6 +46,7 @@ from polar_env.staging.runs import (
     next_attempt,
     not_started,
     read_results,
+    recover,
     resolve_run,
     set_aside,
 )
@@ -144,6 +145,8 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     env_config = job.env.model_copy(update={"store": run_dir / "capture"})
     planned = set(plan.session_ids())
     kept = {sid: r for sid, r in finished(previous).items() if sid in planned}
+    if resume is not None:
+        kept |= recover(run_dir, plan, kept)  # finished in an attempt that was killed before writing its outputs
     todo, skipped = _todo(plan, kept)
     attempt = next_attempt(run_dir) if resume is not None else 0
     if resume is not None:  # the interrupted attempt's journals and report move to attempts/<n>/

@@ -211,6 +211,48 @@ def read_results(run_dir: Path) -> list[SessionResult]:
     return results
 
 
+def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, SessionResult]:
+    """Sessions of the plan not in ``known`` whose POSTRUN finished although the job's own outputs
+    were never written (the process was killed: a second signal, SIGKILL, the OOM killer): their
+    outcome files and journals give the same result and rewarded trajectory ``polar-env build``
+    rebuilds. Cancelled ones are left to run again."""
+    from polar_env.proxy.capture import CaptureStore
+    from polar_env.trajectory.builders import BUILDERS
+    from polar_env.trajectory.outcome import read_outcome
+    from polar_env.trajectory.reader import build_session
+
+    skip, out = set(known), {}
+    capture = run_dir / "capture"
+    nodes = sorted(p for p in capture.iterdir() if p.is_dir()) if capture.is_dir() else []
+    for req, group in zip(plan.requests, plan.groups, strict=True):
+        for index, sid in enumerate(group.session_ids):
+            if sid in skip:
+                continue
+            for node in nodes:
+                outcome = read_outcome(node, sid)
+                if outcome is None or outcome.get("status") in (None, SessionStatus.CANCELLED.value):
+                    continue
+                store = CaptureStore(node)
+                trajectory = build_session(store, sid, BUILDERS[req.builder]) if req.builder in BUILDERS else None
+                fields = {k: outcome[k] for k in ("status", "reward", "evaluation", "stage_times", "harness_exit_code",
+                                                  "error", "limits", "failure_kind", "failure_detail", "mask")
+                          if outcome.get(k) is not None}
+                out[sid] = SessionResult.model_validate({
+                    **fields, "session_id": sid, "task_id": req.task_id, "group_id": group.group_id,
+                    "sample_index": index, "node_id": node.name, "records": _records(store, sid), "trajectory": trajectory})
+                break
+    return out
+
+
+def _records(store: Any, sid: str) -> int:
+    from polar_env.errors import PolarError
+
+    try:
+        return len(store.read(sid))
+    except (PolarError, OSError):
+        return 0
+
+
 def finished(results: Iterable[SessionResult]) -> dict[str, SessionResult]:
     """The results a resume keeps: every session that ended for a reason other than the interruption."""
     return {r.session_id: r for r in results if r.failure_kind is not FailureKind.INTERRUPTED}

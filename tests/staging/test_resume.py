@@ -174,17 +174,33 @@ def test_sigterm_writes_every_output_and_resumes(sim: list[str], tmp_path: Path)
     assert {r[4] for r in final_rows(run_dir)} == {"completed"}
 
 
-def test_a_second_signal_exits_at_once(sim: list[str], tmp_path: Path) -> None:
-    out = tmp_path / "out"
+def test_a_second_signal_exits_at_once_and_resume_recovers_what_finished(sim: list[str], tmp_path: Path) -> None:
+    """The second SIGINT exits at once, before any output is written; ``--resume`` then keeps the
+    sessions whose POSTRUN had finished (from their outcome files and journals) and runs the rest."""
+    out, run_dir = tmp_path / "out", tmp_path / "out" / "twice"
     proc = polar("rollout", *sim, "--out", str(out), "--run-id", "twice", log=tmp_path / "log")
-    interrupt_when(proc, out / "twice", done=0, sig=signal.SIGINT)
+    interrupt_when(proc, run_dir, done=2, sig=signal.SIGINT)
     time.sleep(0.2)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     assert time.monotonic() - sent < 5
     assert "second SIGINT: exiting now" in (tmp_path / "log").read_text()
-    assert (out / "twice" / "plan.json").is_file()  # what it knew; --resume reruns what did not finish
+    assert (run_dir / "plan.json").is_file() and not (run_dir / "sessions.jsonl").exists()
+    done = {p.name.split(".result.json")[0]: json.loads(p.read_text())
+            for p in (run_dir / "capture" / "node-0").glob("*.result.json")}
+    completed = {sid for sid, o in done.items() if o["status"] == "completed"}
+    assert len(completed) >= 2
+    proc = polar("rollout", "--resume", str(run_dir), "--no-progress", log=tmp_path / "resume.log")
+    assert proc.wait(timeout=300) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    after = {s["session_id"]: s for s in lines(run_dir / "sessions.jsonl")}
+    assert len(after) == 6 and {s["status"] for s in after.values()} == {"completed"}
+    for sid in completed:  # recovered, not run again
+        assert after[sid]["stage_times"] == done[sid]["stage_times"] and after[sid]["reward"] == done[sid]["reward"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["resumed"]["kept"] == len(completed) and report["resumed"]["rerun"] == 6 - len(completed)
+    trajectories = {t["session_id"]: t for t in lines(run_dir / "trajectories.jsonl")}
+    assert sorted(trajectories) == sorted(after) and all(trajectories[sid]["traces"] for sid in completed)
 
 
 def test_build_and_dashboard_never_mix_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
