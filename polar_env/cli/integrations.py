@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from polar_env.cli.checks import HelpFormatter
-from polar_env.cli.rollout import add_job_options, job_from_args, resume_dir
+from polar_env.cli.rollout import add_job_options, job_and_resume
 
 
 def cmd_slime_args(args: argparse.Namespace) -> int:
@@ -44,9 +44,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from polar_env.staging.progress import LiveProgress
     from polar_env.staging.runs import Plan
 
-    resume = resume_dir(args)
-    job = job_from_args(args)
-    print(f"polar-env sft: {args.samples} sample(s) per task; {job.env.engine.describe()}; "
+    job, resume = job_and_resume(args)
+    print(f"polar-env sft: {job.samples} sample(s) per task; {job.env.engine.describe()}; "
           f"harness {job.env.harness}; {f'resuming {resume}' if resume else f'output {job.out}/<run id>'}", flush=True)
     live = None if args.no_progress else LiveProgress()
     try:

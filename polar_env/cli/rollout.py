@@ -91,10 +91,12 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
-    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set), a .jsonl/.json/.parquet file, or a folder of Harbor tasks")
+    p.add_argument("--tasks", help="'toy' (the offline toy SWE set; the default), a .jsonl/.json/.parquet file, or a "
+                   "folder of Harbor tasks")
     p.add_argument("--task-id", action="append", help="only this task (repeatable)")
     p.add_argument("--limit", type=int, help="at most this many tasks")
-    p.add_argument("--samples", type=int, default=samples, help="sessions per task (the GRPO group size)")
+    p.add_argument("--samples", type=int, help=f"sessions per task (the GRPO group size; default {samples})")
+    p.set_defaults(default_samples=samples)
     p.add_argument("--out", default="polar_rollouts", help="folder of runs: each run writes OUT/<run id>/ (journals, "
                    "trajectories, report) and OUT/latest points at the newest")
     p.add_argument("--run-id", help="name of the run folder (default: UTC time, command and a random tail)")
@@ -109,29 +111,42 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
 def job_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.staging.job import RolloutJob
 
-    return RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
-                      samples=args.samples, out=Path(args.out), mode="eval" if args.command == "eval" else "rollout",
+    return RolloutJob(env=env_config(args), tasks=args.tasks or "toy", task_ids=args.task_id, limit=args.limit,
+                      samples=args.samples or args.default_samples, out=Path(args.out),
+                      mode="eval" if args.command == "eval" else "rollout",
                       pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
                       tracker=args.tracker, run_id=args.run_id)
 
 
-def resume_dir(args: argparse.Namespace) -> Path | None:
-    """``--resume``'s run folder, checked against the plan (one line and exit 2 when it does not fit)."""
+def job_and_resume(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The job to run and, with ``--resume``, the run folder: the run's plan with the flags given on
+    top (they must not change what the run produces; one line and exit 2 when they do)."""
     if not args.resume:
-        return None
-    from polar_env.cli import build_parser
-    from polar_env.staging.job import check_resume
+        return job_from_args(args), None
+    import tempfile
 
-    defaults = build_parser().parse_args([args.command])
-    return check_resume(Path(args.resume), args.command, job_from_args(args), job_from_args(defaults))
+    from polar_env.staging.job import check_resume
+    from polar_env.staging.runs import Plan, resolve_run
+
+    run_dir = resolve_run(Path(args.resume))
+    plan = Plan.read(run_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = argparse.Namespace(**vars(args))
+        if not args.config:  # the plan's environment is the base the flags apply to, as --config would be
+            flags.config = str(Path(tmp) / "plan_env.yaml")
+            Path(flags.config).write_text(json.dumps(plan.job["env"]))
+        given = job_from_args(flags).model_dump(mode="json")
+    fields = {"tasks": "tasks", "task_id": "task_ids", "limit": "limit", "samples": "samples", "early_stop":
+              "early_stop_min_usable", "k": "pass_k", "tracker": "tracker"}
+    job = {**plan.job, "env": given["env"], **{f: given[f] for dest, f in fields.items() if getattr(args, dest, None)}}
+    return check_resume(run_dir, args.command, job), run_dir
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress, print_summary
 
-    resume = resume_dir(args)
-    job = job_from_args(args)
+    job, resume = job_and_resume(args)
     env = job.env
     where = f"resuming {resume}" if resume else f"output {job.out}/<run id>"
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "

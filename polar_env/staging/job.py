@@ -53,6 +53,7 @@ from polar_env.staging.runs import (
 from polar_env.trajectory.export import write_jsonl, write_parquet
 
 Progress = Callable[[dict[str, Any]], None]
+OPERATIONAL = ("limits", "nodes", "ray", "ray_address")  # env settings a resume may change: how, not what, it runs
 
 
 class RolloutJob(BaseModel):
@@ -191,7 +192,9 @@ def _open_run(job: RolloutJob, command: str | None, resume: Path | None) -> tupl
         return job, run_dir, plan, []
     run_dir = resolve_run(Path(resume))
     plan = Plan.read(run_dir)
-    job = RolloutJob.model_validate({**plan.job, "out": str(run_dir.parent), "run_id": plan.run_id, "tracker": job.tracker})
+    env = {**plan.job["env"], **{k: v for k, v in job.env.model_dump(mode="json").items() if k in OPERATIONAL}}
+    job = RolloutJob.model_validate({**plan.job, "env": env, "out": str(run_dir.parent), "run_id": plan.run_id,
+                                     "tracker": job.tracker})
     if job.tasks == "toy":
         load_tasks(job)  # the toy repos are built into their cache again if it was cleared
     return job, run_dir, plan, read_results(run_dir)
@@ -206,22 +209,26 @@ def plan_settings(job: RolloutJob) -> dict[str, Any]:
     return job.model_copy(update={"env": env}).model_dump(mode="json")
 
 
-def check_resume(path: Path, command: str, given: RolloutJob, defaults: RolloutJob) -> Path:
-    """The run folder to resume, after checking that the flags given agree with its plan
-    (``given``/``defaults``: the job from the command line and from no flags)."""
-    run_dir = resolve_run(Path(path))
+def check_resume(run_dir: Path, command: str, job: dict[str, Any]) -> RolloutJob:
+    """The job to resume ``run_dir`` with: ``job`` is its plan's with the flags given on top, which
+    may change how the run is carried out (``OPERATIONAL``: pools, nodes, Ray; the tracker) but
+    nothing that shapes its data; otherwise one line naming the first setting that differs."""
     plan = Plan.read(run_dir)
     if plan.command != command:
-        raise ConfigError(f"--resume {path}: a {plan.command} run; continue it with polar-env {plan.command} --resume {path}")
-    ignore = ("out", "run_id", "tracker")
-    planned, flags, bare = ({k: v for k, v in d.items() if k not in ignore}
-                            for d in (plan.job, plan_settings(given), plan_settings(defaults)))
-    diffs = differences(planned, flags, bare)
+        raise ConfigError(f"--resume {run_dir}: a {plan.command} run; continue it with polar-env {plan.command} "
+                          f"--resume {run_dir}")
+    job = {**job, "env": plan_settings(RolloutJob.model_validate(job))["env"]}  # engine files as absolute paths
+
+    def shaping(settings: dict[str, Any]) -> dict[str, Any]:
+        env = {k: v for k, v in settings.get("env", {}).items() if k not in OPERATIONAL}
+        return {**{k: v for k, v in settings.items() if k not in ("out", "run_id", "tracker")}, "env": env}
+
+    diffs = differences(shaping(plan.job), shaping(job))
     if diffs:
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        raise ConfigError(f"--resume {path}: the flags differ from the run's plan: {diffs[0]}{more}; resume without "
+        raise ConfigError(f"--resume {run_dir}: the flags differ from the run's plan: {diffs[0]}{more}; resume without "
                           "them, or start a new run")
-    return run_dir
+    return RolloutJob.model_validate(job)
 
 
 def interrupt_line(report: dict[str, Any]) -> str | None:

@@ -181,15 +181,14 @@ def resolve_run(path: Path) -> Path:
                       f"e.g. polar_rollouts/{LATEST}")
 
 
-def differences(plan: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any], prefix: str = "") -> list[str]:
-    """Settings the flags give (they differ from the defaults) that differ from the plan's."""
+def differences(plan: dict[str, Any], given: dict[str, Any], prefix: str = "") -> list[str]:
+    """Each setting whose value in ``given`` differs from the plan's, as ``name=<plan> ... <given>``."""
     out: list[str] = []
-    for key in sorted(set(given) | set(defaults)):
-        g, d, p = given.get(key), defaults.get(key), plan.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(g, dict) and isinstance(d, dict):
-            out += differences(p if isinstance(p, dict) else {}, g, d, name + ".")
-        elif g != d and g != p:
+    for key in sorted(set(plan) | set(given)):
+        p, g, name = plan.get(key), given.get(key), f"{prefix}{key}"
+        if isinstance(p, dict) and isinstance(g, dict):
+            out += differences(p, g, name + ".")
+        elif p != g:
             out.append(f"{name}={orjson.dumps(p).decode()} in the plan but {orjson.dumps(g).decode()} from the flags")
     return out
 

@@ -115,6 +115,7 @@ def test_sigint_then_resume_equals_an_uninterrupted_run(sim: list[str], tmp_path
 
     # refused with one line before anything starts: a plan that differs from the flags, a folder of runs, no run
     for argv, words in ((["rollout", "--resume", str(run_dir), "--samples", "4"], "samples=3 in the plan but 4"),
+                        (["rollout", "--resume", str(run_dir), "--harness", "pi"], 'env.harness="loop" in the plan but "pi"'),
                         (["eval", "--resume", str(run_dir)], "a rollout run"),
                         (["rollout", "--resume", str(out)], "folder of 1 run(s)"),
                         (["rollout", "--resume", str(tmp_path)], "not a run folder")):
@@ -168,8 +169,10 @@ def test_sigterm_writes_every_output_and_resumes(sim: list[str], tmp_path: Path)
     interrupt_when(proc, run_dir, done=1, sig=signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     _, planned = check_interrupted(run_dir, "SIGTERM")
-    proc = polar("rollout", "--resume", str(run_dir), "--no-progress", log=tmp_path / "resume.log")
+    # how the run is carried out may change on a resume (here: one RUNNING slot instead of two)
+    proc = polar("rollout", "--resume", str(run_dir), "--no-progress", "--max-running", "1", log=tmp_path / "resume.log")
     assert proc.wait(timeout=300) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    assert json.loads((run_dir / "report.json").read_text())["config"]["env"]["limits"]["max_running"] == 1
     assert [r[0] for r in final_rows(run_dir)] == planned
     assert {r[4] for r in final_rows(run_dir)} == {"completed"}
 
