@@ -318,15 +318,17 @@ def _write_outputs(run_dir: Path, job: RolloutJob, plan: Plan, results: list[Ses
                    node_stats: list[dict[str, Any]], wall: float, observer: JobObserver) -> dict[str, Any]:
     mark_outcome_files(run_dir, results)
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
-    write_jsonl(trajectories, run_dir / "trajectories.jsonl")
+    write_jsonl(trajectories, run_dir / "trajectories.jsonl.tmp")  # each file replaced whole: a kill mid-write
+    (run_dir / "trajectories.jsonl.tmp").replace(run_dir / "trajectories.jsonl")  # leaves the previous one
     notes = []
     try:
         write_parquet(trajectories, run_dir / "trajectories.parquet")
     except ConfigError as exc:
         notes.append(str(exc))
-    with open(run_dir / "sessions.jsonl", "wb") as f:
+    with open(run_dir / "sessions.jsonl.tmp", "wb") as f:
         for r in results:
             f.write(orjson.dumps(r.model_dump(mode="json", exclude={"trajectory"})) + b"\n")
+    (run_dir / "sessions.jsonl.tmp").replace(run_dir / "sessions.jsonl")
     report = build_report(results, node_stats, wall, config=job.model_dump(mode="json"))
     report["run_id"], report["run_dir"] = plan.run_id, str(run_dir)
     if job.mode == "eval":

@@ -195,18 +195,24 @@ def differences(plan: dict[str, Any], given: dict[str, Any], prefix: str = "") -
 
 def read_results(run_dir: Path) -> list[SessionResult]:
     """The previous attempt's sessions (``sessions.jsonl``) with their trajectories (``trajectories.jsonl``)."""
-    from polar_env.trajectory.export import read_jsonl
-
     path = run_dir / "sessions.jsonl"
     if not path.exists():
         return []
-    trajectories = {t.session_id: t for t in read_jsonl(run_dir / "trajectories.jsonl")} \
-        if (run_dir / "trajectories.jsonl").exists() else {}
+    trajectories = {}
+    if (run_dir / "trajectories.jsonl").exists():
+        for line in (run_dir / "trajectories.jsonl").read_bytes().splitlines():
+            try:
+                trajectory = Trajectory.from_json(line)
+            except (orjson.JSONDecodeError, ValidationError):
+                continue
+            trajectories[trajectory.session_id] = trajectory
     results = []
     for line in path.read_bytes().splitlines():
-        if line.strip():
+        try:
             r = SessionResult.model_validate(orjson.loads(line))
-            results.append(r.model_copy(update={"trajectory": trajectories.get(r.session_id)}))
+        except (orjson.JSONDecodeError, ValidationError):  # a line torn by a kill: recover() reads its outcome
+            continue
+        results.append(r.model_copy(update={"trajectory": trajectories.get(r.session_id)}))
     return results
 
 

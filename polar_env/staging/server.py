@@ -35,6 +35,7 @@ from polar_env.staging.models import (
     TaskStatus,
 )
 from polar_env.staging.node import GatewayNode
+from polar_env.staging.runs import session_ids
 
 _log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -112,10 +113,6 @@ class RayNode:
             await self._call("stop")
         except NodeDied:
             pass
-
-
-def session_ids(group_id: str, n: int) -> list[str]:
-    return [f"{group_id}-{i}" for i in range(n)]
 
 
 def new_group_id(task_id: str) -> str:
