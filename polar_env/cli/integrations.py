@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from polar_env.cli.checks import HelpFormatter
-from polar_env.cli.rollout import add_job_options, job_and_resume
+from polar_env.cli.resume import job_and_resume
+from polar_env.cli.rollout import add_job_options
 
 
 def cmd_slime_args(args: argparse.Namespace) -> int:

@@ -111,38 +111,15 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
 def job_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.staging.job import RolloutJob
 
-    return RolloutJob(env=env_config(args), tasks=args.tasks or "toy", task_ids=args.task_id, limit=args.limit,
-                      samples=args.samples or args.default_samples, out=Path(args.out),
+    return RolloutJob(env=env_config(args), tasks="toy" if args.tasks is None else args.tasks, task_ids=args.task_id,
+                      limit=args.limit, samples=args.default_samples if args.samples is None else args.samples, out=Path(args.out),
                       mode="eval" if args.command == "eval" else "rollout",
                       pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
                       tracker=args.tracker, run_id=args.run_id)
 
 
-def job_and_resume(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The job to run and, with ``--resume``, the run folder: the run's plan with the flags given on
-    top (they must not change what the run produces; one line and exit 2 when they do)."""
-    if not args.resume:
-        return job_from_args(args), None
-    import tempfile
-
-    from polar_env.staging.job import check_resume
-    from polar_env.staging.runs import Plan, resolve_run
-
-    run_dir = resolve_run(Path(args.resume))
-    plan = Plan.read(run_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        flags = argparse.Namespace(**vars(args))
-        if not args.config:  # the plan's environment is the base the flags apply to, as --config would be
-            flags.config = str(Path(tmp) / "plan_env.yaml")
-            Path(flags.config).write_text(json.dumps(plan.job["env"]))
-        given = job_from_args(flags).model_dump(mode="json")
-    fields = {"tasks": "tasks", "task_id": "task_ids", "limit": "limit", "samples": "samples", "early_stop":
-              "early_stop_min_usable", "k": "pass_k", "tracker": "tracker"}
-    job = {**plan.job, "env": given["env"], **{f: given[f] for dest, f in fields.items() if getattr(args, dest, None)}}
-    return check_resume(run_dir, args.command, job), run_dir
-
-
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from polar_env.cli.resume import job_and_resume
     from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress, print_summary
 

@@ -53,8 +53,10 @@ def polar(*argv: str, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "polar_env.cli", *argv], env=env, stdout=f, stderr=subprocess.STDOUT)
 
 
-def interrupt_when(proc: subprocess.Popen[bytes], run_dir: Path, done: int, sig: int, timeout_s: float = 300) -> float:
-    """Send ``sig`` once ``done`` sessions finished and another one is RUNNING; returns the time sent."""
+def interrupt_when(proc: subprocess.Popen[bytes], run_dir: Path, done: int, sig: int, timeout_s: float = 300,
+                   postrun: bool = False) -> float:
+    """Send ``sig`` once ``done`` sessions finished (``postrun``: or are in POSTRUN, which the
+    interruption lets finish) and another one is RUNNING; returns the time sent."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be interrupted"
@@ -62,7 +64,9 @@ def interrupt_when(proc: subprocess.Popen[bytes], run_dir: Path, done: int, sig:
             live = json.loads((run_dir / "live.json").read_text())
         except (FileNotFoundError, ValueError):
             live = {}
-        if live.get("done", 0) >= done and live.get("stages", {}).get("running", 0) >= 1:
+        stages = live.get("stages", {})
+        finished = live.get("done", 0) + (stages.get("postrun", 0) if postrun else 0)
+        if finished >= done and stages.get("running", 0) >= 1:
             proc.send_signal(sig)
             return time.monotonic()
         time.sleep(0.1)
@@ -255,7 +259,7 @@ def test_real_engine_and_pi_interrupt_then_resume(tmp_path: Path) -> None:
     started = time.monotonic()
     proc = polar("rollout", "--task-id", TOY, "--samples", "2", "--max-running", "1", "--engine-script", str(script),
                  "--out", str(out), "--run-id", "pi-run", "--no-progress", log=tmp_path / "first.log")
-    interrupt_when(proc, run_dir, done=1, sig=signal.SIGINT)
+    interrupt_when(proc, run_dir, done=1, sig=signal.SIGINT, postrun=True)  # sample 0 grading, sample 1 RUNNING
     assert proc.wait(timeout=300) == 130, (tmp_path / "first.log").read_text()[-3000:]
     first_s = time.monotonic() - started
     before, planned = check_interrupted(run_dir, "SIGINT")
