@@ -54,6 +54,7 @@ def discover(paths: Iterable[Path]) -> list[Path]:
         path = Path(path)
         if is_run_folder(path) or (is_run(path) and not runs_in(path)):
             found.append(path)
+            found.extend(runs_in(path))  # an OUT that still holds a run of the old flat layout, and the new runs
             continue
         if not path.is_dir():
             continue

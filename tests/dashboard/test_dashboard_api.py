@@ -201,3 +201,5 @@ async def test_a_folder_of_run_folders_lists_each_run_once(tmp_path: Path) -> No
     async with TestClient(TestServer(build_dashboard(Dashboard([out])))) as client:
         listed = {r["name"]: r["sessions"] for r in (await (await client.get("/api/runs")).json())["runs"]}
         assert listed == {ids[0]: 2, ids[1]: 3}
+    (out / "report.json").write_text("{}")  # OUT itself still holds a run of the old flat layout: both are shown
+    assert sorted(Dashboard([out]).refresh()) == sorted([out.name, *ids])
