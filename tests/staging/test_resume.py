@@ -89,6 +89,8 @@ def check_interrupted(run_dir: Path, signal_name: str) -> tuple[list[dict[str, A
     trajectories = {t["session_id"]: t for t in lines(run_dir / "trajectories.jsonl")}
     assert sorted(trajectories) == sorted(planned)  # complete groups, even for never-started sessions
     assert all(trajectories[s["session_id"]]["metadata"]["failure_kind"] == "interrupted" for s in cut)
+    for s in cut:  # POSTRUN ran for what was captured: a cut session keeps its calls as (masked) traces
+        assert bool(trajectories[s["session_id"]]["traces"]) == (s["records"] > 0), s
     report = json.loads((run_dir / "report.json").read_text())
     assert report["interrupted"]["signal"] == signal_name and report["interrupted"]["interrupted"] == len(cut)
     assert report["sessions"] == len(planned)
