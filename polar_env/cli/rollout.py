@@ -67,7 +67,8 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api", help="wire format the harness speaks (default: its own)")
     g.add_argument("--engine", choices=["embedded", "vllm", "sglang", "simulated"],
                    help="embedded: the CPU engine in-process (default); simulated: a test double")
-    g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang worker URLs (comma-separated) / router:URL")
+    g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang "
+                   "worker URLs (comma-separated) / router:URL")
     g.add_argument("--served-model-name", help="the engine's model name")
     g.add_argument("--model-dir", help="embedded: a HF Qwen3 folder (default: seeded random tiny weights)")
     g.add_argument("--seed", type=int, help="embedded: seed of the random weights")
