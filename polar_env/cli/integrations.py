@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from polar_env.cli.checks import HelpFormatter
-from polar_env.cli.rollout import add_job_options, env_config
+from polar_env.cli.resume import job_and_resume
+from polar_env.cli.rollout import add_job_options
 
 
 def cmd_slime_args(args: argparse.Namespace) -> int:
@@ -41,24 +42,30 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """Roll tasks out, keep the evaluator-accepted sessions, export SFT rows, print the table."""
     from polar_env.integrations.sft import export_job
     from polar_env.preflight import check_job, check_job_options
-    from polar_env.staging.job import RolloutJob, run_job
+    from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress
+    from polar_env.staging.runs import Plan
 
     check_job_options(args)
-    job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
-                     samples=args.samples, out=Path(args.out), early_stop_min_usable=args.early_stop)
-    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in check_job(job, "sft")}
-    print(f"polar-env sft: {len(repo_of)} task(s) x {args.samples} sample(s); {job.env.engine.describe()}; "
-          f"harness {job.env.harness}; output {job.out}", flush=True)
+    job, resume = job_and_resume(args)
+    check_job(job, "sft")
+    print(f"polar-env sft: {job.samples} sample(s) per task; {job.env.engine.describe()}; "
+          f"harness {job.env.harness}; {f'resuming {resume}' if resume else f'output {job.out}/<run id>'}", flush=True)
     live = None if args.no_progress else LiveProgress(title="polar-env sft")
     try:
-        asyncio.run(run_job(job, live))
+        report = asyncio.run(run_job(job, live, command="sft", resume=resume))
     finally:
         if live is not None:
             live.stop()
-    summary = export_job(Path(args.out), repo_of, min_reward=args.min_reward)
+    run_dir = Path(report["run_dir"])
+    line = interrupt_line(report)
+    if line is not None:
+        print(line, flush=True)
+        return int(report["interrupted"]["exit_code"])
+    repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in Plan.read(run_dir).requests}
+    summary = export_job(run_dir, repo_of, min_reward=args.min_reward)
     print(summary.table())
-    print(f"wrote {Path(args.out)}/: {', '.join(summary.files)}")
+    print(f"wrote {run_dir}/: {', '.join(summary.files)}")
     return 0 if summary.rows else 1
 
 

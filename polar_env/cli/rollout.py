@@ -78,7 +78,8 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api", help="wire format the harness speaks (default: its own)")
     g.add_argument("--engine", choices=["embedded", "vllm", "sglang", "simulated"],
                    help="embedded: the CPU engine in-process (default); simulated: a test double")
-    g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang worker URLs (comma-separated) / router:URL")
+    g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang "
+                   "worker URLs (comma-separated) / router:URL")
     g.add_argument("--served-model-name", help="the engine's model name")
     g.add_argument("--model-dir", help="embedded: a HF Qwen3 folder (default: seeded random tiny weights)")
     g.add_argument("--seed", type=int, help="embedded: seed of the random weights")
@@ -102,41 +103,60 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
-    p.add_argument("--tasks", default="toy", help="'toy' (the offline toy SWE set), a .jsonl/.json/.parquet file, or a folder of Harbor tasks")
+    p.add_argument("--tasks", help="'toy' (the offline toy SWE set; the default), a .jsonl/.json/.parquet file, or a "
+                   "folder of Harbor tasks")
     p.add_argument("--task-id", action="append", help="only this task (repeatable)")
     p.add_argument("--limit", type=int, help="at most this many tasks")
-    p.add_argument("--samples", type=int, default=samples, help="sessions per task (the GRPO group size)")
-    p.add_argument("--out", default="polar_rollouts", help="output folder (journals, trajectories, report)")
+    p.add_argument("--samples", type=int, help=f"sessions per task (the GRPO group size; default {samples})")
+    p.set_defaults(default_samples=samples)
+    p.add_argument("--out", default="polar_rollouts", help="folder of runs: each run writes OUT/<run id>/ (journals, "
+                   "trajectories, report) and OUT/latest points at the newest")
+    p.add_argument("--run-id", help="name of the run folder (default: UTC time, command and a random tail)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run (e.g. OUT/latest): only the "
+                   "sessions that did not finish, under their planned ids")
     p.add_argument("--early-stop", type=int, dest="early_stop", help="finish a group after this many usable sessions")
     p.add_argument("--no-progress", action="store_true", help="no live table (e.g. in CI logs)")
     p.add_argument("--tracker", choices=["wandb", "tensorboard"], help="also log the figures there (W&B offline by default)")
     add_env_options(p)
 
 
+def job_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.staging.job import RolloutJob
+
+    return RolloutJob(env=env_config(args), tasks="toy" if args.tasks is None else args.tasks, task_ids=args.task_id,
+                      limit=args.limit, samples=args.default_samples if args.samples is None else args.samples, out=Path(args.out),
+                      mode="eval" if args.command == "eval" else "rollout",
+                      pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
+                      tracker=args.tracker, run_id=args.run_id)
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from polar_env.cli.resume import job_and_resume
     from polar_env.preflight import check_job, check_job_options
-    from polar_env.staging.job import RolloutJob, run_job
+    from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress
     from polar_env.staging.summary import print_summary
 
     check_job_options(args)
-    job = RolloutJob(env=env_config(args), tasks=args.tasks, task_ids=args.task_id, limit=args.limit,
-                     samples=args.samples, out=Path(args.out), mode=args.command,
-                     pass_k=sorted(set(getattr(args, "k", None) or [1])), early_stop_min_usable=args.early_stop,
-                     tracker=args.tracker)
+    job, resume = job_and_resume(args)
     check_job(job, args.command)
     env = job.env
+    where = f"resuming {resume}" if resume else f"output {job.out}/<run id>"
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
-          f"output {job.out}", flush=True)
+          f"{where}", flush=True)
     live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
-        report = asyncio.run(run_job(job, live))
+        report = asyncio.run(run_job(job, live, command=args.command, resume=resume))
     finally:
         if live is not None:
             live.stop()
-    print_summary(report, out=job.out)
-    print(f"wrote {job.out}/: {', '.join(report['files'])}")
+    print_summary(report, out=Path(report["run_dir"]))
+    print(f"wrote {report['run_dir']}/: {', '.join(report['files'])}")
+    line = interrupt_line(report)
+    if line is not None:
+        print(line, flush=True)
+        return int(report["interrupted"]["exit_code"])
     return 0 if report["statuses"].get("completed", 0) > 0 else 1
 
 

@@ -13,18 +13,23 @@ from polar_env.errors import ConfigError
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.proxy.capture import CaptureStore
+    from polar_env.staging.runs import store_roots
     from polar_env.trajectory.reader import all_session_ids, build_trajectories
 
-    root = existing_dir(args.store, "--store", "pass the folder polar-env gateway --store wrote")
-    store = CaptureStore(root)
-    known = all_session_ids(store)  # journals, and rollout sessions that ended before their first call
+    hint = "pass a run folder (OUT/<run id>, OUT/latest) or the folder polar-env gateway --store wrote"
+    roots = store_roots(existing_dir(args.store, "--store", hint))
+    # journals, and rollout sessions that ended before their first call (an outcome file only)
+    where = {sid: root for root in roots for sid in all_session_ids(CaptureStore(root))}
+    known = sorted(where)
     if not known:
-        raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); pass the folder polar-env gateway --store wrote")
-    unknown = [s for s in args.session or () if s not in known]
+        raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); {hint}")
+    unknown = [s for s in args.session or () if s not in where]
     if unknown:
         raise ConfigError(f"--session {unknown[0]} has no journal in {args.store}; it has {', '.join(known[:10])}"
                           + (" …" if len(known) > 10 else ""))
-    return build_trajectories(root, args.builder, args.session or known)
+    wanted = args.session or known
+    per_root = [(root, [s for s in wanted if where[s] == root]) for root in roots]
+    return [t for root, sids in per_root if sids for t in build_trajectories(root, args.builder, sids)]
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -108,7 +113,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("verify", cmd_verify, "teacher-forced fidelity check of captured trajectories (needs the embedded extra)"),
     ):
         p = command(name, text)
-        p.add_argument("--store", required=True, help="capture store directory (what polar-env gateway --store wrote)")
+        p.add_argument("--store", required=True,
+                       help="a run folder (OUT/<run id>, OUT/latest), its capture/<node>/, or what polar-env gateway --store wrote")
         p.add_argument("--session", action="append", help="session id (repeatable; default: every session in the store)")
         p.add_argument("--builder", default="prefix_merge", choices=["per_request", "prefix_merge", "prefix_merge_strict"],
                        help="how calls become traces: one per call, or merged along token prefixes")

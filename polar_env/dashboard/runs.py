@@ -1,8 +1,8 @@
 """Run folders and capture stores, indexed for the dashboard.
 
-A *run* is a folder ``polar-env rollout``/``eval`` wrote (``report.json``, ``sessions.jsonl``,
-``live.json`` while it runs, ``capture/<node>/`` journals) or a bare capture store (what
-``polar-env gateway --store`` wrote). Sessions are listed from the stores' public API
+A *run* is a folder ``polar-env rollout``/``eval`` wrote (``OUT/<run id>/``: ``plan.json``,
+``report.json``, ``sessions.jsonl``, ``live.json`` while it runs, ``capture/<node>/`` journals) or a
+bare capture store (what ``polar-env gateway --store`` wrote). Sessions are listed from the stores' public API
 (``CaptureStore.session_metas``/``session_ids``, ``read_outcome``), overlaid with the finished
 run's ``sessions.jsonl`` and report rows; nothing here parses a journal line. The index is cached
 and rebuilt when a folder changes (a new journal, outcome or report), so a page of a 1,000-session
@@ -19,9 +19,10 @@ from typing import Any
 
 import orjson
 
-from polar_env.observe.live import LIVE_FILE, read_live
+from polar_env.observe.live import read_live
 from polar_env.proxy.capture import CaptureStore
 from polar_env.staging.job import pass_at_k
+from polar_env.staging.runs import is_run_folder, runs_in
 from polar_env.trajectory.outcome import RESULT_SUFFIX, read_outcome
 
 FINISHED = ("completed", "timeout", "error", "cancelled")
@@ -39,20 +40,30 @@ def is_run(path: Path) -> bool:
     """A run folder, a capture store, or a folder of per-node stores (a PolarEnv ``store``)."""
     if not path.is_dir():
         return False
-    if any((path / f).exists() for f in ("report.json", "sessions.jsonl", LIVE_FILE, "capture")) or _is_store(path):
+    if is_run_folder(path) or (path / "capture").is_dir() or _is_store(path):
         return True
     return any(_is_store(child) for child in path.iterdir() if child.is_dir())
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
-    """Each path that is a run, else the runs directly inside it."""
+    """Each path that is a run; else the runs inside it: its run folders (``polar-env rollout --out``
+    writes ``OUT/<run id>/``), and those of the folders of runs directly inside it. ``latest``
+    pointers (symlinks) are not runs of their own, unless given as the path."""
     found: list[Path] = []
     for path in paths:
         path = Path(path)
-        if is_run(path):
+        if is_run_folder(path) or (is_run(path) and not runs_in(path)):
             found.append(path)
-        elif path.is_dir():
-            found.extend(sorted(p for p in path.iterdir() if is_run(p)))
+            found.extend(runs_in(path))  # an OUT that still holds a run of the old flat layout, and the new runs
+            continue
+        if not path.is_dir():
+            continue
+        for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink()):
+            inner = runs_in(child)
+            if inner and not is_run_folder(child):
+                found.extend(inner)
+            elif is_run(child):
+                found.append(child)
     return found
 
 

@@ -1,11 +1,14 @@
 """The main job: roll a task set out through the staged pipeline and write what training needs.
 
 ``rollout(job)`` (``polar-env rollout``) loads the tasks (the offline toy SWE set by default, or a
-JSONL/JSON/Parquet file), starts the nodes, submits one TaskRequest per task with ``samples``
-sessions, shows live progress, and writes to ``out``: ``capture/`` (the journals),
-``trajectories.jsonl`` and ``.parquet`` (rewarded, self-describing), ``sessions.jsonl`` (one
-SessionResult per line, without the token data), ``report.json`` and ``timeline.png``. ``mode="eval"``
-(``polar-env eval``) is the same pipeline reporting pass@1 / pass@k per repo and the engine cost.
+JSONL/JSON/Parquet file), writes the run's plan, starts the nodes, submits one TaskRequest per task
+with ``samples`` sessions, shows live progress, and writes the run folder ``out/<run id>/``
+(``out/latest`` points at it; see ``runs.py``): ``plan.json``, ``capture/`` (the journals),
+``trajectories.jsonl`` and ``.parquet`` (rewarded, self-describing, one row per session),
+``sessions.jsonl`` (one SessionResult per line, without the token data), ``report.json`` and
+``timeline.png``. ``mode="eval"`` (``polar-env eval``) is the same pipeline reporting pass@1 / pass@k
+per repo and the engine cost. SIGINT/SIGTERM stop a run with every output written and the
+interrupted sessions marked; ``resume=`` (``--resume``) runs only the sessions that did not finish.
 """
 
 from __future__ import annotations
@@ -24,11 +27,33 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar_env.env import PolarEnv, PolarEnvConfig, task_request
 from polar_env.errors import ConfigError
 from polar_env.observe.live import JobObserver
-from polar_env.staging.models import SessionResult, TaskRequest, TaskStatus
+from polar_env.records import FailureKind
+from polar_env.staging.interrupt import StopSignals
+from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest, TaskStatus
 from polar_env.staging.report import build_report, write_timeline
+from polar_env.staging.runs import (
+    ATTEMPTS,
+    Plan,
+    check_run_id,
+    create_run_dir,
+    differences,
+    empty_trajectory,
+    finished,
+    interrupted,
+    make_plan,
+    mark_outcome_files,
+    new_run_id,
+    next_attempt,
+    not_started,
+    read_results,
+    recover,
+    resolve_run,
+    set_aside,
+)
 from polar_env.trajectory.export import write_jsonl, write_parquet
 
 Progress = Callable[[dict[str, Any]], None]
+OPERATIONAL = ("limits", "nodes", "ray", "ray_address")  # env settings a resume may change: how, not what, it runs
 
 
 class RolloutJob(BaseModel):
@@ -39,7 +64,8 @@ class RolloutJob(BaseModel):
     task_ids: list[str] | None = None
     limit: int | None = Field(default=None, ge=1)
     samples: int = Field(default=2, ge=1)
-    out: Path = Path("polar_rollouts")
+    out: Path = Path("polar_rollouts")  # a folder of runs: each run writes out/<run id>/ (see staging/runs.py)
+    run_id: str | None = None  # default: <UTC time>-<command>-<6 hex>
     mode: Literal["rollout", "eval"] = "rollout"
     pass_k: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1])
     early_stop_min_usable: int | None = Field(default=None, ge=1)
@@ -121,61 +147,211 @@ def eval_tables(results: list[SessionResult], reqs: list[TaskRequest], ks: list[
     return {"overall": overall, "per_repo": per_repo, "per_task": per_task}
 
 
-async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: Any | None = None) -> dict[str, Any]:
-    out = Path(job.out)
+async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: Any | None = None,
+                  command: str | None = None, resume: Path | None = None) -> dict[str, Any]:
+    """Run ``job`` into a new run folder ``job.out/<run id>`` (or continue the run folder ``resume``:
+    only the sessions that did not finish, under their planned ids); returns the report.
+    SIGINT/SIGTERM stop it cleanly with every output written (see ``interrupt.py``)."""
+    job, run_dir, plan, previous = _open_run(job, command, resume)
+    env_config = job.env.model_copy(update={"store": run_dir / "capture"})
+    planned = set(plan.session_ids())
+    kept = {sid: r for sid, r in finished(previous).items() if sid in planned}
+    if resume is not None:
+        kept |= recover(run_dir, plan, kept)  # finished in an attempt that was killed before writing its outputs
+    todo, skipped = _todo(plan, kept)
+    attempt = next_attempt(run_dir) if resume is not None else 0
+    if resume is not None:  # the interrupted attempt's journals and report move to attempts/<n>/
+        set_aside(run_dir, [sid for sid in plan.session_ids() if sid not in kept], attempt)
+        if (run_dir / "report.json").exists():
+            (run_dir / ATTEMPTS / str(attempt)).mkdir(parents=True, exist_ok=True)
+            (run_dir / "report.json").replace(run_dir / ATTEMPTS / str(attempt) / "report.json")
+    total = sum(len(indices) for _, indices in todo)
+    observer = JobObserver(run_dir, job.tracker, job.model_dump(mode="json"), progress)
+    started = time.monotonic()
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create output folder {out}: {exc}") from None
-    env_config = job.env.model_copy(update={"store": out / "capture"})
-    reqs = load_tasks(job.model_copy(update={"env": env_config}))
-    total = sum(r.num_samples for r in reqs)
-    observer = JobObserver(out, job.tracker, job.model_dump(mode="json"), progress)
-    try:
-        report = await _run_observed(job, env_config, reqs, total, observer, engine)
+        with StopSignals(f"the {plan.command} run {plan.run_id}") as signals:  # also while the outputs are written
+            results, node_stats = await _run_sessions(env_config, todo, total, started, observer, engine, signals)
+            wall, stopped_by = time.monotonic() - started, signals.signal_name
+            results = _complete(plan, {**kept, **{r.session_id: r for r in skipped + results}}, stopped_by)
+            report = _write_outputs(run_dir, job, plan, results, node_stats, wall, observer)
+            if resume is not None:
+                report["resumed"] = {"attempt": attempt, "kept": len(kept), "rerun": total,
+                                     "set_aside": f"{ATTEMPTS}/{attempt}"}
+            if stopped_by is not None:
+                cut = [r for r in results if r.failure_kind is FailureKind.INTERRUPTED]
+                report["interrupted"] = {"signal": stopped_by, "exit_code": signals.exit_code,
+                                         "finished": len(results) - len(cut), "interrupted": len(cut),
+                                         "not_started": sum(1 for r in cut if "running" not in r.stage_times),
+                                         "resume": f"polar-env {plan.command} --resume {run_dir}"}
+            (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
     finally:
         observer.close()
     return report
 
 
-async def _run_observed(job: RolloutJob, env_config: PolarEnvConfig, reqs: list[TaskRequest], total: int,
-                        observer: JobObserver, engine: Any | None) -> dict[str, Any]:
-    out = Path(job.out)
-    started = time.monotonic()
+def _open_run(job: RolloutJob, command: str | None, resume: Path | None) -> tuple[RolloutJob, Path, Plan, list[SessionResult]]:
+    """A new run folder with its plan, or the run folder being resumed with its plan and the
+    results its last attempt wrote."""
+    if resume is None:
+        reqs = load_tasks(job)  # a bad task set is refused before any folder exists
+        run_id = check_run_id(job.run_id) if job.run_id else new_run_id(command or job.mode)
+        job = job.model_copy(update={"run_id": run_id})
+        run_dir = create_run_dir(Path(job.out), run_id)
+        plan = make_plan(reqs, run_id, command or job.mode, plan_settings(job))
+        plan.write(run_dir)
+        return job, run_dir, plan, []
+    run_dir = resolve_run(Path(resume))
+    plan = Plan.read(run_dir)
+    env = {**plan.job["env"], **{k: v for k, v in job.env.model_dump(mode="json").items() if k in OPERATIONAL}}
+    job = RolloutJob.model_validate({**plan.job, "env": env, "out": str(run_dir.parent), "run_id": plan.run_id,
+                                     "tracker": job.tracker})
+    if job.tasks == "toy":
+        load_tasks(job)  # the toy repos are built into their cache again if it was cleared
+    return job, run_dir, plan, read_results(run_dir)
+
+
+def plan_settings(job: RolloutJob) -> dict[str, Any]:
+    """The job as its plan records it: files the engine reads as absolute paths, so a resume from
+    another working directory (and the check of its flags) reads the same files."""
+    engine = job.env.engine
+    update = {k: Path(v).resolve() for k, v in (("script", engine.script), ("model_dir", engine.model_dir)) if v is not None}
+    env = job.env.model_copy(update={"engine": engine.model_copy(update=update)}) if update else job.env
+    return job.model_copy(update={"env": env}).model_dump(mode="json")
+
+
+def check_resume(run_dir: Path, command: str, job: dict[str, Any]) -> RolloutJob:
+    """The job to resume ``run_dir`` with: ``job`` is its plan's with the flags given on top, which
+    may change how the run is carried out (``OPERATIONAL``: pools, nodes, Ray; the tracker) but
+    nothing that shapes its data; otherwise one line naming the first setting that differs."""
+    plan = Plan.read(run_dir)
+    if plan.command != command:
+        raise ConfigError(f"--resume {run_dir}: a {plan.command} run; continue it with polar-env {plan.command} "
+                          f"--resume {run_dir}")
+    job = {**job, "env": plan_settings(RolloutJob.model_validate(job))["env"]}  # engine files as absolute paths
+
+    def shaping(settings: dict[str, Any]) -> dict[str, Any]:
+        env = {k: v for k, v in settings.get("env", {}).items() if k not in OPERATIONAL}
+        return {**{k: v for k, v in settings.items() if k not in ("out", "run_id", "tracker")}, "env": env}
+
+    diffs = differences(shaping(plan.job), shaping(job))
+    if diffs:
+        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+        raise ConfigError(f"--resume {run_dir}: the flags differ from the run's plan: {diffs[0]}{more}; resume without "
+                          "them, or start a new run")
+    return RolloutJob.model_validate(job)
+
+
+def interrupt_line(report: dict[str, Any]) -> str | None:
+    """The one line an interrupted run prints: what was kept, and how to resume."""
+    info = report.get("interrupted")
+    if not info:
+        return None
+    return (f"interrupted by {info['signal']}: {info['finished']} session(s) finished and kept, {info['interrupted']} "
+            f"interrupted ({info['not_started']} never started) marked failure_kind=interrupted, mask=true; every "
+            f"output is in {report['run_dir']}/; resume with: {info['resume']}")
+
+
+def _todo(plan: Plan, kept: dict[str, SessionResult]) -> tuple[list[tuple[TaskRequest, list[int]]], list[SessionResult]]:
+    """Per request, the sample indices still to run; and the sessions an early stop makes unnecessary
+    (their group already has its usable sessions among the kept ones)."""
+    todo, skipped = [], []
+    for req, group in zip(plan.requests, plan.groups, strict=True):
+        missing = [i for i, sid in enumerate(group.session_ids) if sid not in kept]
+        if not missing:
+            continue
+        usable = sum(1 for sid in group.session_ids if sid in kept and kept[sid].usable)
+        need = req.early_stop_min_usable
+        if need is not None and usable >= need:
+            skipped += [_early_stopped(req, group.session_ids[i], i, usable) for i in missing]
+            continue
+        if need is not None and usable:
+            req = req.model_copy(update={"early_stop_min_usable": need - usable})
+        todo.append((req, missing))
+    return todo, skipped
+
+
+def _early_stopped(req: TaskRequest, sid: str, index: int, usable: int) -> SessionResult:
+    detail = f"early stop: its group already had {usable} usable session(s)"
+    result = SessionResult(session_id=sid, task_id=req.task_id, group_id=str(req.group_id), sample_index=index,
+                           status=SessionStatus.CANCELLED, error=detail, failure_kind=FailureKind.CANCELLED,
+                           failure_detail=detail, mask=True, stage_times={"done": time.time()})
+    return result.model_copy(update={"trajectory": empty_trajectory(result)})
+
+
+async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest, list[int]]], total: int,
+                        started: float, observer: JobObserver, engine: Any | None,
+                        signals: StopSignals) -> tuple[list[SessionResult], list[dict[str, Any]]]:
+    if not todo or signals.fired:
+        return [], []
     async with PolarEnv(env_config, engine=engine) as env:
         server = env.cluster.server
-        statuses = [server.submit(req) for req in reqs]
+        statuses = [] if signals.fired else [server.submit(req, samples=indices) for req, indices in todo]
         watcher = asyncio.create_task(_watch(server, statuses, total, started, observer))
+        tasks = [server.tasks[s.group_id].runner for s in statuses]
+        runners = asyncio.gather(*(t for t in tasks if t is not None))
+        stop = asyncio.create_task(signals.stop.wait())
         try:
-            await asyncio.gather(*(server.tasks[s.group_id].runner for s in statuses))
+            first: set[asyncio.Future[Any]] = {runners, stop}
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+            while not runners.done():  # interrupted: cancel until every group has reported (POSTRUN included)
+                for s in statuses:
+                    if not server.tasks[s.group_id].done.is_set():
+                        await server.cancel(s.group_id)
+                await asyncio.wait({runners}, timeout=0.5)
+            await runners
         finally:
+            stop.cancel()
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await asyncio.gather(watcher, stop, return_exceptions=True)
         node_stats = await server.node_stats()
-    wall = time.monotonic() - started
-    results: list[SessionResult] = [r for s in statuses for r in s.results]
+    results = []
+    for s in statuses:
+        for r in s.results:
+            if signals.fired and not s.early_stopped and r.status is SessionStatus.CANCELLED:
+                r = interrupted(r, str(signals.signal_name))
+            results.append(r)
+    return results, node_stats
+
+
+def _complete(plan: Plan, by_id: dict[str, SessionResult], signal_name: str | None) -> list[SessionResult]:
+    """One result per planned session, in plan order; a session never dispatched is recorded as
+    interrupted before it started."""
+    out = []
+    for req, group in zip(plan.requests, plan.groups, strict=True):
+        for i, sid in enumerate(group.session_ids):
+            r = by_id.get(sid)
+            out.append(r if r is not None else not_started(req, sid, i, signal_name or "an interruption"))
+    return out
+
+
+def _write_outputs(run_dir: Path, job: RolloutJob, plan: Plan, results: list[SessionResult],
+                   node_stats: list[dict[str, Any]], wall: float, observer: JobObserver) -> dict[str, Any]:
+    mark_outcome_files(run_dir, results)
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
-    write_jsonl(trajectories, out / "trajectories.jsonl")
+    write_jsonl(trajectories, run_dir / "trajectories.jsonl.tmp")  # each file replaced whole: a kill mid-write
+    (run_dir / "trajectories.jsonl.tmp").replace(run_dir / "trajectories.jsonl")  # leaves the previous one
     notes = []
     try:
-        write_parquet(trajectories, out / "trajectories.parquet")
+        write_parquet(trajectories, run_dir / "trajectories.parquet")
     except ConfigError as exc:
         notes.append(str(exc))
-    with open(out / "sessions.jsonl", "wb") as f:
+    with open(run_dir / "sessions.jsonl.tmp", "wb") as f:
         for r in results:
             f.write(orjson.dumps(r.model_dump(mode="json", exclude={"trajectory"})) + b"\n")
+    (run_dir / "sessions.jsonl.tmp").replace(run_dir / "sessions.jsonl")
     report = build_report(results, node_stats, wall, config=job.model_dump(mode="json"))
+    report["run_id"], report["run_dir"] = plan.run_id, str(run_dir)
     if job.mode == "eval":
-        report["eval"] = eval_tables(results, reqs, job.pass_k)
+        graded = [r for r in results if r.failure_kind is not FailureKind.INTERRUPTED]
+        report["eval"] = eval_tables(graded, plan.requests, job.pass_k)
         busy = [s.get("engine_busy_s", 0.0) for s in node_stats if "dead" not in s]
         report["cost"] = {"engine_seconds": round(sum(busy), 2), "sampled_tokens": report["sampled_tokens"],
                           "prompt_tokens": sum(len(t.prompt_ids) for tr in trajectories for t in tr.traces)}
-    note = write_timeline(results, out / "timeline.png", title=f"stage occupancy ({len(results)} sessions)")
+    note = write_timeline(results, run_dir / "timeline.png", title=f"stage occupancy ({len(results)} sessions)")
     if note:
         notes.append(note)
     report["notes"] = notes
-    report["files"] = sorted({p.name for p in out.iterdir() if not p.name.endswith(".tmp")} | {"report.json"})
-    (out / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
+    report["files"] = sorted({p.name for p in run_dir.iterdir() if not p.name.endswith(".tmp")} | {"report.json"})
     observer.finish(report)
     return report
 

@@ -36,6 +36,7 @@ from polar_env.staging.models import (
     TaskStatus,
 )
 from polar_env.staging.node import GatewayNode
+from polar_env.staging.runs import session_ids
 from polar_env.staging.submission import with_defaults
 
 _log = logging.getLogger(__name__)
@@ -116,17 +117,14 @@ class RayNode:
             pass
 
 
-def session_ids(group_id: str, n: int) -> list[str]:
-    return [f"{group_id}-{i}" for i in range(n)]
-
-
 def new_group_id(task_id: str) -> str:
     return f"{_UNSAFE.sub('_', task_id).lstrip('_.-')[:100] or 'task'}-{secrets.token_hex(3)}"
 
 
 class _Task:
-    def __init__(self, req: TaskRequest, group_id: str) -> None:
+    def __init__(self, req: TaskRequest, group_id: str, samples: list[int] | None = None) -> None:
         self.req = req
+        self.samples = list(range(req.num_samples)) if samples is None else samples
         self.status = TaskStatus(task_id=req.task_id, group_id=group_id, state=TaskState.PENDING,
                                  num_samples=req.num_samples)
         self.assigned: dict[str, NodeHandle] = {}
@@ -152,12 +150,13 @@ class RolloutServer:
         self.metrics = RolloutMetrics()
 
     # -- tasks --------------------------------------------------------------------------------
-    def submit(self, req: TaskRequest) -> TaskStatus:
-        """Start rolling out ``req`` in the background; returns its (pending) status at once."""
+    def submit(self, req: TaskRequest, *, samples: Iterable[int] | None = None) -> TaskStatus:
+        """Start rolling out ``req`` in the background; returns its (pending) status at once.
+        ``samples``: only these sample indices of the group (a resumed run's unfinished ones)."""
         group_id = req.group_id or new_group_id(req.task_id)
         if group_id in self.tasks and not self.tasks[group_id].done.is_set():
             raise ConfigError(f"group {group_id!r} is already running")
-        task = _Task(req, group_id)
+        task = _Task(req, group_id, None if samples is None else sorted(set(samples)))
         self.tasks[group_id] = task
         task.runner = asyncio.create_task(self._run(task))
         self._forget_old()
@@ -193,8 +192,9 @@ class RolloutServer:
     async def _run(self, task: _Task) -> TaskStatus:
         req, status = task.req, task.status
         status.state = TaskState.RUNNING
-        specs = [SessionSpec(session_id=sid, sample_index=i, group_id=status.group_id, request=req)
-                 for i, sid in enumerate(session_ids(status.group_id, req.num_samples))]
+        ids = session_ids(status.group_id, req.num_samples)
+        specs = [SessionSpec(session_id=ids[i], sample_index=i, group_id=status.group_id, request=req)
+                 for i in task.samples if 0 <= i < req.num_samples]
         pending = [asyncio.create_task(self._dispatch(task, spec)) for spec in specs]
         usable = 0
         for next_done in asyncio.as_completed(pending):

@@ -174,3 +174,32 @@ async def test_assets_are_shipped_and_reference_no_network(store_dir: Path) -> N
             assert "http://" not in text and "https://" not in text, path  # no CDN, no fonts, no trackers
         assert (await client.get("/static/../runs.py")).status == 404
         assert (await client.get("/static/other.js")).status == 404
+
+
+async def test_a_folder_of_run_folders_lists_each_run_once(tmp_path: Path) -> None:
+    """``polar-env rollout --out OUT`` writes ``OUT/<run id>/`` and a ``latest`` symlink: the dashboard
+    over OUT (or a folder holding OUT) shows every run once, named by its run id, with its sessions."""
+    out = tmp_path / "polar_rollouts"
+    ids = ["20261201-170000-rollout-aaaaaa", "20261201-171500-eval-bbbbbb"]
+    for n, run_id in enumerate(ids):
+        root = out / run_id / "capture" / "node-0"
+        store = CaptureStore(root)
+        for i in range(n + 2):
+            sid = f"t-{run_id[-6:]}-{i}"
+            store.write_session_meta(SessionMeta(session_id=sid, key_sha256="0" * 64, created_at=0.0, closed=True,
+                                                 metadata={"task_id": "t", "sample_index": i}))
+            store.append(record(sid, 0, [1, 2, 3], [10, 11, 12]))
+            write_outcome(root, sid, {"session_id": sid, "status": "completed", "reward": 1.0, "records": 1})
+        store.close()
+        (out / run_id / "plan.json").write_text("{}")
+    (out / "latest").symlink_to(ids[-1], target_is_directory=True)
+    for paths in ([out], [tmp_path], [out / ids[0], out / "latest"]):
+        dashboard = Dashboard(paths)
+        runs = dashboard.refresh()
+        expected = ids if paths[0] != out / ids[0] else [ids[0], "latest"]
+        assert sorted(runs) == sorted(expected), paths
+    async with TestClient(TestServer(build_dashboard(Dashboard([out])))) as client:
+        listed = {r["name"]: r["sessions"] for r in (await (await client.get("/api/runs")).json())["runs"]}
+        assert listed == {ids[0]: 2, ids[1]: 3}
+    (out / "report.json").write_text("{}")  # OUT itself still holds a run of the old flat layout: both are shown
+    assert sorted(Dashboard([out]).refresh()) == sorted([out.name, *ids])

@@ -48,7 +48,7 @@ def rollout_argv(root: Path, name: str, command: str, *extra: str) -> list[str]:
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     return [sys.executable, "-m", "polar_env.cli", "rollout", "--tasks", str(tasks), "--samples", "2",
             "--engine", "embedded", "--engine-script", str(root / f"{name}.script.json"), "--harness", "loop",
-            "--out", str(root / "runs" / name), "--no-progress", *extra]
+            "--out", str(root / "runs"), "--run-id", name, "--no-progress", *extra]
 
 
 @pytest.fixture(scope="module")

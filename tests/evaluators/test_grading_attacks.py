@@ -71,9 +71,9 @@ def test_polar_env_rollout_cli_grades_the_conftest_hack_zero(ready: None, tmp_pa
     code = main(["rollout", "--task-id", TOY, "--samples", "1", "--harness", "loop", "--engine", "simulated",
                  "--engine-script", str(script), "--out", str(out), "--no-progress"])
     assert code == 0
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "latest" / "report.json").read_text())
     assert report["mean_reward"] == 0.0, report["session_rows"]
-    sessions = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    sessions = [json.loads(line) for line in (out / "latest" / "sessions.jsonl").read_text().splitlines()]
     assert sessions[0]["evaluation"]["dropped_paths"] == [{"path": "conftest.py", "rule": "runner plugin (conftest.py)"}]
 
 

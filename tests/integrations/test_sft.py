@@ -123,9 +123,9 @@ def test_cli_sft_keeps_only_the_solved_task(tmp_path: Path, capsys: pytest.Captu
     assert lines[header + 1].split() == ["toy/calc", "1", "1", "100%"]
     assert lines[header + 2].split() == ["toy/textkit", "1", "0", "0%"]
     assert lines[header + 4].startswith("per accepted trajectory: 5.0 messages, 2.0 assistant turns")
-    rows = [json.loads(line) for line in (out / SFT_JSONL).read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "latest" / SFT_JSONL).read_text().splitlines()]
     assert rows and {r["task_id"] for r in rows} == {"toy__calc-1"}
-    trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    trajs = [json.loads(line) for line in (out / "latest" / "trajectories.jsonl").read_text().splitlines()]
     (solved,) = [t for t in trajs if t["metadata"]["task_id"] == "toy__calc-1"]
     tr = solved["traces"][0]
     assert rows[0]["input_ids"] == tr["prompt_ids"] + tr["response_ids"]  # the engine's ids, untouched

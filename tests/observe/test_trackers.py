@@ -128,7 +128,7 @@ def test_eval_tracker_tensorboard_logs_progress_and_pass_at_k(tmp_path: Path) ->
     out = tmp_path / "out"
     assert main(["eval", "--tasks", str(tasks), "--samples", "2", "-k", "1", "--engine", "simulated",
                  "--harness", "loop", "--out", str(out), "--no-progress", "--tracker", "tensorboard"]) == 0
-    scalars, _ = tensorboard_scalars(out / "tensorboard")
+    scalars, _ = tensorboard_scalars(out / "latest" / "tensorboard")
     assert scalars["summary/eval/overall/pass@1"] == [(0, 0.5)]
     assert scalars["summary/eval/per_repo/alpha/pass@1"] == [(0, 1.0)]
     assert scalars["summary/mean_reward"] == [(0, 0.5)] and "summary/stage_seconds_mean/running" in scalars

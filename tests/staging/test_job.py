@@ -35,7 +35,7 @@ def test_eval_reports_pass_at_k_per_repo(tmp_path: Path) -> None:
     code = main(["eval", "--tasks", str(tasks), "--samples", "3", "-k", "1", "-k", "3", "--engine", "simulated",
                  "--harness", "loop", "--out", str(out), "--no-progress"])
     assert code == 0
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "latest" / "report.json").read_text())
     ev = report["eval"]
     assert ev["per_task"]["alpha__one"] == {"pass@1": 1.0, "pass@3": 1.0, "n": 3, "correct": 3}
     assert ev["per_task"]["beta__two"]["correct"] == 0

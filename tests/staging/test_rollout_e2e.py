@@ -62,7 +62,7 @@ def run(tmp: Path, *extra: str) -> tuple[int, dict[str, Any], Path]:
     out = tmp / "out"
     code = main(["rollout", "--task-id", TOY, "--samples", "2", "--out", str(out), "--no-progress",
                  "--max-running", "2", *extra])
-    return code, json.loads((out / "report.json").read_text()), out
+    return code, json.loads((out / "latest" / "report.json").read_text()), out / "latest"
 
 
 def test_rollout_fixes_the_toy_task_and_writes_rewarded_trajectories(ready: None, tmp_path: Path,

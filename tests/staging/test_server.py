@@ -53,6 +53,21 @@ async def test_early_stop_cancels_the_stragglers(node_config) -> None:  # type: 
     assert {r.session_id for r in status.results if r.failure_kind is FailureKind.CANCELLED and r.mask} == slow
 
 
+async def test_a_group_can_run_only_some_of_its_samples(node_config) -> None:  # type: ignore[no-untyped-def]
+    """What ``--resume`` submits: the unfinished sample indices of a planned group, under their ids."""
+    node = FakeRuntimeNode(node_config(max_running=2))
+    await node.start()
+    server = RolloutServer([LocalNode(node)])
+    try:
+        status = server.submit(loop_task(5, group_id="t-plan"), samples=[4, 1, 4])
+        await server.tasks[status.group_id].runner
+    finally:
+        await server.aclose()
+    assert [(r.session_id, r.sample_index) for r in status.results] == [("t-plan-1", 1), ("t-plan-4", 4)]
+    assert status.num_samples == 5 and status.state is TaskState.DONE
+    assert sorted(node.store.session_ids()) == ["t-plan-1", "t-plan-4"]
+
+
 async def test_callback_is_retried_until_it_is_accepted(node_config) -> None:  # type: ignore[no-untyped-def]
     received: list[dict[str, Any]] = []
 

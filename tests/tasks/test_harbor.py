@@ -75,7 +75,7 @@ def _rollout(tmp: Path, command: str) -> dict[str, Any]:
     code = main(["rollout", "--tasks", str(TOY_ROOT), "--task-id", "polar-toy__fix-greeting", "--harness", "loop",
                  "--samples", "1", "--out", str(out), "--no-progress", "--engine-script", str(_script(tmp, command))])
     assert code == 0
-    return json.loads((out / "report.json").read_text())
+    return json.loads((out / "latest" / "report.json").read_text())
 
 
 @pytest.mark.parametrize("command, reward", [
@@ -99,7 +99,7 @@ def test_harbor_grading_drops_planted_runner_files(tmp_path: Path) -> None:
     fix = "printf '#!/bin/sh\\necho \"Hello, world\"\\n' > greet.sh"
     report = _rollout(tmp_path, f"{fix} && echo 'import os' > conftest.py && echo 'import os' > sitecustomize.py")
     assert report["mean_reward"] == 1.0, report["session_rows"]
-    rows = [json.loads(line) for line in (tmp_path / "out" / "sessions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "latest" / "sessions.jsonl").read_text().splitlines()]
     evaluation = rows[0]["evaluation"]
     assert evaluation["policy"] == "pytest-strict"
     assert sorted(d["path"] for d in evaluation["dropped_paths"]) == ["conftest.py", "sitecustomize.py"]
