@@ -305,9 +305,11 @@ def polar_config(args: Any, sampling_params: Mapping[str, Any]) -> dict[str, Any
     config = yaml.safe_load(file.read_text()) or {}
     if not isinstance(config, dict):
         raise ConfigError(f"{file}: a PolarEnv config must be a mapping, got {type(config).__name__}")
-    engine = dict(config.get("engine") or {})
-    engine.update({"kind": "sglang", "url": f"router:{router_url(args)}"})
-    return {**config, "engine": engine, **forced_sampling(sampling_params)}
+    given = dict(config.get("engine") or {})  # the served model's name and template carry over
+    engine = {**{k: given[k] for k in ("model", "template") if k in given}, "kind": "sglang",
+              "url": f"router:{router_url(args)}"}
+    sampling = {**dict(config.get("sampling") or {}), **forced_sampling(sampling_params)}
+    return {**config, "engine": engine, "sampling": sampling}
 
 
 def check_slime_args(args: Any) -> None:

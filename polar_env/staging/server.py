@@ -23,9 +23,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.observe.metrics import RolloutMetrics, install_server_metrics
+from polar_env.registry import validation_line
 from polar_env.staging.models import (
     SessionResult,
     SessionSpec,
@@ -342,9 +344,11 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 async def _submit(request: web.Request) -> web.Response:
-    try:
+    try:  # every name and param model is resolved here: a typo is a 400 before any session starts
         req = TaskRequest.model_validate_json(await request.read())
         status = request.app[SERVER].submit(req)
+    except ValidationError as exc:
+        return _error(400, f"invalid TaskRequest: {validation_line(exc)}")
     except ValueError as exc:
         return _error(400, f"invalid TaskRequest: {exc}")
     except ConfigError as exc:
