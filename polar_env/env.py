@@ -134,7 +134,19 @@ def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarE
                  **overrides: Any) -> TaskRequest:
     """A TaskRequest from what the user has: a TaskRequest (kept), a SweTask or SWE row (the repo or
     image becomes the runtime, the problem statement the instruction, swebench the default
-    evaluator), or a plain row with ``task_id`` and ``instruction`` (the rest is the task row)."""
+    evaluator), or a plain row with ``task_id`` and ``instruction`` (the rest is the task row).
+    A row that names something unknown is a ConfigError of one line, before anything runs."""
+    try:
+        return _task_request(task, config, n, **overrides)
+    except ValidationError as exc:
+        from polar_env.registry import validation_line
+
+        where = task.get("task_id") or task.get("instance_id") if isinstance(task, Mapping) else None
+        raise ConfigError(f"task {where!r}: {validation_line(exc)}" if where else validation_line(exc)) from None
+
+
+def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None,
+                  **overrides: Any) -> TaskRequest:
     agent = AgentSpec(harness=config.harness, api=config.api, env=config.agent_env, settings=config.agent_settings)
     common: dict[str, Any] = {"agent": agent, "builder": config.builder, "continuation": config.continuation,
                               "timeout_s": config.timeout_s, "init_timeout_s": config.init_timeout_s,

@@ -236,3 +236,22 @@ def test_runtime_kinds_come_from_the_table() -> None:
     assert RuntimeSpec(kind="docker").kind == "docker"
     with pytest.raises(ValidationError, match="did you mean 'docker'"):
         RuntimeSpec(kind="dockr")
+
+
+def test_the_adapters_refuse_a_wrong_name_before_any_session(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from polar_env.integrations.nemo_gym.agent import check_polar_block
+    from polar_env.integrations.slime import polar_config
+
+    with pytest.raises(ValueError, match=r"^polar.builder: unknown builder 'prefix_merg'; did you mean 'prefix_merge'\?"):
+        check_polar_block({"harness": "loop", "builder": "prefix_merg",
+                           "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/v1"}})
+    assert check_polar_block({"harness": "loop", "engine": {"kind": "vllm", "url": ["http://h:1/v1"]}})
+    # slime's generate builds its PolarEnv from polar.yaml on the first call: refused there, no session
+    (tmp_path / "polar.yaml").write_text("harness: loop\nevaluator: {name: outptu}\nengine: {kind: embedded, seed: 1}\n")
+    args = SimpleNamespace(polar_config=str(tmp_path / "polar.yaml"), sglang_router_ip="127.0.0.1", sglang_router_port=1)
+    config = polar_config(args, {"temperature": 1.0})
+    assert config["engine"] == {"kind": "sglang", "url": "router:http://127.0.0.1:1"}  # embedded-only seed dropped
+    with pytest.raises(ConfigError, match=r"evaluator.name: unknown evaluator 'outptu'; did you mean 'output'\?"):
+        PolarEnv(config)

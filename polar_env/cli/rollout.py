@@ -186,16 +186,24 @@ def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from polar_env.env import task_request
+    from polar_env.registry import validation_line
     from polar_env.staging.models import TaskRequest
     from polar_env.tasks.sources import read_rows
 
     token = _server_token(args)
     config = env_config(args)
     groups = []
-    for row in read_rows(Path(args.tasks)):
+    reqs = []
+    for row in read_rows(Path(args.tasks)):  # every row's names resolve before the first one is sent
         is_request = isinstance(row, dict) and "task_id" in row and "instruction" in row and "agent" in row
-        req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
+        try:
+            reqs.append(TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples))
+        except ValidationError as exc:
+            raise ConfigError(f"{args.tasks}: task {row.get('task_id')!r}: {validation_line(exc)}") from None
+    for req in reqs:
         status, body = _http("POST", f"{args.server}/rollout/task/submit", token, req.model_dump_json().encode())
         if status != 202:
             print(f"{req.task_id}: refused ({status}): {body.get('error', body)}", file=sys.stderr)

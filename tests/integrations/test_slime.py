@@ -200,10 +200,10 @@ def test_forced_sampling_and_task_row() -> None:
 
 def test_polar_config_points_engine_at_slime_router(tmp_path: Any) -> None:
     cfg = tmp_path / "polar.yaml"
-    cfg.write_text("harness: loop\nengine: {kind: embedded, model_name: m}\ntemperature: 0.1\n")
+    cfg.write_text("harness: loop\nengine: {kind: embedded, model: m, seed: 3}\nsampling: {temperature: 0.1}\n")
     args = SimpleNamespace(polar_config=str(cfg), sglang_router_ip="10.0.0.2", sglang_router_port=3000)
     out = polar_config(args, {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64})
-    assert out["engine"] == {"kind": "sglang", "url": "router:http://10.0.0.2:3000", "model_name": "m"}
+    assert out["engine"] == {"kind": "sglang", "url": "router:http://10.0.0.2:3000", "model": "m"}  # seed: embedded's
     assert (out["sampling"], out["harness"]) == ({"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}, "loop")
     with pytest.raises(ConfigError, match="--custom-config-path"):
         polar_config(SimpleNamespace(), {})
