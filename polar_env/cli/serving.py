@@ -45,7 +45,7 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         quirks=QUIRKS[args.template],
         policy=policy,
         logprobs_mode=args.logprobs_mode,
-        max_tokens_cap=args.max_tokens or EMBEDDED_MAX_TOKENS,
+        max_tokens=args.max_tokens or EMBEDDED_MAX_TOKENS,
         model_name=args.served_model_name or EMBEDDED_MODEL_NAME,
     )
 

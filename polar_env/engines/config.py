@@ -97,7 +97,7 @@ class EmbeddedEngineConfig(_Scripted):
             raise ConfigError(f"engine model_dir {self.model_dir} is not a directory")
         return EmbeddedEngine(model_dir=self.model_dir, spec=ModelSpec(seed=self.seed), quirks=QUIRKS[self.template],
                               policy=self.policy(), logprobs_mode=self.logprobs_mode,
-                              max_tokens_cap=max_tokens or self.default_max_tokens(), model_name=self.model)
+                              max_tokens=max_tokens or self.default_max_tokens(), model_name=self.model)
 
     def describe(self) -> str:
         weights = str(self.model_dir) if self.model_dir else f"seeded random weights (seed {self.seed})"

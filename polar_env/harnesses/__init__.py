@@ -98,7 +98,9 @@ def get_harness(ref: str | HarnessSpec) -> HarnessSpec:
     """A harness by table name, CLI short name, harness file path or ``module:attr`` import path."""
     if isinstance(ref, HarnessSpec):
         return ref
-    if ref in _BY_CLI and ref not in HARNESSES:
+    if ref in HARNESSES:
+        return HARNESSES.get(ref)
+    if ref in _BY_CLI:
         return _BY_CLI[ref]
     if ref.endswith(HARNESS_FILE_SUFFIXES) or Path(ref).is_file():
         return load_harness_file(Path(ref))

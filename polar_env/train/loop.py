@@ -185,7 +185,7 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
             trainer = GRPOTrainer(copy.deepcopy(env.engine.model), recipe.trainer.config())
             return await train_with(recipe, PolarEnvSource(env), trainer, on_step)
     engine = EmbeddedEngine(spec=ModelSpec(seed=model_seed), logprobs_mode=recipe.engine.logprobs_mode,
-                            max_tokens_cap=sampling.max_tokens)
+                            max_tokens=sampling.max_tokens)
     trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
     async with LocalGateway(engine, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                             builder=recipe.builder, store_dir=store) as source:
