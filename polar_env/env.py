@@ -142,7 +142,8 @@ def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarE
         from polar_env.registry import validation_line
 
         where = task.get("task_id") or task.get("instance_id") if isinstance(task, Mapping) else None
-        raise ConfigError(f"task {where!r}: {validation_line(exc)}" if where else validation_line(exc)) from None
+        line = validation_line(exc, model=TaskRequest)
+        raise ConfigError(f"task {where!r}: {line}" if where else line) from None
 
 
 def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None,
@@ -191,7 +192,7 @@ class PolarEnv:
             except ValidationError as exc:  # one line naming the field, the bad value and the fix
                 from polar_env.registry import validation_line
 
-                raise ConfigError(f"PolarEnv config: {validation_line(exc)}") from None
+                raise ConfigError(f"PolarEnv config: {validation_line(exc, model=PolarEnvConfig)}") from None
         self._engine = engine
         self._cluster: Cluster | None = None
         self._starting = asyncio.Lock()  # concurrent first rollouts must start one cluster

@@ -17,7 +17,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, get_args, overload
 
 from pydantic import BaseModel, ValidationError, ValidationInfo
 
@@ -61,7 +61,7 @@ def closest(value: str, names: list[str], extra: str = "") -> str:
     other about as close (``extra``: other accepted forms, after the names)."""
     scored = sorted(((difflib.SequenceMatcher(None, value, n).ratio(), n) for n in names), reverse=True)
     near = [n for r, n in scored if r >= 0.6 and r >= scored[0][0] - 0.05] if scored else []
-    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ";"
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     return f"{hint} (known: {', '.join(names)}{'; or ' + extra if extra else ''})"
 
 
@@ -168,7 +168,7 @@ class Registry(Generic[T]):
         try:
             return model.model_validate(dict(params))
         except ValidationError as exc:
-            raise ConfigError(f"params of {self.kind} {name!r}: {validation_line(exc)}") from None
+            raise ConfigError(f"params of {self.kind} {name!r}: {validation_line(exc, model=model)}") from None
 
     def _import(self, ref: str) -> Any:
         module_name, sep, attr = ref.partition(":")
@@ -189,21 +189,61 @@ def _params_of(obj: Any) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def validation_line(exc: ValidationError, prefix: str = "") -> str:
+def validation_line(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """One line for a pydantic error: the field path, the problem and the bad value. ``prefix``
-    is the path above the model (``engine``). Further problems are counted, not listed."""
+    is the path above the model (``engine``); ``model``, the model validated, lets a misspelled
+    key get the closest real one. Further problems are counted, not listed."""
     first = exc.errors(include_url=False)[0]
     loc = [str(p) for p in first["loc"]]  # a discriminated union's tag stays in: engine.vllm.seed
     where = ".".join([prefix, *loc] if prefix else loc)
     message = str(first["msg"]).removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        message = "not a known setting (check the spelling, or remove it)"
+        fields, owners = _fields_at(model, loc[:-1], loc[-1]) if model is not None and loc else (None, [])
+        message = ("not a known setting" + closest(loc[-1], fields)) if fields else \
+            "not a known setting (check the spelling, or remove it)"
+        if owners:
+            message += f"; {loc[-1]!r} is for {owners[0]}"
     elif first["type"] == "missing":
         message = "required, and not given"
     elif first["type"] not in ("value_error", "assertion_error") and "input" in first:
         message = f"{message} (got {_short(first['input'])})"
     more = exc.error_count() - 1
     return f"{where + ': ' if where else ''}{' '.join(message.split())}" + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+
+
+def _fields_at(model: type[BaseModel], path: list[str], key: str) -> tuple[list[str] | None, list[str]]:
+    """The field names of the model found at ``path`` under ``model`` (through nested models,
+    optional ones and discriminated unions by ``kind``, whose tag is a path part), and, when the
+    last step was such a union, the other members that do have ``key``; (None, []) when lost."""
+    current: Any = model
+    parts = list(path)
+    owners: list[str] = []
+    while parts:
+        part = parts.pop(0)
+        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if field is None:
+            return None, []
+        members = [a for a in _flat_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        owners = []
+        if len(members) > 1 and parts:  # a union by tag: the next part names the member
+            tag = parts.pop(0)
+            tags = {str(m.model_fields["kind"].default): m for m in members if "kind" in m.model_fields}
+            having = sorted(t for t, m in tags.items() if t != tag and key in m.model_fields)
+            owners = [f"{part} kind {' or '.join(having)}"] if having else []
+            members = [tags[tag]] if tag in tags else []
+        if len(members) != 1:
+            return None, []
+        current = members[0]
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return None, []
+    return sorted(current.model_fields), owners
+
+
+def _flat_args(annotation: Any) -> list[Any]:
+    args = get_args(annotation)
+    if not args:
+        return [annotation]
+    return [leaf for a in args for leaf in _flat_args(a)]
 
 
 def _short(value: Any) -> str:

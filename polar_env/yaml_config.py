@@ -38,7 +38,7 @@ def validated(model: type[M], data: dict[str, Any], path: str | Path, what: str)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{what} {path}: {validation_line(exc)}") from None
+        raise ConfigError(f"{what} {path}: {validation_line(exc, model=model)}") from None
 
 
 def load_model(model: type[M], path: str | Path, what: str) -> M:

@@ -65,7 +65,7 @@ def test_unknown_names_are_one_line_with_the_closest() -> None:
     reg.register("alpha", 1)
     with pytest.raises(ConfigError) as far:
         reg.get("zzz")
-    assert str(far.value) == "unknown widget 'zzz'; (known: alpha)"  # nothing close: no guess
+    assert str(far.value) == "unknown widget 'zzz' (known: alpha)"  # nothing close: no guess
 
 
 def test_import_paths_where_the_registry_loads_them() -> None:
@@ -112,6 +112,21 @@ def test_validation_line_names_path_value_and_fix() -> None:
     with pytest.raises(ValidationError) as extra:
         PolarEnvConfig.model_validate({"harnes": "pi"})
     assert validation_line(extra.value) == "harnes: not a known setting (check the spelling, or remove it)"
+    # with the model, a misspelled key gets the closest real one, through nested models and unions
+    assert validation_line(extra.value, model=PolarEnvConfig).startswith(
+        "harnes: not a known setting; did you mean 'harness'? (known: agent_env,")
+    with pytest.raises(ValidationError) as nested:
+        PolarEnvConfig.model_validate({"sampling": {"temprature": 1.0}})
+    assert validation_line(nested.value, model=PolarEnvConfig) == (
+        "sampling.temprature: not a known setting; did you mean 'temperature'? (known: max_tokens, temperature, top_p)")
+    with pytest.raises(ValidationError) as union:
+        PolarEnvConfig.model_validate({"engine": {"kind": "vllm", "url": "http://x", "seed": 3}})
+    assert validation_line(union.value, model=PolarEnvConfig) == (
+        "engine.vllm.seed: not a known setting (known: kind, logprobs_mode, model, template, url); "
+        "'seed' is for engine kind embedded or simulated")
+    with pytest.raises(ValidationError) as params:
+        EvaluatorSpec.model_validate({"name": "output", "regx": "4"})
+    assert "regx: not a known setting; did you mean 'regex'?" in validation_line(params.value)
 
 
 # -- names and params checked at construction ---------------------------------------------------

@@ -24,7 +24,9 @@ def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     try:
         return _env_config_unchecked(args)
     except ValidationError as exc:
-        raise ConfigError(validation_line(exc)) from None
+        from polar_env.env import PolarEnvConfig
+
+        raise ConfigError(validation_line(exc, model=PolarEnvConfig)) from None
     except ValueError as exc:  # bad --evaluator JSON
         raise ConfigError(f"invalid option: {' '.join(str(exc).split())[:400]}") from None
 
@@ -202,7 +204,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:
             reqs.append(TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples))
         except ValidationError as exc:
-            raise ConfigError(f"{args.tasks}: task {row.get('task_id')!r}: {validation_line(exc)}") from None
+            raise ConfigError(f"{args.tasks}: task {row.get('task_id')!r}: {validation_line(exc, model=TaskRequest)}") from None
     for req in reqs:
         status, body = _http("POST", f"{args.server}/rollout/task/submit", token, req.model_dump_json().encode())
         if status != 202:

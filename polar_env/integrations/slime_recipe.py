@@ -91,7 +91,7 @@ class Recipe(BaseModel):
             try:
                 PolarEnvConfig.model_validate(self.polar)
             except ValidationError as exc:
-                raise ValueError(validation_line(exc, prefix="polar")) from None
+                raise ValueError(validation_line(exc, prefix="polar", model=PolarEnvConfig)) from None
         return self
 
     @classmethod

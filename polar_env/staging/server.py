@@ -348,7 +348,7 @@ async def _submit(request: web.Request) -> web.Response:
         req = TaskRequest.model_validate_json(await request.read())
         status = request.app[SERVER].submit(req)
     except ValidationError as exc:
-        return _error(400, f"invalid TaskRequest: {validation_line(exc)}")
+        return _error(400, f"invalid TaskRequest: {validation_line(exc, model=TaskRequest)}")
     except ValueError as exc:
         return _error(400, f"invalid TaskRequest: {exc}")
     except ConfigError as exc:

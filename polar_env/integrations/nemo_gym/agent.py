@@ -190,5 +190,5 @@ def check_polar_block(polar: Mapping[str, Any]) -> Mapping[str, Any]:
     try:
         PolarEnvConfig.model_validate(polar_env_config(polar))
     except ValidationError as exc:
-        raise ValueError(validation_line(exc, prefix="polar")) from None
+        raise ValueError(validation_line(exc, prefix="polar", model=PolarEnvConfig)) from None
     return polar
