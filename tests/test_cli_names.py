@@ -86,3 +86,15 @@ def test_submit_checks_every_row_before_sending_any(tmp_path: Path, capsys: pyte
     assert rc == 2 and len(err) == 1, err  # the dead server was never contacted: the typo came first
     assert err[0].startswith("polar-env submit: error: task 'typo': evaluator.name: unknown evaluator 'outptu'; "
                              "did you mean 'output'?"), err
+
+
+def test_a_task_row_naming_an_unknown_evaluator_is_refused_before_any_session(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"task_id": "a", "instruction": "x", "evaluator": {"name": "outptu"}}\n')
+    rc = main(["rollout", "--tasks", str(rows), "--harness", "loop", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("polar-env rollout: error: task 'a': evaluator.name: unknown evaluator 'outptu'; "
+                             "did you mean 'output'?"), err
+    assert not (tmp_path / "out" / "capture").exists()  # no node, no journal: nothing started
