@@ -89,6 +89,13 @@ class PolarEnvConfig(BaseModel):
 
         return BUILDERS.check(value, info)
 
+    @model_validator(mode="after")
+    def _harness_speaks_api(self, info: ValidationInfo) -> PolarEnvConfig:
+        from polar_env.staging.models import check_harness_api
+
+        check_harness_api(self.harness, self.api, info)
+        return self
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> PolarEnvConfig:
         from polar_env.yaml_config import load_model

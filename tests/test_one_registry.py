@@ -270,3 +270,13 @@ def test_the_adapters_refuse_a_wrong_name_before_any_session(tmp_path: Path) -> 
     assert config["engine"] == {"kind": "sglang", "url": "router:http://127.0.0.1:1"}  # embedded-only seed dropped
     with pytest.raises(ConfigError, match=r"evaluator.name: unknown evaluator 'outptu'; did you mean 'output'\?"):
         PolarEnv(config)
+
+
+def test_a_harness_that_does_not_speak_the_api_is_refused_at_construction() -> None:
+    with pytest.raises(ConfigError, match=r"^PolarEnv config: api: harness 'claude_code' does not speak gemini "
+                                          r"\(it speaks: anthropic\)$"):
+        PolarEnv({"harness": "claude_code", "api": "gemini"})
+    with pytest.raises(ValidationError, match="does not speak openai_chat"):
+        TaskRequest.model_validate({"task_id": "t", "instruction": "i",
+                                    "agent": {"harness": "claude_code", "api": "openai_chat"}})
+    assert PolarEnvConfig.model_validate({"harness": "pi", "api": "gemini"}).api == "gemini"  # pi speaks four

@@ -12,7 +12,7 @@ import enum
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
@@ -32,6 +32,18 @@ def check_harness_name(value: str, info: ValidationInfo | None = None) -> str:
         return check_harness(value)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+
+
+def check_harness_api(harness: str, api: ProviderAPI | None, info: ValidationInfo | None = None) -> None:
+    """For validators: the harness speaks ``api`` (ValueError with the one line otherwise)."""
+    if api is None or harness == "loop" or (info is not None and names_checked(info)):
+        return
+    from polar_env.harnesses import get_harness
+
+    try:
+        get_harness(harness).api_of(api)
+    except ConfigError as exc:
+        raise ValueError(f"api: {exc}") from None
 
 
 class SessionStatus(enum.StrEnum):
@@ -71,6 +83,11 @@ class AgentSpec(BaseModel):
     @classmethod
     def _known_harness(cls, value: str, info: ValidationInfo) -> str:
         return check_harness_name(value, info)
+
+    @model_validator(mode="after")
+    def _speaks_api(self, info: ValidationInfo) -> AgentSpec:
+        check_harness_api(self.harness, self.api, info)
+        return self
 
 
 class TaskRequest(BaseModel):
