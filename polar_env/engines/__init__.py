@@ -4,8 +4,9 @@ plus prompt ids, sampled ids, aligned logprobs, finish reason) out.
 Backends: ``vllm`` (OpenAI server with return_token_ids), ``sglang`` (OpenAI chat or native
 /generate, talking to workers directly), ``embedded`` (our CPU engine, in-process). Every backend
 raises the EngineError tree from ``polar_env.errors``; none ever returns an empty completion for a
-failure. To add a backend: one module implementing ``EngineClient`` plus its config class and one
-``ENGINES.register`` line in ``engines/config.py`` (the table; ``build_engine`` builds any of them).
+failure. To add a backend: one module implementing ``EngineClient`` plus its config class in
+``engines/config.py``, added to ``AnyEngineConfig`` (the table ``ENGINES`` and the ``kind`` union are
+made from it; ``build_engine`` builds any of them).
 """
 
 from __future__ import annotations
