@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from polar_env.engines.config import EngineConfig
+from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
+from polar_env.proxy.gateway import Sampling
 from polar_env.records import ProviderAPI, Trajectory
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.staging.cluster import Cluster, ClusterConfig, start_cluster
@@ -34,14 +35,19 @@ from polar_env.staging.pools import PoolLimits
 from polar_env.tasks.swe import SweTask
 
 T = TypeVar("T")
+MOVED = {"temperature": "sampling.temperature", "top_p": "sampling.top_p", "max_tokens": "sampling.max_tokens"}
 
 
 class PolarEnvConfig(BaseModel):
-    """Everything a rollout needs, as data (YAML-loadable). Per-task values in a TaskRequest win."""
+    """Everything a rollout needs, as data (YAML-loadable): the root of the config tree (engine,
+    runtime, evaluator, sampling, pool limits; ``cluster()`` derives the nodes' and gateways'
+    settings from these sub-models). Every name (harness, builder, evaluator and its params,
+    runtime, engine kind) is resolved when the config is built, so a typo is refused before any
+    session starts. Per-task values in a TaskRequest win."""
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig)
     harness: str = "pi"
     api: ProviderAPI | None = None
     agent_settings: dict[str, Any] = Field(default_factory=dict)
@@ -50,9 +56,7 @@ class PolarEnvConfig(BaseModel):
     builder: str = "prefix_merge"
     evaluator: EvaluatorSpec | None = None  # default: swebench for SWE tasks, none otherwise
     continuation: bool = True  # token-in continuation: append-only chains (canonical: False)
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
+    sampling: Sampling = Sampling()  # trainer-owned temperature / top_p / max_tokens (per-call cap)
     timeout_s: float = 600.0
     init_timeout_s: float = 300.0
     limits: PoolLimits = Field(default_factory=PoolLimits)
@@ -62,6 +66,36 @@ class PolarEnvConfig(BaseModel):
     ray_address: str | None = None
     harness_cache: Path | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for old, new in MOVED.items():
+                if old in data:
+                    raise ValueError(f"{old!r} is now {new} (e.g. sampling: {{{new.split('.')[1]}: {data[old]!r}}})")
+        return data
+
+    @field_validator("harness")
+    @classmethod
+    def _known_harness(cls, value: str, info: ValidationInfo) -> str:
+        from polar_env.staging.models import check_harness_name
+
+        return check_harness_name(value, info)
+
+    @field_validator("builder")
+    @classmethod
+    def _known_builder(cls, value: str, info: ValidationInfo) -> str:
+        from polar_env.trajectory.builders import BUILDERS
+
+        return BUILDERS.check(value, info)
+
+    @model_validator(mode="after")
+    def _harness_speaks_api(self, info: ValidationInfo) -> PolarEnvConfig:
+        from polar_env.staging.models import check_harness_api
+
+        check_harness_api(self.harness, self.api, info)
+        return self
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> PolarEnvConfig:
         from polar_env.yaml_config import load_model
@@ -70,13 +104,13 @@ class PolarEnvConfig(BaseModel):
 
     def cluster(self) -> ClusterConfig:
         engine = self.engine
-        if engine.script is not None and engine.script_finish_command is None and self.harness != "loop":
+        scripted = getattr(engine, "script", None) is not None
+        if scripted and getattr(engine, "script_finish_command", None) is None and self.harness != "loop":
             from polar_env.harnesses import get_harness
 
             finish = get_harness(self.harness).finish_command  # mini-swe-agent ends only by a command
             engine = engine.model_copy(update={"script_finish_command": finish})
-        node = NodeConfig(engine=engine, limits=self.limits, store=self.store, template=self.engine.template,
-                          temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+        node = NodeConfig(engine=engine, limits=self.limits, store=self.store, sampling=self.sampling,
                           harness_cache=self.harness_cache)
         return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node)
 
@@ -107,7 +141,20 @@ def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarE
                  **overrides: Any) -> TaskRequest:
     """A TaskRequest from what the user has: a TaskRequest (kept), a SweTask or SWE row (the repo or
     image becomes the runtime, the problem statement the instruction, swebench the default
-    evaluator), or a plain row with ``task_id`` and ``instruction`` (the rest is the task row)."""
+    evaluator), or a plain row with ``task_id`` and ``instruction`` (the rest is the task row).
+    A row that names something unknown is a ConfigError of one line, before anything runs."""
+    try:
+        return _task_request(task, config, n, **overrides)
+    except ValidationError as exc:
+        from polar_env.registry import validation_line
+
+        where = task.get("task_id") or task.get("instance_id") if isinstance(task, Mapping) else None
+        line = validation_line(exc, model=TaskRequest)
+        raise ConfigError(f"task {where!r}: {line}" if where else line) from None
+
+
+def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None,
+                  **overrides: Any) -> TaskRequest:
     agent = AgentSpec(harness=config.harness, api=config.api, env=config.agent_env, settings=config.agent_settings)
     common: dict[str, Any] = {"agent": agent, "builder": config.builder, "continuation": config.continuation,
                               "timeout_s": config.timeout_s, "init_timeout_s": config.init_timeout_s,
@@ -144,7 +191,15 @@ class PolarEnv:
     def __init__(self, config: PolarEnvConfig | Mapping[str, Any] | None = None, *, engine: Any | None = None) -> None:
         """``engine``: an in-process engine client to share instead of building one from the config
         (e.g. an EmbeddedEngine your trainer also holds)."""
-        self.config = config if isinstance(config, PolarEnvConfig) else PolarEnvConfig.model_validate(config or {})
+        if isinstance(config, PolarEnvConfig):
+            self.config = config
+        else:
+            try:
+                self.config = PolarEnvConfig.model_validate(config or {})
+            except ValidationError as exc:  # one line naming the field, the bad value and the fix
+                from polar_env.registry import validation_line
+
+                raise ConfigError(f"PolarEnv config: {validation_line(exc, model=PolarEnvConfig)}") from None
         self._engine = engine
         self._cluster: Cluster | None = None
         self._starting = asyncio.Lock()  # concurrent first rollouts must start one cluster

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from polar_env.errors import ConfigError
+from polar_env.registry import validation_line
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,9 +38,7 @@ def validated(model: type[M], data: dict[str, Any], path: str | Path, what: str)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ConfigError(f"{what} {path}: {where}: {first['msg']} ({exc.error_count()} problem(s) in all)") from None
+        raise ConfigError(f"{what} {path}: {validation_line(exc, model=model)}") from None
 
 
 def load_model(model: type[M], path: str | Path, what: str) -> M:

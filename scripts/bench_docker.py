@@ -104,7 +104,7 @@ def mock_engine(turns: int, command: str, sessions: int) -> Any:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     from aiohttp import web
 
-    from polar_env.engines.config import EngineConfig
+    from polar_env.engines.config import VLLMEngineConfig
     from polar_env.runtimes import RuntimeSpec
     from polar_env.runtimes.docker import EXECUTOR, unix_daemon_problem
     from polar_env.staging.models import (
@@ -142,7 +142,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     n = args.sessions
     limits = PoolLimits(max_running=n, max_init=min(n, args.max_init), max_postrun=4, ready_buffer=n)
     with tempfile.TemporaryDirectory(prefix="polar-bench-docker-") as store:
-        config = NodeConfig(engine=EngineConfig(kind="vllm", url=f"http://127.0.0.1:{port}/v1", model="bench"),
+        config = NodeConfig(engine=VLLMEngineConfig(url=f"http://127.0.0.1:{port}/v1", model="bench"),
                             store=Path(store), limits=limits, tcp_port=None, install_harnesses=False)
         request = TaskRequest(
             task_id="docker-scale", instruction="Run the command.", num_samples=n,

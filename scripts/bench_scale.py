@@ -191,7 +191,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import gc
     import threading
 
-    from polar_env.engines.config import EngineConfig
+    from polar_env.engines.config import VLLMEngineConfig
     from polar_env.evaluators.base import EvaluatorSpec
     from polar_env.runtimes.base import RuntimeSpec
     from polar_env.staging.models import (
@@ -224,7 +224,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     store = Path(args.store)
     limits = PoolLimits(max_running=args.sessions, max_init=min(args.sessions, 64), max_postrun=2,
                         ready_buffer=min(args.sessions, 64))
-    config = NodeConfig(engine=EngineConfig(kind="vllm", url=f"http://127.0.0.1:{args.engine_port}/v1", model="bench"),
+    config = NodeConfig(engine=VLLMEngineConfig(url=f"http://127.0.0.1:{args.engine_port}/v1", model="bench"),
                         store=store, limits=limits, tcp_port=None, install_harnesses=False)
     peak = [0, 0]
     stop = threading.Event()

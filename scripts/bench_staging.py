@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from polar_env.engines.config import EngineConfig  # noqa: E402
+from polar_env.engines.config import SimulatedEngineConfig, VLLMEngineConfig  # noqa: E402
 from polar_env.evaluators import EvalContext, EvalResult, register_evaluator  # noqa: E402
 from polar_env.harnesses import loop  # noqa: E402
 from polar_env.staging.models import AgentSpec, SessionStatus, Stage, TaskRequest  # noqa: E402
@@ -72,7 +72,7 @@ def node_config(args: argparse.Namespace, store: Path, slots: int, staged: bool)
     # RUNNING = two engine calls of unit_s each (the loop's tool call runs instantly): 2 units
     limits = (PoolLimits(max_running=slots, max_init=slots, max_postrun=slots, ready_buffer=2 * slots) if staged
               else PoolLimits(max_running=slots, max_init=slots, max_postrun=slots, ready_buffer=slots))
-    return NodeConfig(engine=EngineConfig(kind="simulated", latency_s=args.unit_s, jitter=JITTER),
+    return NodeConfig(engine=SimulatedEngineConfig(latency_s=args.unit_s, jitter=JITTER),
                       store=store, limits=limits, tcp_port=None)
 
 
@@ -200,7 +200,7 @@ async def ray_throughput(args: argparse.Namespace) -> list[tuple[int, float]]:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
         for n in (1, 2, 4):
             store = Path(tempfile.mkdtemp(prefix="polar-bench-ray-"))
-            node = NodeConfig(engine=EngineConfig(kind="vllm", url=f"http://127.0.0.1:{engine_port}", model="bench"),
+            node = NodeConfig(engine=VLLMEngineConfig(url=f"http://127.0.0.1:{engine_port}", model="bench"),
                               store=store, tcp_port=0)
             cluster = await start_cluster(ClusterConfig(nodes=n, ray=True, node=node))
             try:

@@ -59,7 +59,7 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         from fake_vllm import MODEL, fake_vllm_app
 
         import polar_env
-        from polar_env.engines import make_engine
+        from polar_env.engines.config import VLLMEngineConfig
         from polar_env.evaluators import EvalContext, run_evaluator
         from polar_env.proxy.capture import CaptureStore
         from polar_env.proxy.gateway import Gateway, GatewayConfig
@@ -71,7 +71,7 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
             engine_server = TestServer(fake_vllm_app())
             await engine_server.start_server()
             store = CaptureStore(Path({str(tmp_path / "capture")!r}))
-            engine = make_engine("vllm", str(engine_server.make_url("/v1")), MODEL)
+            engine = VLLMEngineConfig(url=str(engine_server.make_url("/v1")), model=MODEL).build()
             gw = Gateway(engine, store, GatewayConfig(engine_model=MODEL))
             admin = {{"Authorization": f"Bearer {{gw.config.admin_token}}"}}
             gateway = TestClient(TestServer(gw.app))

@@ -15,37 +15,49 @@ from polar_env.errors import ConfigError
 
 
 def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """PolarEnvConfig from --config (YAML) with the flags given on the command line on top."""
+    """PolarEnvConfig from --config (YAML) with the flags given on the command line on top. Every
+    name is resolved here, before anything starts; a mistake is one line, ``<field>: <problem>``."""
+    from pydantic import ValidationError
+
+    from polar_env.registry import validation_line
 
     try:
         return _env_config_unchecked(args)
-    except ValueError as exc:  # pydantic's ValidationError, bad --evaluator JSON
+    except ValidationError as exc:
+        from polar_env.env import PolarEnvConfig
+
+        raise ConfigError(validation_line(exc, model=PolarEnvConfig)) from None
+    except ValueError as exc:  # bad --evaluator JSON
         raise ConfigError(f"invalid option: {' '.join(str(exc).split())[:400]}") from None
 
 
 def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from polar_env.engines.config import EngineConfig
+    from polar_env.engines.config import ENGINES
     from polar_env.env import PolarEnvConfig
     from polar_env.evaluators.base import EvaluatorSpec
-    from polar_env.staging.pools import PoolLimits
 
     config = PolarEnvConfig.from_yaml(args.config) if args.config else PolarEnvConfig()
-    engine = config.engine.model_dump()
-    for flag, key in (("engine", "kind"), ("engine_url", "url"), ("model_dir", "model_dir"), ("seed", "seed"),
-                      ("engine_script", "script"), ("max_tokens_per_turn", "max_tokens_cap"),
-                      ("served_model_name", "model")):
+    engine = config.engine.model_dump(exclude_unset=True)
+    kind = args.engine or ("vllm" if args.engine_url and not args.config else config.engine.kind)  # a URL: a served engine
+    if kind != config.engine.kind and kind in ENGINES:  # another backend: keep what it also has (model, template)
+        engine = {k: v for k, v in engine.items() if k in ENGINES.get(kind).model_fields}
+    engine["kind"] = kind
+    for flag, key in (("engine_url", "url"), ("model_dir", "model_dir"), ("seed", "seed"),
+                      ("engine_script", "script"), ("served_model_name", "model")):
         if getattr(args, flag, None) is not None:
             engine[key] = getattr(args, flag)
-    if args.engine_url and args.engine is None and not args.config:
-        engine["kind"] = "vllm"  # a URL means a served engine
     limits = config.limits.model_dump()
     for key in ("max_running", "max_init", "max_postrun", "ready_buffer"):
         if getattr(args, key, None) is not None:
             limits[key] = getattr(args, key)
     if args.max_running is not None and args.ready_buffer is None:
         limits["ready_buffer"] = None  # re-derive from the new limits
-    update: dict = {"engine": EngineConfig.model_validate(engine), "limits": PoolLimits.model_validate(limits)}
-    for flag in ("harness", "api", "builder", "temperature", "top_p", "timeout_s", "nodes", "ray_address"):
+    sampling = config.sampling.model_dump(exclude_none=True)
+    for key in ("temperature", "top_p", "max_tokens"):
+        if getattr(args, key, None) is not None:
+            sampling[key] = getattr(args, key)
+    update: dict[str, Any] = {"engine": engine, "limits": limits, "sampling": sampling}
+    for flag in ("harness", "api", "builder", "timeout_s", "nodes", "ray_address"):
         if getattr(args, flag, None) is not None:
             update[flag] = getattr(args, flag)
     if args.ray or args.ray_address:
@@ -53,10 +65,19 @@ def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-
     if args.canonical:
         update["continuation"] = False
     if args.runtime is not None:
-        update["runtime"] = config.runtime.model_copy(update={"kind": args.runtime})
+        update["runtime"] = {**config.runtime.model_dump(exclude_unset=True), "kind": args.runtime}
     if args.evaluator is not None:
         update["evaluator"] = evaluator_option(args.evaluator, EvaluatorSpec)
-    return PolarEnvConfig.model_validate({**config.model_dump(), **{k: v for k, v in update.items()}})
+    return PolarEnvConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
+
+
+def _names(registry: str) -> str:
+    """``{a,b,c}``: a registry's names as a flag's metavar. They are listed, not argparse
+    ``choices``, so a typo gets the registry's one line with the closest name."""
+    import importlib
+
+    module, _, attr = registry.partition(":")
+    return "{" + ",".join(getattr(importlib.import_module(module), attr).names()) + "}"
 
 
 def evaluator_option(text: str, spec: type) -> Any:
@@ -76,7 +97,7 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--harness", help="harness preset (pi, qwen_code, mini_swe_agent, claude_code, codex, "
                    "gemini_cli, opencode), a harness file, or 'loop' (built-in agent loop); default pi")
     g.add_argument("--api", help="wire format the harness speaks (default: its own)")
-    g.add_argument("--engine", choices=["embedded", "vllm", "sglang", "simulated"],
+    g.add_argument("--engine", metavar=_names("polar_env.engines.config:ENGINES"),
                    help="embedded: the CPU engine in-process (default); simulated: a test double")
     g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang "
                    "worker URLs (comma-separated) / router:URL")
@@ -84,11 +105,12 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-dir", help="embedded: a HF Qwen3 folder (default: seeded random tiny weights)")
     g.add_argument("--seed", type=int, help="embedded: seed of the random weights")
     g.add_argument("--engine-script", help="embedded: scripted policy JSON forcing the tokens (a test double)")
-    g.add_argument("--max-tokens-per-turn", type=int, help="embedded: cap on sampled tokens per call (default 256)")
-    g.add_argument("--temperature", type=float, help="trainer-owned sampling temperature (overrides harnesses)")
-    g.add_argument("--top-p", type=float, help="trainer-owned top_p")
-    g.add_argument("--runtime", choices=["sandbox", "docker", "apptainer"], help="default sandbox (bubblewrap)")
-    g.add_argument("--builder", choices=["prefix_merge", "per_request", "prefix_merge_strict"],
+    g.add_argument("--max-tokens", type=int, help="sampling.max_tokens: cap on the tokens sampled per call, "
+                   "any engine (default: none; embedded 256, scripted 4096)")
+    g.add_argument("--temperature", type=float, help="sampling.temperature: trainer-owned (overrides harnesses)")
+    g.add_argument("--top-p", type=float, help="sampling.top_p: trainer-owned")
+    g.add_argument("--runtime", metavar=_names("polar_env.runtimes:RUNTIMES"), help="default sandbox (bubblewrap)")
+    g.add_argument("--builder", metavar=_names("polar_env.trajectory.builders:BUILDERS"),
                    help="trajectory builder (default prefix_merge)")
     g.add_argument("--evaluator", help="evaluator name or JSON spec (default: swebench for SWE tasks)")
     g.add_argument("--canonical", action="store_true", help="canonical templating instead of token-in continuation")
@@ -203,7 +225,10 @@ def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from polar_env.env import task_request
+    from polar_env.registry import validation_line
     from polar_env.staging.models import TaskRequest
     from polar_env.staging.submission import chosen_settings, submission_body
     from polar_env.tasks.sources import read_rows
@@ -211,10 +236,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     token = _server_token(args)
     config = env_config(args)
     groups = []
-    for row in read_rows(Path(args.tasks)):
+    reqs = []
+    for row in read_rows(Path(args.tasks)):  # every row's names resolve before the first one is sent
         is_request = isinstance(row, dict) and "task_id" in row and "instruction" in row and "agent" in row
-        req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
-        sent = row if is_request else submission_body(req, row, chosen_settings(args))  # the server fills the rest
+        try:
+            req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
+        except ValidationError as exc:
+            raise ConfigError(f"{args.tasks}: task {row.get('task_id')!r}: {validation_line(exc, model=TaskRequest)}") from None
+        reqs.append((req, row if is_request else submission_body(req, row, chosen_settings(args))))  # the server fills the rest
+    for req, sent in reqs:
         status, body = _http("POST", f"{args.server}/rollout/task/submit", token, json.dumps(sent, default=str).encode())
         if status != 202:
             print(f"{req.task_id}: refused ({status}): {body.get('error', body)}", file=sys.stderr)

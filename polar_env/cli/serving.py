@@ -16,9 +16,10 @@ from polar_env.errors import ConfigError
 from polar_env.qwen.template import QUIRKS
 
 EMBEDDED_MODEL_NAME = "polar-tiny-qwen3"
+EMBEDDED_MAX_TOKENS = 1024  # a random tiny model rarely samples EOS: the engine's own cap when none is given
 # The embedded engine's own options, with their defaults: with --engine vllm/sglang they do nothing.
 EMBEDDED_DEFAULTS: dict[str, Any] = {
-    "model_dir": None, "seed": 0, "max_tokens_cap": 1024, "scripted": False, "script": None,
+    "model_dir": None, "seed": 0, "scripted": False, "script": None,
     "script_command": "echo hi", "script_answer": "The command printed: {tool_output}",
 }
 
@@ -44,7 +45,7 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         quirks=QUIRKS[args.template],
         policy=policy,
         logprobs_mode=args.logprobs_mode,
-        max_tokens_cap=args.max_tokens_cap,
+        max_tokens=args.max_tokens or EMBEDDED_MAX_TOKENS,
         model_name=args.served_model_name or EMBEDDED_MODEL_NAME,
     )
 
@@ -60,8 +61,8 @@ def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) ->
                    help="chat template quirks (qwen3.5: what vLLM does; append_only: none)")
     p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed",
                    help="logprobs of the sampled distribution (processed) or of the raw logits")
-    p.add_argument("--max-tokens-cap", type=int, default=d["max_tokens_cap"],
-                   help="most tokens the embedded engine samples per request")
+    if not gateway:  # the gateway's --max-tokens caps every engine, this one included
+        p.add_argument("--max-tokens", type=int, help=f"most tokens sampled per request (default {EMBEDDED_MAX_TOKENS})")
     p.add_argument("--scripted", action="store_true", help="force decoding to the scripted tool-then-answer turns")
     p.add_argument("--script", help="JSON file with a scripted policy ({steps: [{command|text, reasoning}]})")
     p.add_argument("--script-command", default=d["script_command"], help="--scripted: the shell command the model calls")
@@ -103,10 +104,11 @@ async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[
     if kind == "embedded":
         engine = _engine_from_args(args)
         return engine, engine.model_name, "embedded (in-process)"
-    from polar_env.engines import make_engine
+    from polar_env.engines.config import engine_config
     from polar_env.engines.probe import choose_model, wait_for_engine
 
-    engine = make_engine(kind, args.engine_url, args.served_model_name or "", logprobs_mode=args.logprobs_mode)
+    options = {"logprobs_mode": args.logprobs_mode} if kind == "vllm" else {}
+    engine = engine_config({"kind": kind, "url": args.engine_url, "model": args.served_model_name or "", **options}).build()
     try:
         served = await wait_for_engine(engine, wait_s=args.engine_wait_s, on_wait=lambda line: print(line, file=sys.stderr, flush=True))
         first_url, first_served = next(iter(served.items()))
@@ -128,7 +130,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
     from polar_env.proxy.admin import load_or_create_admin_token
     from polar_env.proxy.capture import CaptureStore
-    from polar_env.proxy.gateway import Gateway, GatewayConfig
+    from polar_env.proxy.gateway import Gateway, GatewayConfig, Sampling
 
     started = time.perf_counter()
     engine, model, engine_text = await _gateway_engine(args, kind)
@@ -137,9 +139,7 @@ async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) ->
     config = GatewayConfig(
         engine_model=model,
         public_url=args.public_url,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens_cap=args.gateway_max_tokens,
+        sampling=Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens),
         admin_token=token,
         template=QUIRKS[args.template],
         continuation=args.continuation,
@@ -238,7 +238,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--public-url", help="base URL handed to harnesses (default: the request's Host)")
     p.add_argument("--temperature", type=float, help="override every request's temperature")
     p.add_argument("--top-p", type=float, help="override every request's top_p")
-    p.add_argument("--gateway-max-tokens", type=int, help="cap every request's max_tokens")
+    p.add_argument("--max-tokens", type=int, help="cap every request's max_tokens (any engine; embedded default 1024)")
     p.add_argument("--admin-token", help="bearer token for /sessions and /admin/* (default: read or create "
                    "<store>/admin_token, mode 0600)")
     p.add_argument("--engine-timeout", type=float, default=1800.0,

@@ -40,7 +40,7 @@ class SessionCache:
             self._items.move_to_end(key)
             return hit[1], hit[2]
         records = store.read(session_id)
-        trajectory = build_session(store, session_id, BUILDERS.get(builder, BUILDERS["prefix_merge"]))
+        trajectory = build_session(store, session_id, BUILDERS.get(builder if builder in BUILDERS else "prefix_merge"))
         self._items[key] = (version, records, trajectory)
         while len(self._items) > self.size:
             self._items.popitem(last=False)

@@ -4,17 +4,17 @@ plus prompt ids, sampled ids, aligned logprobs, finish reason) out.
 Backends: ``vllm`` (OpenAI server with return_token_ids), ``sglang`` (OpenAI chat or native
 /generate, talking to workers directly), ``embedded`` (our CPU engine, in-process). Every backend
 raises the EngineError tree from ``polar_env.errors``; none ever returns an empty completion for a
-failure. To add a backend: one module implementing ``EngineClient`` plus one branch in
-``make_engine``.
+failure. To add a backend: one module implementing ``EngineClient`` plus its config class in
+``engines/config.py``, added to ``AnyEngineConfig`` (the table ``ENGINES`` and the ``kind`` union are
+made from it; ``build_engine`` builds any of them).
 """
 
 from __future__ import annotations
 
 from polar_env.engines.base import EngineClient
 from polar_env.errors import ConfigError
-from polar_env.records import LogprobsMode
 
-__all__ = ["EngineClient", "engine_base_url", "engine_urls_of", "make_engine"]
+__all__ = ["EngineClient", "engine_base_url", "engine_urls_of"]
 
 
 def engine_base_url(url: str) -> str:
@@ -32,31 +32,3 @@ def engine_urls_of(url: str | list[str] | None) -> list[str]:
     comma-separated string, each stripped; empty entries dropped."""
     items = url if isinstance(url, list) else (url or "").split(",")
     return [u.strip() for u in items if isinstance(u, str) and u.strip()]
-
-
-def make_engine(kind: str, url: str | list[str] | None, model: str, *,
-                logprobs_mode: LogprobsMode = "processed") -> EngineClient:
-    """An HTTP engine client: ``vllm`` (one base URL, or several as a list or comma-separated: a
-    session-sticky, failing-over pool) or ``sglang`` (worker URLs, or a router URL prefixed
-    ``router:``). The embedded engine is built directly (it needs model options). A ``/v1``
-    suffix on any URL is accepted."""
-    urls = engine_urls_of(url)
-    if not urls:
-        raise ConfigError(f"engine {kind!r} needs a URL")
-    if kind == "vllm":
-        from polar_env.engines.vllm import VLLMClient
-
-        if len(urls) == 1:
-            return VLLMClient(engine_base_url(urls[0]), model, logprobs_mode=logprobs_mode)
-        from polar_env.engines.vllm_pool import VLLMPool
-
-        return VLLMPool([engine_base_url(u) for u in urls], model, logprobs_mode=logprobs_mode)
-    if kind == "sglang":
-        from polar_env.engines.sglang import SGLangClient
-
-        if len(urls) == 1 and urls[0].startswith("router:"):
-            return SGLangClient(model=model, router_url=engine_base_url(urls[0].removeprefix("router:")))
-        if any(u.startswith("router:") for u in urls):
-            raise ConfigError("engine url: give one router:URL or a list of SGLang worker URLs, not both")
-        return SGLangClient([engine_base_url(u) for u in urls], model)
-    raise ConfigError(f"unknown engine {kind!r}; use vllm, sglang or embedded")

@@ -1,89 +1,211 @@
-"""``EngineConfig``: an engine named in data (YAML, JSON, a Ray actor's arguments), and the one
-function that builds the client for it. Nodes build their own engine from this in their own
-process, so the config must be plain data, never a live client."""
+"""``EngineConfig``: an engine named in data (YAML, JSON, a Ray actor's arguments), as a pydantic
+union discriminated by ``kind`` (``embedded``, ``vllm``, ``sglang``, ``simulated``), so an option of
+one backend cannot be set on another (``seed`` on a vllm engine is refused, not ignored). Each
+config builds its own client (``build``); nodes build their engine from it in their own process,
+so the config is plain data, never a live client.
+
+``ENGINES`` is the table (a ``Registry`` of these config classes; the union is made from it).
+To add a backend: its client module plus one config class here, added to ``AnyEngineConfig``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator
 
+from polar_env.engines import engine_base_url, engine_urls_of
 from polar_env.engines.base import EngineClient
 from polar_env.errors import ConfigError
 from polar_env.records import LogprobsMode
+from polar_env.registry import Registry
+
+if TYPE_CHECKING:
+    from polar_env.engines.embedded.policy import ScriptedPolicy
+
+DEFAULT_KIND = "embedded"
 
 
-class EngineConfig(BaseModel):
+class _Engine(BaseModel):
+    """What every backend has: the served model's name and its chat template (the gateway renders
+    continuation prompts with it, whatever serves them)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["embedded", "vllm", "sglang", "simulated"] = "embedded"
-    # vllm: base URL, or several (a list, as NeMo RL passes policy_base_url, or comma-separated);
-    # sglang: worker URLs (a list or comma-separated) or router:URL
-    url: str | list[str] | None = None
     model: str = "polar-tiny-qwen3"  # the served model name
-    logprobs_mode: LogprobsMode = "processed"
-    # embedded only
-    model_dir: Path | None = None
-    seed: int = 0
-    template: str = "qwen3.5"
-    # A random tiny model rarely samples EOS: bound each sampled turn. Scripted turns end on their
-    # own (a long patch command can exceed 256 tokens), so the default cap is high for them.
-    max_tokens_cap: int | None = None  # default: 256 sampled, 4096 scripted
-    script: Path | None = None  # a scripted policy file ({steps: [...]}) forcing the tokens
-    # harnesses that end only by a command (mini-swe-agent): scripted answers also run it
-    script_finish_command: str | None = None
-    # simulated (a test double: see polar_env/testing/simulated_engine.py)
-    latency_s: float = 0.05
-    jitter: float = 0.0
+    template: str = "qwen3.5"  # a polar_env.qwen.template.QUIRKS name
+
+    @field_validator("template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from polar_env.qwen.template import QUIRKS
+
+        if value not in QUIRKS:
+            raise ValueError(f"unknown template {value!r}; known: {', '.join(sorted(QUIRKS))}")
+        return value
+
+    def default_max_tokens(self) -> int | None:
+        """The per-call token cap when the config sets none (``sampling.max_tokens``): served
+        engines stop on their own; the local test engines need one."""
+        return None
+
+    def build(self, max_tokens: int | None = None) -> EngineClient:
+        raise NotImplementedError
 
     def describe(self) -> str:
-        if self.kind in ("vllm", "sglang"):
-            from polar_env.engines import engine_urls_of
-
-            urls = engine_urls_of(self.url)
-            return f"{self.kind} at {', '.join(urls)}" if len(urls) > 1 or self.kind == "sglang" else f"{self.kind} at {self.url}"
-        if self.kind == "simulated":
-            return f"simulated engine (test double, {self.latency_s * 1000:.0f} ms per call)"
-        weights = str(self.model_dir) if self.model_dir else f"seeded random weights (seed {self.seed})"
-        return f"embedded CPU engine, {weights}{', scripted' if self.script else ''}"
+        raise NotImplementedError
 
 
-def build_engine(config: EngineConfig) -> EngineClient:
-    """The client for ``config``; the embedded engine loads its model here (in this process)."""
-    policy = None
-    if config.script is not None:
-        policy = _policy(config.script)
-        if config.script_finish_command is not None:
-            from polar_env.harnesses.scripted import FinishingPolicy
+class _Scripted(_Engine):
+    # a scripted policy file ({steps: [...]}) forcing the tokens (README: "Scripted policies")
+    script: Path | None = None
+    # harnesses that end only by a command (mini-swe-agent): scripted answers also run it
+    script_finish_command: str | None = None
+    seed: int = 0
 
-            policy = FinishingPolicy(steps=policy.steps, shell_tools=policy.shell_tools,
-                                     command_params=policy.command_params,
-                                     finish_command=config.script_finish_command)
-    if config.kind == "embedded":
+    def policy(self) -> ScriptedPolicy | None:
+        if self.script is None:
+            return None
+        policy = _policy(self.script)
+        if self.script_finish_command is None:
+            return policy
+        from polar_env.harnesses.scripted import FinishingPolicy
+
+        return FinishingPolicy(steps=policy.steps, shell_tools=policy.shell_tools,
+                               command_params=policy.command_params, finish_command=self.script_finish_command)
+
+
+class EmbeddedEngineConfig(_Scripted):
+    """Our CPU engine, in the node's process: seeded random tiny weights or a local HF folder."""
+
+    kind: Literal["embedded"] = "embedded"
+    model_dir: Path | None = None
+    logprobs_mode: LogprobsMode = "processed"
+
+    def default_max_tokens(self) -> int:
+        # A random tiny model rarely samples EOS: bound each sampled turn. Scripted turns end on
+        # their own (a long patch command can exceed 256 tokens), so the cap is high for them.
+        return 4096 if self.script is not None else 256
+
+    def build(self, max_tokens: int | None = None) -> EngineClient:
         from polar_env.engines.embedded.engine import EmbeddedEngine
         from polar_env.engines.embedded.model import ModelSpec
         from polar_env.qwen.template import QUIRKS
 
-        if config.template not in QUIRKS:
-            raise ConfigError(f"unknown template {config.template!r}; known: {sorted(QUIRKS)}")
-        if config.model_dir is not None and not Path(config.model_dir).is_dir():
-            raise ConfigError(f"engine model_dir {config.model_dir} is not a directory")
-        return EmbeddedEngine(model_dir=config.model_dir, spec=ModelSpec(seed=config.seed),
-                              quirks=QUIRKS[config.template], policy=policy, logprobs_mode=config.logprobs_mode,
-                              max_tokens_cap=config.max_tokens_cap or (4096 if policy else 256),
-                              model_name=config.model)
-    if config.kind == "simulated":
+        if self.model_dir is not None and not Path(self.model_dir).is_dir():
+            raise ConfigError(f"engine model_dir {self.model_dir} is not a directory")
+        return EmbeddedEngine(model_dir=self.model_dir, spec=ModelSpec(seed=self.seed), quirks=QUIRKS[self.template],
+                              policy=self.policy(), logprobs_mode=self.logprobs_mode,
+                              max_tokens=max_tokens or self.default_max_tokens(), model_name=self.model)
+
+    def describe(self) -> str:
+        weights = str(self.model_dir) if self.model_dir else f"seeded random weights (seed {self.seed})"
+        return f"embedded CPU engine, {weights}{', scripted' if self.script else ''}"
+
+
+class SimulatedEngineConfig(_Scripted):
+    """A test double (polar_env/testing/simulated_engine.py): answers after ``latency_s``, samples nothing real."""
+
+    kind: Literal["simulated"] = "simulated"
+    latency_s: float = Field(default=0.05, ge=0)
+    jitter: float = Field(default=0.0, ge=0)
+
+    def build(self, max_tokens: int | None = None) -> EngineClient:
         from polar_env.testing.simulated_engine import SimulatedEngine
 
-        return SimulatedEngine(latency_s=config.latency_s, jitter=config.jitter, policy=policy,
-                               model_name=config.model, seed=config.seed)
-    from polar_env.engines import make_engine
+        return SimulatedEngine(latency_s=self.latency_s, jitter=self.jitter, policy=self.policy(),
+                               model_name=self.model, seed=self.seed)
 
-    return make_engine(config.kind, config.url, config.model, logprobs_mode=config.logprobs_mode)
+    def describe(self) -> str:
+        return f"simulated engine (test double, {self.latency_s * 1000:.0f} ms per call)"
 
 
-def _policy(path: Path) -> Any:
+class VLLMEngineConfig(_Engine):
+    """A vLLM OpenAI server: one base URL, or several (a list, as NeMo RL passes
+    ``policy_base_url``, or comma-separated): a session-sticky, failing-over pool."""
+
+    kind: Literal["vllm"] = "vllm"
+    url: str | list[str] | None = None  # None only until an adapter fills it in (NeMo Gym)
+    logprobs_mode: LogprobsMode = "processed"
+
+    def build(self, max_tokens: int | None = None) -> EngineClient:
+        urls = _urls(self.kind, self.url)
+        if len(urls) == 1:
+            from polar_env.engines.vllm import VLLMClient
+
+            return VLLMClient(engine_base_url(urls[0]), self.model, logprobs_mode=self.logprobs_mode)
+        from polar_env.engines.vllm_pool import VLLMPool
+
+        return VLLMPool([engine_base_url(u) for u in urls], self.model, logprobs_mode=self.logprobs_mode)
+
+    def describe(self) -> str:
+        urls = engine_urls_of(self.url)
+        return f"vllm at {', '.join(urls)}"
+
+
+class SGLangEngineConfig(_Engine):
+    """SGLang: worker URLs (a list or comma-separated), or one router given as ``router:URL``."""
+
+    kind: Literal["sglang"] = "sglang"
+    url: str | list[str] | None = None  # None only until an adapter fills it in (slime's router)
+
+    def build(self, max_tokens: int | None = None) -> EngineClient:
+        from polar_env.engines.sglang import SGLangClient
+
+        urls = _urls(self.kind, self.url)
+        if len(urls) == 1 and urls[0].startswith("router:"):
+            return SGLangClient(model=self.model, router_url=engine_base_url(urls[0].removeprefix("router:")))
+        if any(u.startswith("router:") for u in urls):
+            raise ConfigError("engine url: give one router:URL or a list of SGLang worker URLs, not both")
+        return SGLangClient([engine_base_url(u) for u in urls], self.model)
+
+    def describe(self) -> str:
+        return f"sglang at {', '.join(engine_urls_of(self.url))}"
+
+
+AnyEngineConfig = EmbeddedEngineConfig | VLLMEngineConfig | SGLangEngineConfig | SimulatedEngineConfig  # the table
+ENGINES: Registry[type[_Engine]] = Registry("engine")
+for _cls in get_args(AnyEngineConfig):
+    ENGINES.register(_cls.model_fields["kind"].default, _cls, params=_cls)
+
+
+def _default_kind(data: Any) -> Any:
+    """A mapping without ``kind`` is the embedded engine (the default); an unknown kind is the
+    registry's one line, with the closest names."""
+    if isinstance(data, dict):
+        kind = data.get("kind", DEFAULT_KIND)
+        if kind not in ENGINES:
+            raise ValueError(str(ENGINES.unknown(kind)))
+        return {**data, "kind": kind}
+    return data
+
+
+EngineConfig = Annotated[AnyEngineConfig, Field(discriminator="kind"), BeforeValidator(_default_kind)]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(EngineConfig)
+
+
+def engine_config(data: Any) -> AnyEngineConfig:
+    """The engine config for a mapping (``{"kind": "vllm", "url": ...}``; no kind: embedded)."""
+    if isinstance(data, get_args(AnyEngineConfig)):
+        return data  # type: ignore[no-any-return]
+    return _ADAPTER.validate_python(data)  # type: ignore[no-any-return]
+
+
+def build_engine(config: Any, max_tokens: int | None = None) -> EngineClient:
+    """The client for ``config``; the embedded engine loads its model here (in this process).
+    ``max_tokens``: the per-call cap (default: the config's ``default_max_tokens``)."""
+    return engine_config(config).build(max_tokens)
+
+
+def _urls(kind: str, url: str | list[str] | None) -> list[str]:
+    urls = engine_urls_of(url)
+    if not urls:
+        raise ConfigError(f"engine {kind!r} needs a URL")
+    return urls
+
+
+def _policy(path: Path) -> ScriptedPolicy:
     import json
 
     from polar_env.engines.embedded.policy import ScriptedPolicy

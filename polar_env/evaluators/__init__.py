@@ -1,21 +1,19 @@
-"""EVALUATORS: name → evaluator. Add one more with one module and one entry here, or from outside the
-package with ``@register_evaluator("name")``; ``get_evaluator`` also takes an import path
-(``"pkg.module:attr"``). Every evaluator that runs the agent's code grades through the named integrity policy in
-``integrity.py`` (re-exported here for custom evaluators: ``fresh_graded_runtime`` is the one-call
-helper). ``run_evaluator`` is the one wrapper every evaluation goes through: a crash
+"""EVALUATORS: name → evaluator and its params model, a ``Registry``. Add one more with one module and
+one ``EVALUATORS.register`` line here, or from outside the package with ``@register_evaluator("name")``
+(the same function; ``params=MyParams`` checks a task's params when its TaskRequest is built);
+``get_evaluator`` also takes an import path (``"pkg.module:attr"``). Every evaluator that runs the
+agent's code grades through the named integrity policy in ``integrity.py`` (re-exported here for
+custom evaluators: ``fresh_graded_runtime`` is the one-call helper). ``run_evaluator`` is the one wrapper every evaluation goes through: a crash
 becomes an ERROR result with the exception in its report, an overrun a TIMEOUT.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from polar_env.errors import ConfigError
 from polar_env.evaluators.base import (
     EvalContext,
     EvalResult,
@@ -42,6 +40,7 @@ from polar_env.evaluators.integrity import (
 from polar_env.evaluators.output import OutputEvaluator
 from polar_env.evaluators.swebench import SweBenchEvaluator
 from polar_env.records import Status
+from polar_env.registry import Registry
 from polar_env.runtimes.base import Runtime
 
 __all__ = [
@@ -69,44 +68,18 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-EVALUATORS: dict[str, Evaluator] = {
-    "session_completion": SessionCompletion(),
-    "output": OutputEvaluator(),
-    "swebench": SweBenchEvaluator(),
-    "harbor": HarborEvaluator(),
-}
+# an evaluator class (built without arguments), instance, or ``async def (ctx)``; its params model is
+# ``params=`` or the evaluator's own ``params_model`` attribute (None: params are not checked)
+EVALUATORS: Registry[Evaluator] = Registry("evaluator", load=as_evaluator, coerce=as_evaluator, dotted=True)
+for _evaluator in (SessionCompletion(), OutputEvaluator(), SweBenchEvaluator(), HarborEvaluator()):
+    EVALUATORS.register(_evaluator.name, _evaluator)
 
-T = TypeVar("T")
-
-
-def register_evaluator(name: str, *, replace: bool = False) -> Callable[[T], T]:
-    """Decorate an evaluator class (built without arguments), instance, or ``async def (ctx)``."""
-
-    def register(obj: T) -> T:
-        if name in EVALUATORS and not replace:
-            raise ConfigError(f"evaluator {name!r} is already registered (pass replace=True to override)")
-        EVALUATORS[name] = as_evaluator(obj, name)
-        return obj
-
-    return register
+register_evaluator = EVALUATORS.register  # the decorator: @register_evaluator("name", params=MyParams)
 
 
 def get_evaluator(ref: str | Evaluator) -> Evaluator:
     """An evaluator by table name or by import path (``pkg.module:attr`` or ``pkg.module.attr``)."""
-    if not isinstance(ref, str):
-        return ref
-    if ref in EVALUATORS:
-        return EVALUATORS[ref]
-    module_name, sep, attr = ref.partition(":")
-    if not sep:
-        module_name, _, attr = ref.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"unknown evaluator {ref!r}; known: {', '.join(sorted(EVALUATORS))}, or an import path")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import evaluator {ref!r}: {exc}") from exc
-    return as_evaluator(obj, ref)
+    return EVALUATORS.get(ref) if isinstance(ref, str) else ref
 
 
 async def prewarm(evaluator: str | Evaluator, ctx: EvalContext) -> Runtime | None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.records import Status
@@ -73,6 +73,26 @@ class EvaluatorSpec(BaseModel):
                 out["params"] = {**dict(data.get("params") or {}), **flat}
                 return out
         return data
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, value: str, info: ValidationInfo) -> str:
+        from polar_env.evaluators import EVALUATORS  # the table imports this module
+
+        return EVALUATORS.check(value, info)
+
+    @model_validator(mode="after")
+    def _params_fit(self, info: ValidationInfo) -> Self:
+        """The params checked by the evaluator's own params model, now rather than at POSTRUN."""
+        from polar_env.evaluators import EVALUATORS
+        from polar_env.registry import names_checked
+
+        if not names_checked(info):
+            try:
+                EVALUATORS.check_params(self.name, self.params)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return self
 
 
 class NoAgentRuntime(ConfigError):

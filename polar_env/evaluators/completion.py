@@ -5,11 +5,20 @@ It judges the harness process only, not the work; use it for smoke runs and as a
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict
+
 from polar_env.evaluators.base import EvalContext, EvalResult
+
+
+class NoParams(BaseModel):
+    """session_completion takes no params: a key given to it is a mistake, refused up front."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class SessionCompletion:
     name = "session_completion"
+    params_model = NoParams
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         if ctx.timed_out:

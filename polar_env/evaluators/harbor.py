@@ -102,6 +102,7 @@ async def _read(runtime: Runtime, path: str) -> bytes | None:
 
 class HarborEvaluator:
     name = "harbor"
+    params_model = HarborParams  # checked when a TaskRequest is built
 
     def params_of(self, ctx: EvalContext) -> HarborParams:
         try:

@@ -92,6 +92,7 @@ class OutputCheck(BaseModel):
 
 class OutputEvaluator:
     name = "output"
+    params_model = OutputCheck  # checked when a TaskRequest is built
 
     def check_of(self, ctx: EvalContext) -> OutputCheck:
         try:

@@ -74,6 +74,7 @@ def _swebench() -> tuple[Any, Any]:
 
 class SweBenchEvaluator:
     name = "swebench"
+    params_model = SweBenchParams  # checked when a TaskRequest is built
 
     def params_of(self, ctx: EvalContext) -> SweBenchParams:
         try:

@@ -1,9 +1,11 @@
 """Harness presets: the unmodified agent CLIs polar_env drives, as data.
 
-``HARNESSES`` maps a name to its :class:`HarnessSpec` (one small module per harness, built-ins
-below). ``get_harness(ref)`` takes a table name, a CLI short name (``claude``, ``qwen``, ...), a
-user-defined harness file (``.json``, or ``.yaml``/``.yml`` with PyYAML) or an import path
-(``pkg.module:attr``, the attribute a ``HarnessSpec`` or a callable returning one).
+``HARNESSES`` (a ``Registry``) maps a name to its :class:`HarnessSpec` (one small module per harness,
+registered below: a new one is its module plus one line here). ``get_harness(ref)`` takes a table
+name, a CLI short name (``claude``, ``qwen``, ...), a user-defined harness file (``.json``, or
+``.yaml``/``.yml`` with PyYAML) or an import path (``pkg.module:attr``, the attribute a
+``HarnessSpec``, a mapping or a callable returning one). ``check_harness`` also accepts ``loop``
+(the built-in agent loop, which is not a preset).
 
 A harness file is a mapping::
 
@@ -24,7 +26,6 @@ Templates use ``{base_url}``, ``{key}``, ``{model}``, ``{home}``, ``{prompt}`` a
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import shlex
@@ -48,6 +49,7 @@ from polar_env.harnesses.spec import (
     render,
 )
 from polar_env.records import ProviderAPI
+from polar_env.registry import Registry
 
 __all__ = [
     "HARNESSES",
@@ -60,6 +62,7 @@ __all__ = [
     "RequestMatch",
     "SideRequest",
     "binary_path",
+    "check_harness",
     "default_cache_dir",
     "ensure_installed",
     "get_harness",
@@ -70,40 +73,11 @@ __all__ = [
     "render",
 ]
 
-HARNESSES: Mapping[str, HarnessSpec] = MappingProxyType({
-    s.name: s
-    for s in (codex.SPEC, claude_code.SPEC, gemini_cli.SPEC, qwen_code.SPEC, opencode.SPEC, pi.SPEC,
-              mini_swe_agent.SPEC)
-})
-
-_BY_CLI: Mapping[str, HarnessSpec] = MappingProxyType({s.cli: s for s in HARNESSES.values()})
 HARNESS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+LOOP = "loop"  # the built-in agent loop (polar_env.harnesses.loop), accepted wherever a harness is named
 
 
-def get_harness(ref: str | HarnessSpec) -> HarnessSpec:
-    """A harness by table name, CLI short name, harness file path or ``module:attr`` import path."""
-    if isinstance(ref, HarnessSpec):
-        return ref
-    if ref in HARNESSES:
-        return HARNESSES[ref]
-    if ref in _BY_CLI:
-        return _BY_CLI[ref]
-    if ref.endswith(HARNESS_FILE_SUFFIXES) or Path(ref).is_file():
-        return load_harness_file(Path(ref))
-    if ":" in ref:
-        return _import_harness(ref)
-    raise ConfigError(f"unknown harness {ref!r}; known: {', '.join(HARNESSES)}, a harness file "
-                      f"({'/'.join(HARNESS_FILE_SUFFIXES)}) or a module:attr import path")
-
-
-def _import_harness(ref: str) -> HarnessSpec:
-    module_name, _, attr = ref.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import harness {ref!r}: {exc}") from exc
+def _from_import(obj: Any, ref: str) -> HarnessSpec:
     if callable(obj) and not isinstance(obj, HarnessSpec):
         obj = obj()
     if isinstance(obj, Mapping):
@@ -111,6 +85,36 @@ def _import_harness(ref: str) -> HarnessSpec:
     if not isinstance(obj, HarnessSpec):
         raise ConfigError(f"{ref!r} is a {type(obj).__name__}, not a HarnessSpec (or a mapping / callable giving one)")
     return obj
+
+
+HARNESSES: Registry[HarnessSpec] = Registry(
+    "harness", load=_from_import,
+    extra=f"'{LOOP}' (the built-in agent loop), a harness file ({'/'.join(HARNESS_FILE_SUFFIXES)}) or a pkg.module:attr import path")
+for _spec in (codex.SPEC, claude_code.SPEC, gemini_cli.SPEC, qwen_code.SPEC, opencode.SPEC, pi.SPEC, mini_swe_agent.SPEC):
+    HARNESSES.register(_spec.name, _spec)
+
+_BY_CLI: Mapping[str, HarnessSpec] = MappingProxyType({s.cli: s for s in HARNESSES.values()})
+
+
+def get_harness(ref: str | HarnessSpec) -> HarnessSpec:
+    """A harness by table name, CLI short name, harness file path or ``module:attr`` import path."""
+    if isinstance(ref, HarnessSpec):
+        return ref
+    if ref in HARNESSES:
+        return HARNESSES.get(ref)
+    if ref in _BY_CLI:
+        return _BY_CLI[ref]
+    if ref.endswith(HARNESS_FILE_SUFFIXES) or Path(ref).is_file():
+        return load_harness_file(Path(ref))
+    return HARNESSES.get(ref)
+
+
+def check_harness(ref: str) -> str:
+    """``ref`` when it names a harness (``loop`` included; a harness file is read and checked), else
+    ConfigError with the one line. For validators: the name is resolved before any session starts."""
+    if ref != LOOP:
+        get_harness(ref)
+    return ref
 
 
 def load_harness_file(path: Path) -> HarnessSpec:

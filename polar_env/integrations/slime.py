@@ -327,9 +327,14 @@ def polar_config(args: Any, sampling_params: Mapping[str, Any]) -> dict[str, Any
     config = yaml.safe_load(file.read_text()) or {}
     if not isinstance(config, dict):
         raise ConfigError(f"{file}: a PolarEnv config must be a mapping, got {type(config).__name__}")
-    engine = dict(config.get("engine") or {})
-    engine.update({"kind": "sglang", "url": f"router:{router_url(args)}"})
-    return {**config, "engine": engine, **forced_sampling(sampling_params)}
+    from polar_env.engines.config import ENGINES, SGLangEngineConfig
+
+    # the engine is slime's router: another backend's own options go; a typo stays, to be refused
+    others = {f for kind in ENGINES.names() for f in ENGINES.get(kind).model_fields} - set(SGLangEngineConfig.model_fields)
+    given = {k: v for k, v in dict(config.get("engine") or {}).items() if k not in others}
+    engine = {**given, "kind": "sglang", "url": f"router:{router_url(args)}"}
+    sampling = {**dict(config.get("sampling") or {}), **forced_sampling(sampling_params)}
+    return {**config, "engine": engine, "sampling": sampling}
 
 
 def check_slime_args(args: Any) -> None:

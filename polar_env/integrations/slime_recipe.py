@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.yaml_config import load_model
@@ -80,6 +80,19 @@ class Recipe(BaseModel):
     eval_config: dict[str, Any] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     launcher: Launcher = Field(default_factory=Launcher)
+
+    @model_validator(mode="after")
+    def _polar_config(self) -> Recipe:
+        """The ``polar:`` block is a PolarEnv config: its names are checked when the recipe loads."""
+        if self.polar is not None:
+            from polar_env.env import PolarEnvConfig
+            from polar_env.registry import validation_line
+
+            try:
+                PolarEnvConfig.model_validate(self.polar)
+            except ValidationError as exc:
+                raise ValueError(validation_line(exc, prefix="polar", model=PolarEnvConfig)) from None
+        return self
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Recipe:
@@ -184,14 +197,7 @@ def render(recipe: Recipe, out_dir: Path) -> SlimeLaunch:
     flags = flag_map(recipe)
     files: dict[Path, str] = {}
     custom = dict(recipe.custom_config or {})
-    if recipe.polar is not None:
-        from polar_env.env import PolarEnvConfig
-
-        try:
-            PolarEnvConfig.model_validate(recipe.polar)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ConfigError(f"recipe polar.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    if recipe.polar is not None:  # checked when the recipe was built (Recipe._polar_config)
         files[out_dir / POLAR_FILE] = _yaml(recipe.polar)
         custom.setdefault("polar_config", str(out_dir / POLAR_FILE))
     for key, data, name in (("custom-config-path", custom or None, CUSTOM_CONFIG_FILE),

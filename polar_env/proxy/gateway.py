@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
 from polar_env.journal.format import PromptRef
@@ -47,14 +47,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("polar_env.gateway")
 
 
-@dataclass(frozen=True, slots=True)
-class GatewayConfig:
+class Sampling(BaseModel):
+    """Trainer-owned sampling: each value that is set overrides what every harness request says,
+    whatever the engine (``PolarEnvConfig.sampling``, the node's and the gateway's are this one
+    model; the CLI's ``--temperature``/``--top-p``/``--max-tokens`` are views of it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)  # cap on the tokens sampled per call
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     engine_model: str
     public_url: str | None = None  # what harnesses should use; defaults to the request's Host
     max_body_bytes: int = 32 * 1024 * 1024  # a 100k-token Claude Code history is ~1-2 MB
-    temperature: float | None = None  # when set, overrides the harness's value (trainer's choice)
-    top_p: float | None = None
-    max_tokens_cap: int | None = None
+    sampling: Sampling = Sampling()
     admin_token: str | None = None  # None: the Gateway generates one (gateway.config.admin_token)
     template: TemplateQuirks = QWEN35  # the engine's chat template; continuation mode renders with it
     continuation: bool = False  # default for new sessions (POST /sessions may override)
@@ -110,7 +121,7 @@ class Gateway:
 
     def __init__(self, engine: EngineClient, store: CaptureStore, config: GatewayConfig) -> None:
         if not config.admin_token:
-            config = dataclasses.replace(config, admin_token=new_admin_token())
+            config = config.model_copy(update={"admin_token": new_admin_token()})
         self.engine = engine
         self.store = store
         self.config = config

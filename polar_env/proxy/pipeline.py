@@ -264,17 +264,18 @@ def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]
     sampling parameters when the trainer owns them (harness extras that reshape the distribution
     are dropped then too)."""
     updates: dict[str, Any] = {"model": config.engine_model}
-    if config.temperature is not None:
-        updates["temperature"] = config.temperature
-    if config.top_p is not None:
-        updates["top_p"] = config.top_p
-    if config.temperature is not None or config.top_p is not None:
+    sampling = config.sampling
+    if sampling.temperature is not None:
+        updates["temperature"] = sampling.temperature
+    if sampling.top_p is not None:
+        updates["top_p"] = sampling.top_p
+    if sampling.temperature is not None or sampling.top_p is not None:
         dropped = sorted(k for k in chat.extra_body if k in _SAMPLING_EXTRAS)
         if dropped:
             updates["extra_body"] = {k: v for k, v in chat.extra_body.items() if k not in _SAMPLING_EXTRAS}
             notes.append(f"dropped harness sampling params {dropped}")
-    if config.max_tokens_cap is not None:
-        updates["max_tokens"] = min(chat.max_tokens or config.max_tokens_cap, config.max_tokens_cap)
+    if sampling.max_tokens is not None:
+        updates["max_tokens"] = min(chat.max_tokens or sampling.max_tokens, sampling.max_tokens)
     return updates
 
 
@@ -411,7 +412,7 @@ def guess_provider(request: web.Request) -> Provider:
         api = ProviderAPI.OPENAI_RESPONSES
     else:
         api = ProviderAPI.OPENAI_CHAT
-    return PROVIDERS.get(api, PROVIDERS[ProviderAPI.OPENAI_CHAT])
+    return PROVIDERS.get(api if api in PROVIDERS else ProviderAPI.OPENAI_CHAT)
 
 
 async def not_found(request: web.Request) -> web.Response:

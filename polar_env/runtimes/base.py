@@ -4,7 +4,7 @@ Every runtime gives the harness a writable workspace (``spec.workdir``, default 
 and a network that reaches the gateway and nothing else: the gateway's unix socket is bound into
 the runtime and a relay inside listens on ``127.0.0.1:<gateway_port>``, so harness base URLs stay
 plain ``http://127.0.0.1:<port>``. Start-up and teardown times are recorded in ``timings``.
-To add a runtime: one module implementing ``Runtime`` plus one entry in ``RUNTIMES``.
+To add a runtime: one module implementing ``Runtime`` plus one ``RUNTIMES.register`` line in ``__init__``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class RuntimeSpec(BaseModel):
@@ -22,7 +22,7 @@ class RuntimeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["sandbox", "docker", "apptainer"] = "sandbox"
+    kind: str = "sandbox"  # a RUNTIMES name (sandbox, docker, apptainer), checked here
     image: str | None = None  # docker image / apptainer .sif or docker:// URI / sandbox rootfs dir
     workdir: str = "/testbed"
     source_dir: Path | None = None  # copied into workdir at prepare (a task repo)
@@ -42,6 +42,13 @@ class RuntimeSpec(BaseModel):
     # re-run the repo's install into the image's root-owned environment. The bubblewrap sandbox
     # maps its root to an unprivileged host uid either way; Apptainer runs as the invoking user.
     user: Literal["agent", "root"] = "agent"
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str, info: ValidationInfo) -> str:
+        from polar_env.runtimes import RUNTIMES  # the table imports this module
+
+        return RUNTIMES.check(value, info)
 
 
 def check_host_paths(spec: RuntimeSpec) -> None:

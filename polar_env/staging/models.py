@@ -12,11 +12,39 @@ import enum
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
 from polar_env.records import MASKED_KINDS, SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
+from polar_env.registry import names_checked
 from polar_env.runtimes.base import RuntimeSpec
+
+
+def check_harness_name(value: str, info: ValidationInfo | None = None) -> str:
+    """For validators: a harness preset, file, import path or ``loop``, resolved now (ValueError
+    with the one line otherwise); skipped under the ``NAMES_CHECKED`` context."""
+    if info is not None and names_checked(info):
+        return value
+    from polar_env.harnesses import check_harness
+
+    try:
+        return check_harness(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def check_harness_api(harness: str, api: ProviderAPI | None, info: ValidationInfo | None = None) -> None:
+    """For validators: the harness speaks ``api`` (ValueError with the one line otherwise)."""
+    if api is None or harness == "loop" or (info is not None and names_checked(info)):
+        return
+    from polar_env.harnesses import get_harness
+
+    try:
+        get_harness(harness).api_of(api)
+    except ConfigError as exc:
+        raise ValueError(f"api: {exc}") from None
+
 
 SessionStatus = Status
 """How a session ended: the records' one ``Status`` vocabulary (completed, timeout, error, cancelled;
@@ -47,6 +75,16 @@ class AgentSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)  # harness-specific (e.g. loop: max_turns)
 
+    @field_validator("harness")
+    @classmethod
+    def _known_harness(cls, value: str, info: ValidationInfo) -> str:
+        return check_harness_name(value, info)
+
+    @model_validator(mode="after")
+    def _speaks_api(self, info: ValidationInfo) -> AgentSpec:
+        check_harness_api(self.harness, self.api, info)
+        return self
+
 
 class TaskRequest(BaseModel):
     """One task to roll out ``num_samples`` times (one GRPO group)."""
@@ -76,6 +114,13 @@ class TaskRequest(BaseModel):
         if not value or len(value) > 200:
             raise ValueError("task_id must be 1-200 characters")
         return value
+
+    @field_validator("builder")
+    @classmethod
+    def _known_builder(cls, value: str, info: ValidationInfo) -> str:
+        from polar_env.trajectory.builders import BUILDERS
+
+        return BUILDERS.check(value, info)
 
 
 class SessionSpec(BaseModel):

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
-from polar_env.engines.config import EngineConfig, build_engine
+from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
+from polar_env.proxy.gateway import GatewayConfig, Sampling
 from polar_env.records import ChatRequest, Generation
+from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes import Runtime, make_runtime
 from polar_env.runtimes.base import prepared
 from polar_env.staging import lifecycle
@@ -37,21 +39,31 @@ if TYPE_CHECKING:
 
 
 class NodeConfig(BaseModel):
+    """One node, as data: the engine (its template is the gateway's too), the pools, the journal
+    folder and the trainer-owned sampling; ``gateway_config`` derives the gateway's settings."""
+
     model_config = ConfigDict(extra="forbid")
 
     node_id: str = "node-0"
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig)
     limits: PoolLimits = Field(default_factory=PoolLimits)
     store: Path = Path("polar_rollouts/capture")
-    template: str = "qwen3.5"
-    temperature: float | None = None  # trainer-owned sampling: overrides what harnesses send
-    top_p: float | None = None
-    max_tokens: int | None = None
+    sampling: Sampling = Sampling()  # trainer-owned: overrides what harnesses send
     tcp_port: int | None = 0  # loopback listener (0: any free port; None: unix socket only)
     harness_cache: Path | None = None  # default: polar_env's shared harness cache
     install_harnesses: bool = True  # install a missing harness preset during INIT
     runtime_root: Path | None = None  # where sandboxes keep their writable trees
     fsync: bool = False
+
+    def gateway_config(self, engine_model: str, *, own_engine: bool = True) -> GatewayConfig:
+        """The gateway's settings for this node. ``own_engine``: the node built its engine from
+        ``engine``, so that config's default per-call cap applies (the embedded engine's 256)."""
+        from polar_env.qwen.template import QUIRKS
+
+        sampling = self.sampling
+        if sampling.max_tokens is None and own_engine:
+            sampling = sampling.model_copy(update={"max_tokens": self.engine.default_max_tokens()})
+        return GatewayConfig(engine_model=engine_model, sampling=sampling, template=QUIRKS[self.engine.template])
 
 
 class MeteredEngine:
@@ -140,27 +152,22 @@ class GatewayNode:
     # -- lifetime -----------------------------------------------------------------------------
     async def start(self) -> None:
         from polar_env.proxy.capture import CaptureStore
-        from polar_env.proxy.gateway import Gateway, GatewayConfig
-        from polar_env.qwen.template import QUIRKS
-
-        if self.config.template not in QUIRKS:
-            raise ConfigError(f"unknown template {self.config.template!r}; known: {sorted(QUIRKS)}")
+        from polar_env.proxy.gateway import Gateway
         from polar_env.runtimes import leftovers
 
         base = runtime_base(self.config)
         await asyncio.to_thread(leftovers.sweep, base)  # what dead node processes left (repo copies, cgroups)
         self._incarnation = await asyncio.to_thread(leftovers.claim, base, self.node_id)
+        own_engine = self.engine is None
         if self.engine is None:
-            self.engine = await asyncio.to_thread(build_engine, self.config.engine)
+            cap = self.config.sampling.max_tokens
+            self.engine = await asyncio.to_thread(self.config.engine.build, cap)
         model = getattr(self.engine, "model_name", None)
         if isinstance(model, str) and model:
             self.model = model
         self.meter = MeteredEngine(self.engine)
         store = CaptureStore(Path(self.config.store) / self.node_id, fsync=self.config.fsync)
-        gateway = GatewayConfig(engine_model=self.model, temperature=self.config.temperature,
-                                top_p=self.config.top_p, max_tokens_cap=self.config.max_tokens,
-                                template=QUIRKS[self.config.template])
-        self.gateway = Gateway(self.meter, store, gateway)
+        self.gateway = Gateway(self.meter, store, self.config.gateway_config(self.model, own_engine=own_engine))
         # The unix socket is what sandboxes reach (through their relay): it serves the provider
         # routes only, never the control plane (Gateway.provider_app). Unix socket paths are
         # limited to ~107 bytes: keep it short, under the system temp dir. TCP is host loopback
@@ -227,7 +234,7 @@ class GatewayNode:
         continuation = None
         if spec.request.continuation:
             tokenizer = await asyncio.to_thread(load_tokenizer)
-            continuation = Continuation(tokenizer, QUIRKS[self.config.template])
+            continuation = Continuation(tokenizer, QUIRKS[self.config.engine.template])
         self._gateway().open_session(spec.session_id, metadata, continuation or False)
 
     def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -346,7 +353,8 @@ def node_actor() -> Any:
             return self.node.stats()
 
         async def run(self, spec_json: str) -> str:
-            result = await self.node.run(SessionSpec.model_validate_json(spec_json))
+            # names were checked where the task was submitted (a custom evaluator may be registered there only)
+            result = await self.node.run(SessionSpec.model_validate_json(spec_json, context=NAMES_CHECKED))
             return result.model_dump_json()
 
         async def cancel(self, session_id: str) -> bool:

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar_env.errors import PolarError
+from polar_env.errors import ConfigError, PolarError
 from polar_env.records import Status, Trajectory
 
 
@@ -49,8 +49,10 @@ def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
         return Built(None, 0)
     final = records[-1].message.content
     versions = sorted({r.weight_version for r in records if r.weight_version is not None})
-    if builder not in BUILDERS:
-        return Built(None, len(records), final, versions, f"unknown builder {builder!r}; known: {sorted(BUILDERS)}")
+    try:
+        BUILDERS.get(builder)
+    except ConfigError as exc:
+        return Built(None, len(records), final, versions, str(exc))
     try:
         trajectory = build(builder, records, refs)  # the journal's prompt refs spare re-comparing
     except Exception as exc:  # noqa: BLE001 - a builder bug must not lose the session's result

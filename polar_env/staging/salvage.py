@@ -41,7 +41,7 @@ def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> Sessi
                "stage_times": {**result.stage_times, "salvaged": time.time()}, "harness_exit_code": None,
                "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None})}
     built = Trajectory(session_id=spec.session_id, traces=[])
-    build = BUILDERS.get(spec.request.builder)
+    build = BUILDERS.get(spec.request.builder) if spec.request.builder in BUILDERS else None
     if records and build is not None:
         try:
             built = build(records)

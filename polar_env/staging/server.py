@@ -23,10 +23,12 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.observe.metrics import RolloutMetrics, install_server_metrics
 from polar_env.records import FailureKind
+from polar_env.registry import validation_line
 from polar_env.staging.models import (
     SessionResult,
     SessionSpec,
@@ -348,11 +350,13 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 async def _submit(request: web.Request) -> web.Response:
-    try:
+    try:  # every name and param model is resolved here: a typo is a 400 before any session starts
         body = with_defaults(orjson.loads(await request.read()), request.app.get(DEFAULTS))
         req = TaskRequest.model_validate(body)
         status = request.app[SERVER].submit(req)
-    except ValueError as exc:  # orjson.JSONDecodeError and pydantic's ValidationError too
+    except ValidationError as exc:
+        return _error(400, f"invalid TaskRequest: {validation_line(exc, model=TaskRequest)}")
+    except ValueError as exc:  # orjson.JSONDecodeError
         return _error(400, f"invalid TaskRequest: {exc}")
     except ConfigError as exc:
         return _error(409, str(exc))

@@ -115,7 +115,7 @@ class SweTask(BaseModel):
         return task_image(self.instance_id, self.repo, image_name=self.image_name, style=self.image_style)
 
     def runtime_spec(
-        self, kind: Literal["sandbox", "docker", "apptainer"] = "sandbox", **overrides: Any
+        self, kind: str = "sandbox", **overrides: Any  # a RUNTIMES name
     ) -> RuntimeSpec:
         """How to start a runtime holding this task's repo at base_commit: the local checkout for
         toy tasks, the instance image otherwise."""

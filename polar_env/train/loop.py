@@ -173,20 +173,19 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
     store = recipe.run_dir() / "capture"
     if recipe.source == "polar_env":
         env = PolarEnv(PolarEnvConfig.model_validate({
-            "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode,
-                       "max_tokens_cap": sampling.max_tokens},
+            "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode},
             "harness": "loop",
             # no tools (a random model never writes a valid call), one answer, no reasoning block
             "agent_settings": {"tools": False, "max_turns": 1, "max_tokens": sampling.max_tokens, "thinking": False},
-            "builder": recipe.builder, "temperature": sampling.temperature, "top_p": 1.0,
-            "max_tokens": sampling.max_tokens, "store": str(store),
+            "builder": recipe.builder, "store": str(store),
+            "sampling": {"temperature": sampling.temperature, "top_p": 1.0, "max_tokens": sampling.max_tokens},
             "limits": {"max_running": recipe.rollouts_per_task * len(recipe.tasks)},
         }))
         async with env:
             trainer = GRPOTrainer(copy.deepcopy(env.engine.model), recipe.trainer.config())
             return await train_with(recipe, PolarEnvSource(env), trainer, on_step)
     engine = EmbeddedEngine(spec=ModelSpec(seed=model_seed), logprobs_mode=recipe.engine.logprobs_mode,
-                            max_tokens_cap=sampling.max_tokens)
+                            max_tokens=sampling.max_tokens)
     trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
     async with LocalGateway(engine, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                             builder=recipe.builder, store_dir=store) as source:

@@ -30,7 +30,7 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.env import PolarEnv
 from polar_env.evaluators import EvalContext, EvaluatorSpec, run_evaluator
 from polar_env.proxy.capture import CaptureStore
-from polar_env.proxy.gateway import Gateway, GatewayConfig
+from polar_env.proxy.gateway import Gateway, GatewayConfig, Sampling
 from polar_env.records import Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 
@@ -98,9 +98,8 @@ class LocalGateway:
     async def __aenter__(self) -> Self:
         config = GatewayConfig(
             engine_model=self.engine.model_name,
-            temperature=self.temperature,  # the trainer owns sampling: harness values are overridden
-            top_p=1.0,
-            max_tokens_cap=self.max_tokens,
+            # the trainer owns sampling: harness values are overridden
+            sampling=Sampling(temperature=self.temperature, top_p=1.0, max_tokens=self.max_tokens),
             admin_token=ADMIN_TOKEN,
             continuation=True,  # token-in: merged chains are exactly what the model saw
         )

@@ -63,9 +63,8 @@ def build_store(store: CaptureStore, build: Builder, session_ids: Iterable[str] 
 def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
                        sessions: Sequence[str] | None = None) -> list[Trajectory]:
     """The trajectories of a capture store folder (all sessions, or ``sessions``), by builder name."""
-    if builder not in BUILDERS:
-        raise ConfigError(f"unknown builder {builder!r}; known: {', '.join(sorted(BUILDERS))}")
+    build = BUILDERS.get(builder)
     root = Path(store_dir)
     if not root.is_dir():
         raise ConfigError(f"capture store {root} does not exist")
-    return build_store(CaptureStore(root), BUILDERS[builder], sessions or None)
+    return build_store(CaptureStore(root), build, sessions or None)

@@ -116,14 +116,14 @@ def test_loopback_detection_and_bad_paths(tmp_path: Path, capsys: pytest.Capture
 async def test_live_view_of_a_rollout_server(tmp_path: Path) -> None:
     """``--server``: live figures from a real RolloutServer's /rollout/status (its node is the
     FakeRuntimeNode test double with the simulated engine)."""
-    from polar_env.engines.config import EngineConfig
+    from polar_env.engines.config import SimulatedEngineConfig
     from polar_env.staging.node import NodeConfig
     from polar_env.staging.pools import PoolLimits
     from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
     from tests.staging.conftest import FakeRuntimeNode
     from tests.staging.test_node import loop_task
 
-    node = FakeRuntimeNode(NodeConfig(engine=EngineConfig(kind="simulated", latency_s=0.01), store=tmp_path / "capture",
+    node = FakeRuntimeNode(NodeConfig(engine=SimulatedEngineConfig(latency_s=0.01), store=tmp_path / "capture",
                                       limits=PoolLimits(), tcp_port=None))
     await node.start()
     server = RolloutServer([LocalNode(node)])

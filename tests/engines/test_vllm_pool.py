@@ -13,8 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from fake_vllm import MODEL, SEEN, fake_vllm_app
 
-from polar_env.engines import make_engine
-from polar_env.engines.config import EngineConfig, build_engine
+from polar_env.engines.config import VLLMEngineConfig, build_engine, engine_config
 from polar_env.engines.vllm import VLLMClient
 from polar_env.engines.vllm_pool import VLLMPool
 from polar_env.errors import EngineHTTPError, EngineUnavailable
@@ -127,15 +126,15 @@ async def test_overload_status_fails_over_but_client_errors_do_not() -> None:
 
 
 def test_every_config_surface_builds_a_pool() -> None:
-    one = make_engine("vllm", "http://127.0.0.1:1/v1", MODEL)
+    one = build_engine(VLLMEngineConfig(url="http://127.0.0.1:1/v1", model=MODEL))
     assert isinstance(one, VLLMClient)
     for url in ("http://127.0.0.1:1/v1,http://127.0.0.1:2", ["http://127.0.0.1:1/v1", "http://127.0.0.1:2"]):
-        pool = make_engine("vllm", url, MODEL)
+        pool = build_engine(VLLMEngineConfig(url=url, model=MODEL))
         assert isinstance(pool, VLLMPool) and pool.base_urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    cfg = EngineConfig.model_validate({"kind": "vllm", "url": ["http://127.0.0.1:1", "http://127.0.0.1:2"]})
+    cfg = engine_config({"kind": "vllm", "url": ["http://127.0.0.1:1", "http://127.0.0.1:2"]})
     assert isinstance(build_engine(cfg), VLLMPool)
     assert cfg.describe() == "vllm at http://127.0.0.1:1, http://127.0.0.1:2"
     # The Gym agent config with NeMo RL's list of per-DP-rank URLs (each an OpenAI base, /v1).
     polar = polar_env_config({"engine": {"kind": "vllm", "url": ["http://h:1/v1", "http://h:2/v1/"], "model": MODEL}})
     assert polar["engine"]["url"] == ["http://h:1", "http://h:2"]
-    assert isinstance(build_engine(EngineConfig.model_validate(polar["engine"])), VLLMPool)
+    assert isinstance(build_engine(engine_config(polar["engine"])), VLLMPool)

@@ -26,10 +26,9 @@ from polar_env.records import Status
 @pytest.fixture
 def scratch_names():  # type: ignore[no-untyped-def]
     """Names registered by a test are removed afterwards, so tests do not leak into the table."""
-    before = dict(EVALUATORS)
+    before = EVALUATORS.snapshot()
     yield
-    EVALUATORS.clear()
-    EVALUATORS.update(before)
+    EVALUATORS.restore(before)
 
 
 def test_builtins_are_registered() -> None:

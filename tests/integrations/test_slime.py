@@ -200,11 +200,11 @@ def test_forced_sampling_and_task_row() -> None:
 
 def test_polar_config_points_engine_at_slime_router(tmp_path: Any) -> None:
     cfg = tmp_path / "polar.yaml"
-    cfg.write_text("harness: loop\nengine: {kind: embedded, model_name: m}\ntemperature: 0.1\n")
+    cfg.write_text("harness: loop\nengine: {kind: embedded, model: m, seed: 3}\nsampling: {temperature: 0.1}\n")
     args = SimpleNamespace(polar_config=str(cfg), sglang_router_ip="10.0.0.2", sglang_router_port=3000)
     out = polar_config(args, {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64})
-    assert out["engine"] == {"kind": "sglang", "url": "router:http://10.0.0.2:3000", "model_name": "m"}
-    assert (out["temperature"], out["top_p"], out["max_tokens"], out["harness"]) == (1.0, 1.0, 64, "loop")
+    assert out["engine"] == {"kind": "sglang", "url": "router:http://10.0.0.2:3000", "model": "m"}  # seed: embedded's
+    assert (out["sampling"], out["harness"]) == ({"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}, "loop")
     with pytest.raises(ConfigError, match="--custom-config-path"):
         polar_config(SimpleNamespace(), {})
 
@@ -313,7 +313,7 @@ async def test_generate_runs_a_real_polar_session(tmp_path: Any) -> None:
 
     require_sandbox()
     (calc,) = toy_tasks(ids=["toy__calc-1"])
-    rollout = SlimeRollout(PolarEnv(env_config(tmp_path, calc, temperature=1.0, top_p=1.0)))
+    rollout = SlimeRollout(PolarEnv(env_config(tmp_path, calc, sampling={"temperature": 1.0, "top_p": 1.0})))
     group = [SampleDouble(index=i, group_index=0, prompt=calc.problem_statement, session_id=f"r{i}",
                           metadata=calc.model_dump(mode="json")) for i in range(2)]
     try:
@@ -341,14 +341,14 @@ async def test_generate_as_slime_calls_it(tmp_path: Any) -> None:
     import yaml
     from integration_env import FakeSGLangRouter, env_config, require_sandbox
 
-    from polar_env.engines.config import EngineConfig, build_engine
+    from polar_env.engines.config import EmbeddedEngineConfig, build_engine
     from polar_env.integrations import slime
     from polar_env.tasks.toy import toy_tasks
 
     require_sandbox()
     (calc,) = toy_tasks(ids=["toy__calc-1"])
     cfg = env_config(tmp_path, calc)
-    router = await FakeSGLangRouter(build_engine(EngineConfig(kind="embedded", script=cfg["engine"]["script"]))).start()
+    router = await FakeSGLangRouter(build_engine(EmbeddedEngineConfig(script=cfg["engine"]["script"]))).start()
     polar_file = tmp_path / "polar.yaml"
     polar_file.write_text(yaml.safe_dump({"harness": "loop", "store": cfg["store"], "engine": {"model": "qwen3.5-4b"}}))
     host, port = router.url.removeprefix("http://").split(":")

@@ -92,13 +92,13 @@ async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool)
     from slime.rollout.sglang_rollout import generate_rollout_async
     from slime.utils.types import Sample
 
-    from polar_env.engines.config import EngineConfig, build_engine
+    from polar_env.engines.config import EmbeddedEngineConfig, build_engine
     from polar_env.integrations import slime as polar_slime
     from polar_env.tasks.toy import toy_tasks
 
     require_sandbox()
     calc, bsearch = (t.model_dump(mode="json") for t in toy_tasks(ids=["toy__calc-1", "toy__bsearch-1"]))
-    router = await FakeSGLangRouter(build_engine(EngineConfig(kind="embedded", script=_script(tmp_path)))).start()
+    router = await FakeSGLangRouter(build_engine(EmbeddedEngineConfig(script=_script(tmp_path)))).start()
     polar_file = tmp_path / "polar.yaml"
     polar_file.write_text(yaml.safe_dump({"harness": "loop", "store": str(tmp_path / "store"),
                                           "engine": {"model": "qwen3.5-4b"}, "timeout_s": 300}))

@@ -79,7 +79,7 @@ def test_recipe_round_trips(path: Path, tmp_path: Path) -> None:
                               "max_new_tokens": int(flags["rollout-max-response-len"])})
     env_cfg = PolarEnvConfig.model_validate(cfg)
     assert env_cfg.engine.kind == "sglang" and env_cfg.engine.url == "router:http://127.0.0.1:30000"
-    assert env_cfg.temperature == float(flags["rollout-temperature"])
+    assert env_cfg.sampling.temperature == float(flags["rollout-temperature"])
 
 
 def test_qwen35_4b_swegym_recipe_layout(tmp_path: Path) -> None:
@@ -119,11 +119,25 @@ def test_rendering_rules() -> None:
     ({"args": {"r": {"custom-generate-function-path": GENERATE_PATH}}}, "no `polar:` block"),
     ({"args": {"r": {"custom-generate-function-path": GENERATE_PATH, "n-samples-per-prompt": 8}},
       "polar": {"harness": "loop"}}, "slime#1414"),
-    ({"polar": {"harnes": "loop"}}, "polar.harnes"),
 ])
 def test_recipe_mistakes_are_one_line_errors(recipe: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         render(Recipe.model_validate(recipe), Path("/tmp/x"))
+
+
+def test_a_wrong_name_in_the_polar_block_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("polar:\n  harness: loop\n  builder: prefix_merg\n")
+    with pytest.raises(ConfigError) as info:
+        Recipe.from_yaml(path)
+    assert str(info.value) == (f"recipe {path}: polar.builder: unknown builder 'prefix_merg'; did you mean 'prefix_merge'? "
+                               "(known: per_request, prefix_merge, prefix_merge_strict; or a pkg.module:attr import path)")
+    path.write_text("polar:\n  harnes: loop\n")
+    with pytest.raises(ConfigError, match="polar.harnes: not a known setting"):
+        Recipe.from_yaml(path)
+    path.write_text("polar:\n  evaluator: {name: outptu}\n")
+    with pytest.raises(ConfigError, match="polar.evaluator.name: unknown evaluator 'outptu'; did you mean 'output'"):
+        Recipe.from_yaml(path)
 
 
 def test_recipe_file_errors(tmp_path: Path) -> None:

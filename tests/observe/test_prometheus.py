@@ -9,7 +9,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from polar_env.engines.config import EngineConfig
+from polar_env.engines.config import SimulatedEngineConfig
 from polar_env.proxy.gateway import Gateway
 from polar_env.staging.node import NodeConfig
 from polar_env.staging.pools import PoolLimits
@@ -87,7 +87,7 @@ async def test_gateway_metrics_move_with_traffic(tmp_path: Path) -> None:
 
 
 async def test_rollout_server_metrics_count_sessions(tmp_path: Path) -> None:
-    config = NodeConfig(engine=EngineConfig(kind="simulated", latency_s=0.01), store=tmp_path / "store",
+    config = NodeConfig(engine=SimulatedEngineConfig(latency_s=0.01), store=tmp_path / "store",
                         limits=PoolLimits(), tcp_port=None)
     node = FakeRuntimeNode(config)  # the simulated engine and FakeRuntime test doubles
     await node.start()

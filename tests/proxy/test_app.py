@@ -10,6 +10,7 @@ import pytest
 
 from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
 from polar_env.proxy.capture import CaptureStore
+from polar_env.proxy.gateway import Sampling
 from polar_env.qwen.tokenizer import IM_END_ID
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine, Gateway
@@ -191,7 +192,7 @@ async def test_sampling_overrides_and_template_quirks(tmp_path) -> None:
     from tests.proxy.conftest import start_gateway
 
     engine = FakeEngine()
-    client, _ = await start_gateway(engine, tmp_path, temperature=1.0, top_p=1.0, max_tokens_cap=64)
+    client, _ = await start_gateway(engine, tmp_path, sampling=Sampling(temperature=1.0, top_p=1.0, max_tokens=64))
     try:
         gw = Gateway(client, _)
         s = await gw.session()

@@ -33,7 +33,7 @@ from polar_env.tasks.images import swebench_image, swegym_image
 
 
 def test_runtimes_table_and_factory() -> None:
-    assert RUNTIMES == {"sandbox": SandboxRuntime, "docker": DockerRuntime, "apptainer": ApptainerRuntime}
+    assert dict(RUNTIMES.items()) == {"sandbox": SandboxRuntime, "docker": DockerRuntime, "apptainer": ApptainerRuntime}
     for kind, cls in RUNTIMES.items():
         rt = make_runtime(RuntimeSpec(kind=kind))  # type: ignore[arg-type]
         assert isinstance(rt, cls) and rt.name == kind and rt.spec.kind == kind

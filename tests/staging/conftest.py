@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from polar_env.engines.config import EngineConfig
+from polar_env.engines.config import SimulatedEngineConfig
 from polar_env.staging.node import GatewayNode, NodeConfig
 from polar_env.staging.pools import PoolLimits
 from polar_env.testing.simulated_runtime import SimulatedRuntime
@@ -38,7 +38,7 @@ class FakeRuntimeNode(GatewayNode):
 @pytest.fixture
 def node_config(tmp_path: Path):  # type: ignore[no-untyped-def]
     def make(latency_s: float = 0.01, **limits: int) -> NodeConfig:
-        return NodeConfig(engine=EngineConfig(kind="simulated", latency_s=latency_s), store=tmp_path / "store",
+        return NodeConfig(engine=SimulatedEngineConfig(latency_s=latency_s), store=tmp_path / "store",
                           limits=PoolLimits(**limits), tcp_port=None)
 
     return make

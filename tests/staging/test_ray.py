@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.engines.config import EngineConfig
+from polar_env.engines.config import SimulatedEngineConfig
 from polar_env.records import FailureKind
 from polar_env.staging.cluster import ClusterConfig, start_cluster
 from polar_env.staging.models import SessionStatus
@@ -35,7 +35,7 @@ def ray_local() -> Iterator[None]:
 
 
 def cluster_config(tmp_path: Path, latency_s: float) -> ClusterConfig:
-    node = NodeConfig(engine=EngineConfig(kind="simulated", latency_s=latency_s), store=tmp_path / "store",
+    node = NodeConfig(engine=SimulatedEngineConfig(latency_s=latency_s), store=tmp_path / "store",
                       limits=PoolLimits(max_running=8), tcp_port=None, runtime_root=tmp_path / "runtimes")
     return ClusterConfig(nodes=2, ray=True, node=node)
 

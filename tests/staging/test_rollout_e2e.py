@@ -110,7 +110,7 @@ def test_a_useless_agent_gets_reward_zero(ready: None, tmp_path: Path) -> None:
 
 
 def test_the_random_model_samples_freely(ready: None, tmp_path: Path) -> None:
-    code, report, out = run(tmp_path, "--max-tokens-per-turn", "24", "--samples", "1")
+    code, report, out = run(tmp_path, "--max-tokens", "24", "--samples", "1")
     assert code == 0, report["session_rows"]
     assert report["sessions"] == 1 and report["statuses"] == {"completed": 1}
     assert report["mean_reward"] == 0.0 and report["session_rows"][0]["reason"] == "empty patch"

@@ -25,7 +25,7 @@ def task() -> ToyTask:
 def captured() -> tuple[EmbeddedEngine, list[Trajectory]]:
     """Four real two-call sessions through the gateway (continuation, strict prefix merge), and
     the engine that sampled them (still at its sampling weights)."""
-    engine = EmbeddedEngine(max_tokens_cap=6)
+    engine = EmbeddedEngine(max_tokens=6)
 
     async def run() -> list[Trajectory]:
         async with LocalGateway(engine, temperature=TEMPERATURE, max_tokens=6) as gateway:

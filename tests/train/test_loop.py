@@ -63,7 +63,7 @@ def test_follow_ups_need_the_local_source() -> None:
 
 
 def test_update_weights_pauses_reloads_and_resumes(task: ToyTask) -> None:
-    engine = EmbeddedEngine(max_tokens_cap=3)
+    engine = EmbeddedEngine(max_tokens=3)
     trainer = GRPOTrainer(copy.deepcopy(engine.model), TrainerConfig(lr=0.05))
     seen: dict[str, object] = {}
 

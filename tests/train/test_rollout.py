@@ -14,9 +14,9 @@ from tests.conftest import require_bwrap
 def test_polar_env_rollout_is_graded_on_the_answer(tmp_path: Path, task: ToyTask) -> None:
     require_bwrap()
     config = PolarEnvConfig.model_validate({
-        "engine": {"kind": "embedded", "max_tokens_cap": 4}, "harness": "loop",
+        "engine": {"kind": "embedded"}, "harness": "loop", "sampling": {"temperature": 0.1, "max_tokens": 4},
         "agent_settings": {"tools": False, "max_turns": 1, "max_tokens": 4, "thinking": False},
-        "builder": "prefix_merge_strict", "temperature": 0.1, "store": str(tmp_path / "store")})
+        "builder": "prefix_merge_strict", "store": str(tmp_path / "store")})
 
     async def run() -> None:
         async with PolarEnv(config) as env:

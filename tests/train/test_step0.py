@@ -99,7 +99,7 @@ def test_check_names_the_first_failure_and_counts_all() -> None:
 def test_raw_logprobs_are_scored_at_temperature_one(task) -> None:  # type: ignore[no-untyped-def]
     """vLLM's default ``raw_logprobs``: the engine reports the unscaled log-softmax even when it
     samples at 0.1, so the trainer must not divide by the temperature to reproduce them."""
-    engine = EmbeddedEngine(max_tokens_cap=4, logprobs_mode="raw")
+    engine = EmbeddedEngine(max_tokens=4, logprobs_mode="raw")
 
     async def run() -> list[Trajectory]:
         async with LocalGateway(engine, temperature=0.1, max_tokens=4) as gateway:

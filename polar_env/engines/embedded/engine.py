@@ -69,7 +69,7 @@ class EmbeddedEngine:
         quirks: TemplateQuirks = QWEN35,
         policy: ScriptedPolicy | None = None,
         logprobs_mode: LogprobsMode = "processed",
-        max_tokens_cap: int = 1024,
+        max_tokens: int = 1024,  # the cap on tokens sampled per call (sampling.max_tokens)
         model_name: str = DEFAULT_MODEL_NAME,
     ) -> None:
         self.tokenizer = load_tokenizer()
@@ -80,7 +80,7 @@ class EmbeddedEngine:
         self.logprobs_mode: LogprobsMode = logprobs_mode
         # A random tiny model practically never samples EOS; without a cap a harness asking for
         # max_tokens=32000 would wait minutes. Scripted turns end on their own well below it.
-        self.max_tokens_cap = max_tokens_cap
+        self.max_tokens = max_tokens
         self.model_name = model_name
         self.weight_version = 0
         self.version_label: str | None = None  # the trainer's name for the weights (gateway resume)
@@ -119,7 +119,7 @@ class EmbeddedEngine:
                 f"This model's maximum context length is {self.max_model_len} tokens. "
                 f"However, your request has {len(prompt_ids)} input tokens."
             )
-        max_tokens = min(request.max_tokens or room, room, self.max_tokens_cap)
+        max_tokens = min(request.max_tokens or room, room, self.max_tokens)
         if max_tokens < 1:
             raise RequestError("max_tokens must be at least 1")
         params = DecodeParams(

@@ -180,3 +180,19 @@ def polar_env_config(polar: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(url, (list, tuple)):
             engine["url"] = [str(u).rstrip("/").removesuffix("/v1") for u in url]
     return config
+
+
+def check_polar_block(polar: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The agent config's ``polar`` block, checked as a PolarEnv config (every name and evaluator
+    param) when Gym loads the agent's config, not at the first ``/run``; ValueError with the one
+    line (``polar.builder: unknown builder ...``) otherwise."""
+    from pydantic import ValidationError
+
+    from polar_env.env import PolarEnvConfig
+    from polar_env.registry import validation_line
+
+    try:
+        PolarEnvConfig.model_validate(polar_env_config(polar))
+    except ValidationError as exc:
+        raise ValueError(validation_line(exc, prefix="polar", model=PolarEnvConfig)) from None
+    return polar

@@ -19,14 +19,21 @@ from nemo_gym.openai_utils import (
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
 )
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
-from polar_env.integrations.nemo_gym.agent import PolarGymAgent, polar_env_config
+from polar_env.integrations.nemo_gym.agent import PolarGymAgent, check_polar_block, polar_env_config
 
 
 class PolarAgentConfig(BaseResponsesAPIAgentConfig):
     model: str = "policy"
     polar: dict[str, Any] = Field(default_factory=dict)  # a PolarEnv config
+
+    @field_validator("polar")
+    @classmethod
+    def _names_resolve(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """A misspelled builder or evaluator is refused when Gym loads this config."""
+        check_polar_block(value)
+        return value
 
 
 class PolarRunRequest(BaseRunRequest):
