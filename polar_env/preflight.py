@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from polar_env.errors import ConfigError, EngineError, EngineHTTPError, EngineProtocolError
 
 if TYPE_CHECKING:
-    from polar_env.engines.config import EngineConfig
+    from polar_env.engines.config import AnyEngineConfig
     from polar_env.env import PolarEnvConfig
     from polar_env.staging.job import RolloutJob
     from polar_env.staging.models import TaskRequest
@@ -79,6 +79,10 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
             raise options_error(exc) from None
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))} {e.get('input')!r}: {e['msg'].lower()}" for e in exc.errors())
         raise ConfigError(f"invalid task row ({fields}), in {job.tasks}; fix the row (fields as in TaskRequest)") from None
+    except ConfigError as exc:  # a row's names or params (env.task_request): say which file holds it
+        if not str(exc).startswith("task ") or job.tasks == "toy":
+            raise
+        raise ConfigError(f"{exc}; in {job.tasks}: fix the row") from None
     check_env(job.env, reqs, command)
     return reqs
 
@@ -145,12 +149,15 @@ def _few(items: Iterable[str], n: int = 3) -> str:
 # -- engine --------------------------------------------------------------------------------------
 
 
-async def check_engine(config: EngineConfig, wait_s: float = ENGINE_WAIT_S) -> None:
+async def check_engine(config: AnyEngineConfig, wait_s: float = ENGINE_WAIT_S) -> None:
     """An HTTP engine answers ``GET /v1/models`` within ``wait_s`` and serves ``config.model``
     (vLLM: exactly; SGLang ignores the name); the embedded engine's files exist."""
-    if config.kind in ("embedded", "simulated"):
-        if config.model_dir is not None and not (Path(config.model_dir) / "config.json").is_file():
-            raise ConfigError(f"no HF model (config.json) in {config.model_dir}, --model-dir; give a Qwen3 folder "
+    from polar_env.engines.config import EmbeddedEngineConfig, SimulatedEngineConfig
+
+    if isinstance(config, EmbeddedEngineConfig | SimulatedEngineConfig):
+        model_dir = getattr(config, "model_dir", None)
+        if model_dir is not None and not (Path(model_dir) / "config.json").is_file():
+            raise ConfigError(f"no HF model (config.json) in {model_dir}, --model-dir; give a Qwen3 folder "
                               "(polar-env export-model writes one)")
         if config.script is not None:
             from polar_env.engines.config import _policy
@@ -167,7 +174,7 @@ async def check_engine(config: EngineConfig, wait_s: float = ENGINE_WAIT_S) -> N
     client = build_engine(config)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    where = getattr(client, "router_url", None) or getattr(client, "base_url", None) or str(config.url)
+    where = getattr(client, "router_url", None) or getattr(client, "base_url", None) or str(getattr(config, "url", ""))
     try:
         while True:
             try:

@@ -74,9 +74,9 @@ def test_engine_serving_another_model(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_engine_check_passes_for_a_serving_engine(fake_vllm: str) -> None:
     import asyncio
 
-    from polar_env.engines.config import EngineConfig
+    from polar_env.engines.config import VLLMEngineConfig
 
-    asyncio.run(preflight.check_engine(EngineConfig(kind="vllm", url=fake_vllm, model=MODEL)))
+    asyncio.run(preflight.check_engine(VLLMEngineConfig(url=fake_vllm, model=MODEL)))
 
 
 def test_not_an_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:
@@ -179,7 +179,8 @@ def test_evaluator_dependency_missing(tmp_path: Path, capsys: pytest.CaptureFixt
     tasks.write_text(json.dumps({"task_id": "t1", "instruction": "x",
                                  "evaluator": {"name": "polar_no_such_pkg.grading:grade"}}) + "\n")
     one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--out", str(tmp_path / "o")],
-             "evaluator polar_no_such_pkg.grading:grade needs the Python module polar_no_such_pkg", "task t1")
+             "task 't1': evaluator.name: cannot import evaluator 'polar_no_such_pkg.grading:grade': No module named "
+             "'polar_no_such_pkg'", f"in {tasks}")
 
 
 def test_swebench_evaluator_needs_swebench(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,7 +235,7 @@ def test_unknown_task_id_names_the_closest(tmp_path: Path, capsys: pytest.Captur
     (["--samples", "0"], "invalid option --samples 0: input should be greater than or equal to 1"),
     (["--limit", "0"], "invalid option --limit 0"),
     (["--early-stop", "0"], "invalid option --early-stop 0"),
-    (["--evaluator", "{bad json"], "--evaluator '{bad json' is not an evaluator name or JSON spec"),
+    (["--evaluator", "{bad json"], "--evaluator '{bad json' is not JSON"),
 ])
 def test_option_typos_are_one_line(argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for command in ("rollout", "sft"):
@@ -279,4 +280,4 @@ def test_a_bad_task_row_is_named_as_a_row_not_an_option(tmp_path: Path, capsys: 
     tasks = tmp_path / "rows.jsonl"
     tasks.write_text(json.dumps({"task_id": "t", "instruction": "x", "timeout_s": -1}) + "\n")
     one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--out", str(tmp_path / "o")],
-             "invalid task row (timeout_s -1: input should be greater than 0)", f"in {tasks}")
+             "task 't': timeout_s: Input should be greater than 0 (got -1)", f"in {tasks}")

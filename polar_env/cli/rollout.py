@@ -34,7 +34,6 @@ def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.engines.config import ENGINES
     from polar_env.env import PolarEnvConfig
-    from polar_env.evaluators.base import EvaluatorSpec
 
     config = PolarEnvConfig.from_yaml(args.config) if args.config else PolarEnvConfig()
     engine = config.engine.model_dump(exclude_unset=True)
@@ -67,7 +66,7 @@ def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-
     if args.runtime is not None:
         update["runtime"] = {**config.runtime.model_dump(exclude_unset=True), "kind": args.runtime}
     if args.evaluator is not None:
-        update["evaluator"] = evaluator_option(args.evaluator, EvaluatorSpec)
+        update["evaluator"] = evaluator_option(args.evaluator)
     return PolarEnvConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
 
 
@@ -80,15 +79,17 @@ def _names(registry: str) -> str:
     return "{" + ",".join(getattr(importlib.import_module(module), attr).names()) + "}"
 
 
-def evaluator_option(text: str, spec: type) -> Any:
-    """``--evaluator NAME`` or ``--evaluator '{"name": ..., ...}'``; a mistake names the option."""
+def evaluator_option(text: str) -> Any:
+    """``--evaluator NAME`` or ``--evaluator '{"name": ..., ...}'`` as data for PolarEnvConfig (which
+    resolves the name and params); JSON that does not parse names the option."""
     text = text.strip()
+    if not text.startswith("{"):
+        return text
     try:
-        return spec.model_validate(json.loads(text) if text.startswith("{") else text)  # type: ignore[attr-defined]
-    except ValueError as exc:  # bad JSON, or a spec pydantic refuses
-        why = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"--evaluator {text!r} is not an evaluator name or JSON spec ({why}); give a name, e.g. "
-                          """--evaluator output, or JSON, e.g. --evaluator '{"name": "output", "regex": "ok"}'""") from None
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--evaluator {text!r} is not JSON ({exc}); give a name, e.g. --evaluator output, "
+                          """or JSON, e.g. --evaluator '{"name": "output", "regex": "ok"}'""") from None
 
 
 def add_env_options(p: argparse.ArgumentParser) -> None:

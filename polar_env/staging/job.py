@@ -214,7 +214,7 @@ def plan_settings(job: RolloutJob) -> dict[str, Any]:
     """The job as its plan records it: files the engine reads as absolute paths, so a resume from
     another working directory (and the check of its flags) reads the same files."""
     engine = job.env.engine
-    update = {k: Path(v).resolve() for k, v in (("script", engine.script), ("model_dir", engine.model_dir)) if v is not None}
+    update = {k: Path(v).resolve() for k in ("script", "model_dir") if (v := getattr(engine, k, None)) is not None}
     env = job.env.model_copy(update={"engine": engine.model_copy(update=update)}) if update else job.env
     return job.model_copy(update={"env": env}).model_dump(mode="json")
 

@@ -44,7 +44,7 @@ def print_summary(report: dict[str, Any], console: Console | None = None, out: P
             console.print(table)
     for note in report.get("notes", []):
         console.print(f"note: {note}", markup=False, highlight=False)
-    folder = out if out is not None else Path(str(report.get("config", {}).get("out", "")))
+    folder = out if out is not None else Path(str(report.get("run_dir") or report.get("config", {}).get("out", "")))
     lines = excerpt(report, folder) + next_steps(report, folder)
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)

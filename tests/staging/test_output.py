@@ -118,7 +118,7 @@ def finished_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
         report = asyncio.run(run_job(job, live))
     finally:
         live.stop()
-    return report, ANSI.sub("", screen.getvalue()), tmp / "out"
+    return report, ANSI.sub("", screen.getvalue()), Path(report["run_dir"])
 
 
 def test_final_live_frame_is_the_end_of_the_job(finished_job: tuple[dict[str, Any], str, Path]) -> None:
