@@ -69,7 +69,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0 if summary.rows else 1
 
 
-def _add_trainer_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_trainer_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 
@@ -102,7 +102,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return run_dashboard(args.paths, args.host, args.port, args.token, args.server, args.server_token)
 
 
-def _add_dashboard_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_dashboard_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     text = "web dashboard over run folders, capture stores or a live rollout server (runs, live, sessions, traces)"
     p = sub.add_parser("dashboard", help=text, description=text, formatter_class=HelpFormatter)
     p.add_argument("paths", nargs="*", help="run folders (polar-env rollout --out), capture stores, or folders of them")
@@ -114,7 +114,7 @@ def _add_dashboard_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.set_defaults(func=cmd_dashboard)
 
 
-def _add_train_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_train_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     text = "reference GRPO loop on CPU: rollouts, step-0 check, update, weight sync, run report"
     p = sub.add_parser("train", help=text, description=text, formatter_class=HelpFormatter)
     p.add_argument("recipe", help="recipe YAML, e.g. recipes/cpu_grpo_toy.yaml")
@@ -126,7 +126,7 @@ def _add_train_command(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.set_defaults(func=cmd_train)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_trainer_commands(sub)
     _add_train_command(sub)
     _add_dashboard_command(sub)

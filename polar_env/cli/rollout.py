@@ -208,7 +208,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config, args.host, args.port, store, args.token))
 
 
-def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, dict]:
+def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, dict[str, Any]]:
     import urllib.error
     import urllib.request
 
@@ -272,7 +272,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if status == 200 else 1
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 

@@ -9,7 +9,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 from polar_env.cli.checks import HelpFormatter, load_script, model_dir, store_to_write
 from polar_env.errors import ConfigError
@@ -95,7 +98,8 @@ def resolve_engine_kind(args: argparse.Namespace) -> str:
         raise ConfigError(f"--engine {kind} needs --engine-url (the server's base URL, e.g. http://127.0.0.1:8000)")
     unused = [f"--{k.replace('_', '-')}" for k, v in EMBEDDED_DEFAULTS.items() if getattr(args, k) != v]
     if unused:
-        raise ConfigError(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to --engine embedded, not --engine {kind}; drop them")
+        raise ConfigError(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to --engine embedded, "
+                          f"not --engine {kind}; drop them")
     return kind
 
 
@@ -116,7 +120,7 @@ async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[
     except BaseException:
         await engine.aclose()
         raise
-    engine.model = model
+    engine.model = model  # type: ignore[attr-defined]  # vllm/sglang clients send this name; EngineClient has none
     return engine, model, f"{kind} {', '.join(served)}"
 
 
@@ -167,8 +171,8 @@ def _tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-async def _serve(app, host: str, port: int, what: str, started: float, *,  # type: ignore[no-untyped-def]
-                 unix_socket: str | None = None, unix_app=None, suffix: str = "") -> None:  # type: ignore[no-untyped-def]
+async def _serve(app: web.Application, host: str, port: int, what: str, started: float, *,
+                 unix_socket: str | None = None, unix_app: web.Application | None = None, suffix: str = "") -> None:
     from aiohttp import web
 
     from polar_env.access_log import LOGGER, AccessLogger
@@ -215,7 +219,7 @@ def _add_server_options(p: argparse.ArgumentParser, *, port: int) -> None:
 
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 
@@ -229,7 +233,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--engine", choices=["embedded", "vllm", "sglang"],
                    help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url "
                         "(default: vllm when --engine-url is given, else embedded)")
-    p.add_argument("--engine-url", help="vLLM base URL (a /v1 suffix is fine; several, comma-separated, with --engine vllm: a session-sticky pool); SGLang worker URLs (comma-separated) or router:URL")
+    p.add_argument("--engine-url", help="vLLM base URL (a /v1 suffix is fine; several, comma-separated, with --engine vllm: "
+                   "a session-sticky pool); SGLang worker URLs (comma-separated) or router:URL")
     p.add_argument("--engine-wait-s", type=float, default=30.0,
                    help="how long to wait at start for the engine to answer GET /v1/models before failing")
     p.add_argument("--store", required=True, help="directory of per-session journals (created if absent)")

@@ -104,7 +104,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- parser ------------------------------------------------------------------------------------
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 

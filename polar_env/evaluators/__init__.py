@@ -3,7 +3,8 @@ one ``EVALUATORS.register`` line here, or from outside the package with ``@regis
 (the same function; ``params=MyParams`` checks a task's params when its TaskRequest is built);
 ``get_evaluator`` also takes an import path (``"pkg.module:attr"``). Every evaluator that runs the
 agent's code grades through the named integrity policy in ``integrity.py`` (re-exported here for
-custom evaluators: ``fresh_graded_runtime`` is the one-call helper). ``run_evaluator`` is the one wrapper every evaluation goes through: a crash
+custom evaluators: ``fresh_graded_runtime`` is the one-call helper). ``run_evaluator`` is the one
+wrapper every evaluation goes through: a crash
 becomes an ERROR result with the exception in its report, an overrun a TIMEOUT.
 """
 

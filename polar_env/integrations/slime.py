@@ -81,7 +81,7 @@ def status_name(finish_reason: str | None) -> str:
 def rollout_id_of(sample: Any) -> int:
     """The id all samples of one rollout share: slime's ``rollout_id``, else its ``index``."""
     rid = getattr(sample, "rollout_id", None)
-    return rid if rid is not None else sample.index
+    return int(rid if rid is not None else sample.index)
 
 
 def _weight_versions(trace: Trace, trajectory: Trajectory) -> list[str]:

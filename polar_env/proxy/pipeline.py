@@ -287,9 +287,10 @@ def translate(provider: Provider, body: dict[str, Any], match_info: Any) -> Any:
     except RequestError:
         raise
     except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise RequestError(f"invalid request: '{where}' {first.get('msg', 'is invalid')}") from exc
+        errors = exc.errors()
+        where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+        msg = errors[0]["msg"] if errors else "is invalid"
+        raise RequestError(f"invalid request: '{where or 'body'}' {msg}") from exc
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         log.warning("%s body rejected by a generic check (%s: %s)", provider.API, type(exc).__name__, exc)
         raise RequestError(f"invalid request: ill-typed field ({type(exc).__name__}: {str(exc)[:200]})") from exc

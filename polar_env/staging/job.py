@@ -37,7 +37,6 @@ from polar_env.staging.runs import (
     check_run_id,
     create_run_dir,
     differences,
-    empty_trajectory,
     finished,
     interrupted,
     make_plan,
@@ -272,10 +271,11 @@ def _todo(plan: Plan, kept: dict[str, SessionResult]) -> tuple[list[tuple[TaskRe
 
 def _early_stopped(req: TaskRequest, sid: str, index: int, usable: int) -> SessionResult:
     detail = f"early stop: its group already had {usable} usable session(s)"
-    result = SessionResult(session_id=sid, task_id=req.task_id, group_id=str(req.group_id), sample_index=index,
-                           status=SessionStatus.CANCELLED, error=detail, failure_kind=FailureKind.CANCELLED,
-                           failure_detail=detail, mask=True, stage_times={"done": time.time()})
-    return result.model_copy(update={"trajectory": empty_trajectory(result)})
+    result = SessionResult.model_validate({
+        "session_id": sid, "task_id": req.task_id, "group_id": str(req.group_id), "sample_index": index,
+        "status": SessionStatus.CANCELLED, "failure_kind": FailureKind.CANCELLED, "failure_detail": detail, "mask": True,
+        "stage_times": {"done": time.time()}})
+    return result  # its trajectory: the empty, masked row (SessionResult fills it in)
 
 
 async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest, list[int]]], total: int,

@@ -28,8 +28,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
-from polar_env.records import FailureKind, Status, Trajectory
-from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest
+from polar_env.records import FailureKind, Trajectory
+from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest, empty_trajectory
 
 PLAN_FILE = "plan.json"
 LATEST = "latest"
@@ -306,28 +306,21 @@ def interrupted(result: SessionResult, signal_name: str) -> SessionResult:
     started = "running" in result.stage_times
     where = f"in RUNNING after {result.records} call(s)" if started else "before RUNNING (never started its agent)"
     detail = f"interrupted by {signal_name} {where}; --resume reruns it"
-    trajectory = result.trajectory if result.trajectory is not None else empty_trajectory(result)
-    marks = {"failure_kind": FailureKind.INTERRUPTED.value, "failure_detail": detail, "mask": True}
-    trajectory = trajectory.model_copy(update={"metadata": {**trajectory.metadata, **marks}})
-    return result.model_copy(update={"status": SessionStatus.CANCELLED, "failure_kind": FailureKind.INTERRUPTED,
-                                     "failure_detail": detail, "mask": True, "trajectory": trajectory,
-                                     "error": result.error or "cancelled"})
+    marks = {"status": SessionStatus.CANCELLED, "failure_kind": FailureKind.INTERRUPTED, "failure_detail": detail,
+             "mask": True}
+    trajectory = result.trajectory if result.trajectory is not None else empty_trajectory(result.model_dump())
+    trajectory = trajectory.model_copy(update={**marks, "metadata": {
+        **trajectory.metadata, "failure_kind": FailureKind.INTERRUPTED.value, "failure_detail": detail, "mask": True}})
+    return result.model_copy(update={**marks, "trajectory": trajectory})
 
 
 def not_started(req: TaskRequest, session_id: str, sample_index: int, signal_name: str) -> SessionResult:
     """The result of a planned session the interruption kept from being dispatched at all."""
-    result = SessionResult(session_id=session_id, task_id=req.task_id, group_id=str(req.group_id),
-                           sample_index=sample_index, status=SessionStatus.CANCELLED, error="cancelled",
-                           stage_times={"done": time.time()})
+    result = SessionResult.model_validate({  # its trajectory: the empty, masked row SessionResult fills in
+        "session_id": session_id, "task_id": req.task_id, "group_id": str(req.group_id), "sample_index": sample_index,
+        "status": SessionStatus.CANCELLED, "failure_kind": FailureKind.INTERRUPTED, "mask": True,
+        "stage_times": {"done": time.time()}})
     return interrupted(result, signal_name)
-
-
-def empty_trajectory(result: SessionResult) -> Trajectory:
-    """A trajectory with no traces, so an interrupted session still has its row (complete groups)."""
-    return Trajectory(session_id=result.session_id, traces=[], reward=0.0, status=Status.ABORTED,
-                      metadata={"task_id": result.task_id, "group_id": result.group_id,
-                                "sample_index": result.sample_index, "node_id": result.node_id,
-                                "status": result.status.value, "reward": 0.0, "stage_times": result.stage_times})
 
 
 def mark_outcome_files(run_dir: Path, results: Iterable[SessionResult]) -> None:

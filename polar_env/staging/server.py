@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from polar_env.errors import ConfigError
@@ -335,7 +336,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @web.middleware
-async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every route but /health needs the server's bearer token: the agents being trained run
     code, and the control plane must not be theirs to use."""
     if request.path != "/health":
