@@ -219,7 +219,7 @@ def _python_block(marker: str) -> str:
 
 
 PYTHON_MARKERS = {  # a line that identifies each python block
-    "api": 'env = PolarEnv({"harness": "loop", "engine": {"kind": "embedded"}, "max_tokens": 32,',
+    "api": 'env = PolarEnv({"harness": "loop", "engine": {"kind": "embedded"}, "sampling": {"max_tokens": 32},',
     "credit": "from polar_env.integrations.credit import annotate",
     "wandb": "import json, pathlib, wandb",
 }

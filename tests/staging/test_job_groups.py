@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from polar_env.cli import main
-from polar_env.engines.config import EngineConfig
+from polar_env.engines.config import SimulatedEngineConfig
 from polar_env.env import PolarEnvConfig
 from polar_env.errors import EngineUnavailable
 from polar_env.records import ChatRequest, FailureKind, Generation
@@ -46,7 +46,7 @@ def test_group_size_matches_samples_with_a_failing_session(tmp_path: Path) -> No
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    job = RolloutJob(env=PolarEnvConfig(harness="loop", engine=EngineConfig(kind="simulated")), tasks=str(tasks),
+    job = RolloutJob(env=PolarEnvConfig(harness="loop", engine=SimulatedEngineConfig()), tasks=str(tasks),
                      samples=3, out=out)
     report = asyncio.run(run_job(job, engine=FailsFirstCall()))
     (run,) = {p.parent for p in out.rglob("trajectories.jsonl")}  # OUT/, or its run folder once runs get one

@@ -42,7 +42,7 @@ def test_readme_scripted_policy_earns_reward_one(tmp_path: Path, capsys: pytest.
     argv = [str(tmp_path / a) if a == "fix_calc.json" else a for a in example["argv"]]  # type: ignore[union-attr]
     code = main([*argv, "--out", str(tmp_path / "out"), "--no-progress"])
     printed = capsys.readouterr().out
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    report = json.loads((tmp_path / "out" / "latest" / "report.json").read_text())
     assert code == 0, printed
     assert report["mean_reward"] == 1.0 and report["session_rows"][0]["resolved"] is True, report["session_rows"]
     assert "reward 1.00 — resolved" in printed and "called bash: cd /testbed && sed -i" in printed
