@@ -236,7 +236,8 @@ def _fields_at(model: type[BaseModel], path: list[str], key: str) -> tuple[list[
         current = members[0]
     if not (isinstance(current, type) and issubclass(current, BaseModel)):
         return None, []
-    return sorted(current.model_fields), owners
+    # a field named around a keyword or builtin (``json_``) is written without its underscore
+    return sorted(name.removesuffix("_") for name in current.model_fields), owners
 
 
 def _flat_args(annotation: Any) -> list[Any]:

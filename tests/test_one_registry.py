@@ -185,6 +185,14 @@ def test_evaluator_params_of_the_wrong_type_are_refused_at_construction() -> Non
     assert EvaluatorSpec.model_validate({"name": "output", "regex": "4[0-9]"}).params == {"regex": "4[0-9]"}
 
 
+def test_a_misspelled_param_lists_the_names_a_user_writes() -> None:
+    """``json`` is the output evaluator's key (the field is ``json_`` around the builtin)."""
+    with pytest.raises(ConfigError) as info:
+        PolarEnv({"evaluator": {"name": "output", "regx": "ok"}})
+    line = str(info.value)
+    assert "did you mean 'regex'?" in line and "json," in line and "json_" not in line, line
+
+
 def test_a_custom_evaluator_params_model_is_checked() -> None:
     saved = EVALUATORS.snapshot()
     try:
