@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.journal.format import VERSION, Decoder, apply_events
-from polar_env.proxy.capture import JournalError, _decode
+from polar_env.proxy.capture import iter_journal
 from polar_env.records import CompletionRecord
 
 PromptRefs = dict[int, tuple[int, int]]  # seq → (parent seq, tokens kept from the parent's context)
@@ -37,28 +37,9 @@ def read_with_refs(path: Path) -> tuple[list[CompletionRecord], PromptRefs]:
     """All complete records of one journal file (client-gone events folded into their notes) and
     their prompt references."""
     decoder = _RefDecoder()
-    records: list[CompletionRecord] = []
-    events: list[dict[str, Any]] = []
     if not path.exists():
-        return records, decoder.refs
-    with open(path, "rb") as f:  # streamed: one line ahead, to know which one is the last
-        number, pending = 0, None
-        for line in f:
-            if pending is not None:
-                number += 1
-                _keep(records, _decode(decoder, pending, path, number, events))
-            pending = line
-        if pending is not None:
-            number += 1
-            try:
-                _keep(records, _decode(decoder, pending, path, number, events))
-            except JournalError:
-                if pending.endswith(b"\n"):
-                    raise
-                # no trailing newline: a torn tail (crash mid-write) is not a record
+        return [], decoder.refs
+    events: list[dict[str, Any]] = []
+    with open(path, "rb") as f:
+        records = list(iter_journal(f, path, events=events, decoder=decoder))
     return apply_events(records, events), decoder.refs
-
-
-def _keep(records: list[CompletionRecord], record: CompletionRecord | None) -> None:
-    if record is not None:  # None: an event line
-        records.append(record)

@@ -284,11 +284,12 @@ class CaptureStore:
                 self.close_session(session_id)
 
 
-def iter_journal(f: Any, path: Path, start: int = 0, events: list[dict[str, Any]] | None = None) -> Iterator[CompletionRecord]:
+def iter_journal(f: Any, path: Path, start: int = 0, events: list[dict[str, Any]] | None = None,
+                 decoder: Decoder | None = None) -> Iterator[CompletionRecord]:
     """Records from an open journal file, one line at a time (see ``CaptureStore.read``); the
     ``start`` count and line numbers in errors are over record lines (event lines are skipped,
-    or collected into ``events``)."""
-    decoder = Decoder()
+    or collected into ``events``). ``decoder``: one that also keeps what it saw (prompt refs)."""
+    decoder = decoder or Decoder()
     number = 0  # records seen
     line_no = 0
     pending: bytes | None = None
