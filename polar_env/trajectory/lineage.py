@@ -86,6 +86,7 @@ class Chain:
 
     records: list[CompletionRecord]
     role: str
+    cuts: list[int] = field(default_factory=list)  # cuts[i]: where records[i+1]'s prompt stops repeating records[i]'s
 
     @property
     def trainable(self) -> bool:
@@ -99,6 +100,7 @@ class _Node:
     parent: _Node | None = None
     children: list[_Node] = field(default_factory=list)
     dropped: str | None = None  # the role of a call the harness did not continue
+    cut: int = 0  # prefix.boundary against the parent's prompt (merging reuses it)
     size: int = 1  # calls in its subtree
 
 
@@ -111,7 +113,7 @@ def _link(records: Sequence[CompletionRecord], eot: Collection[int], turn_start:
         node = _Node(record, CLIENT_GONE in record.notes)
         prompt = packed[record.seq]
         parent: _Node | None = None
-        best: tuple[int, ...] = ()
+        best: tuple[int, ...] = ()  # (exact, cut, ...): best[1] is the winner's cut
         for leaf in leaves:
             tip = packed[leaf.record.seq]
             cut = boundary(tip, prompt, eot, turn_start)
@@ -129,7 +131,7 @@ def _link(records: Sequence[CompletionRecord], eot: Collection[int], turn_start:
                 if cut is not None and (key := (int(cut == len(up.ids)), cut, 0, 0)) > best:
                     parent, best = leaf.parent, key
         if parent is not None:
-            node.parent = parent
+            node.parent, node.cut = parent, best[1]
             if not parent.children:
                 leaves.remove(parent)
             parent.children.append(node)
@@ -259,6 +261,10 @@ class Lineage:
                 "untrained": untrained, "ambiguous_siblings": self.ambiguous}
 
 
+def _chain(nodes: list[_Node], role: str) -> Chain:
+    return Chain([n.record for n in nodes], role, [n.cut for n in nodes[1:]])
+
+
 def lineage(records: Sequence[CompletionRecord], eot: Collection[int], turn_start: Collection[int],
             packed: Mapping[int, Prompt], side_requests: Sequence[SideRequest] | None = None) -> Lineage:
     """The chains of ``records`` (ordered by seq) and their roles; see the module docstring.
@@ -287,9 +293,9 @@ def lineage(records: Sequence[CompletionRecord], eot: Collection[int], turn_star
             node.dropped = CLIENT_GONE  # nobody read it, and nothing continued it
     chains = _chains(nodes)
     roles = _roles(chains, nodes)
-    out = [Chain([n.record for n in chain], role) for chain, role in zip(chains, roles, strict=True)]
+    out = [_chain(chain, role) for chain, role in zip(chains, roles, strict=True)]
     for name, calls in side.items():
         for chain in _chains(_link(calls, eot, turn_start, packed)):
-            out.append(Chain([n.record for n in chain], SIDE_PREFIX + name))
+            out.append(_chain(chain, SIDE_PREFIX + name))
     out.sort(key=lambda c: c.records[0].seq)
     return Lineage(out, ambiguous)

@@ -103,13 +103,19 @@ def boundary(prev: Prompt, prompt: Prompt, eot: Collection[int], turn_start: Col
     return cut if first_eot(prompt.ids, cut, eot) >= 0 else None
 
 
+def turn_end(prev: CompletionRecord, record: CompletionRecord, cut: int, eot: Collection[int]) -> int:
+    """Where the template's copy of ``prev``'s turn ends in ``record``'s prompt (after ``cut``):
+    past its first end-of-turn token if ``prev``'s sampled ids ended the turn, before it if they
+    were cut short. What follows it is what the harness and template inserted."""
+    e = first_eot(record.prompt_ids, cut, eot)
+    ended = bool(prev.response_ids) and prev.response_ids[-1] in eot
+    return e + 1 if ended else e
+
+
 def continues_sampled(prev: CompletionRecord, record: CompletionRecord, cut: int, eot: Collection[int]) -> bool:
     """Does ``record``'s prompt hold, after ``cut``, exactly what ``prev``'s model saw and sampled
     (its generation prompt tail and its raw sampled ids)? Tells a retry's survivor from its sibling."""
-    seen = prev.prompt_ids[cut:] + prev.response_ids
-    e = first_eot(record.prompt_ids, cut, eot)
-    ended = bool(prev.response_ids) and prev.response_ids[-1] in eot
-    return record.prompt_ids[cut: e + 1 if ended else e] == seen
+    return record.prompt_ids[cut: turn_end(prev, record, cut, eot)] == prev.prompt_ids[cut:] + prev.response_ids
 
 
 def prompts_of(records: Sequence[CompletionRecord], refs: Mapping[int, tuple[int, int]] | None) -> dict[int, Prompt]:

@@ -35,7 +35,7 @@ from polar_env.qwen.tokenizer import IM_START_ID
 from polar_env.records import CompletionRecord, Status, Trace, Trajectory
 from polar_env.trajectory.checks import check_records, error_trajectory
 from polar_env.trajectory.lineage import Chain, lineage
-from polar_env.trajectory.prefix import Prompt, boundary, detect_eot_ids, first_eot, prompts_of
+from polar_env.trajectory.prefix import detect_eot_ids, prompts_of, turn_end
 
 if TYPE_CHECKING:
     from polar_env.harnesses.spec import SideRequest
@@ -98,30 +98,23 @@ class _Builder:
         )
 
 
-def _merge_chain(
-    chain: Chain, eot: Collection[int], turn_start: Collection[int], strict: bool, packed: Mapping[int, Prompt]
-) -> list[Trace]:
-    traces = _merge(chain.records, eot, turn_start, strict, packed)
+def _merge_chain(chain: Chain, eot: Collection[int], strict: bool) -> list[Trace]:
+    traces = _merge(chain, eot, strict)
     return [t.model_copy(update={"trainable": chain.trainable, "role": chain.role}) for t in traces]
 
 
-def _merge(
-    chain: list[CompletionRecord], eot: Collection[int], turn_start: Collection[int], strict: bool, packed: Mapping[int, Prompt]
-) -> list[Trace]:
+def _merge(chain: Chain, eot: Collection[int], strict: bool) -> list[Trace]:
     traces: list[Trace] = []
-    builder = _Builder(chain[0])
-    builder.sampled(chain[0])
-    prev = chain[0]
-    for record in chain[1:]:
-        cut = boundary(packed[prev.seq], packed[record.seq], eot, turn_start)
-        assert cut is not None  # grouping put it here
+    records = chain.records
+    builder = _Builder(records[0])
+    builder.sampled(records[0])
+    prev = records[0]
+    for record, cut in zip(records[1:], chain.cuts, strict=True):  # cut: the boundary grouping found
         # What the model saw and sampled after the shared part: the tail of the previous prompt
         # (its generation prompt, when the last turn was re-rendered) and the raw sampled ids.
         seen = prev.prompt_ids[cut:] + prev.response_ids
-        e = first_eot(record.prompt_ids, cut, eot)
-        ended = bool(prev.response_ids) and prev.response_ids[-1] in eot
-        canonical = record.prompt_ids[cut : e + 1] if ended else record.prompt_ids[cut:e]
-        inserted = record.prompt_ids[e + 1 :] if ended else record.prompt_ids[e:]
+        end = turn_end(prev, record, cut, eot)
+        canonical, inserted = record.prompt_ids[cut:end], record.prompt_ids[end:]
         if canonical != seen:
             if strict:
                 traces.append(builder.trace(cut="drift"))
@@ -159,7 +152,7 @@ def build_prefix_merged(
     packed = prompts_of(ordered, prompt_refs)
     found = lineage(ordered, eot, turn_start_ids, packed, side_requests)
     chains = found.chains
-    traces = [t for chain in chains for t in _merge_chain(chain, eot, turn_start_ids, strict, packed)]
+    traces = [t for chain in chains for t in _merge_chain(chain, eot, strict)]
     drift = [d for t in traces for d in t.metadata["drift"]]
     stats: dict[str, Any] = {
         "completions": len(ordered),
