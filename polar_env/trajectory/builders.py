@@ -39,7 +39,8 @@ def _load(obj: Any, ref: str) -> BuilderEntry:
 
 
 BUILDERS: Registry[BuilderEntry] = Registry("builder", load=_load, coerce=_load)
-BUILDERS.register("per_request", build_per_request)
+BUILDERS.register("per_request", BuilderEntry(build_per_request,
+                                              lambda records, refs: build_per_request(records, prompt_refs=refs)))
 BUILDERS.register("prefix_merge", BuilderEntry(build_prefix_merged,
                                                lambda records, refs: build_prefix_merged(records, prompt_refs=refs)))
 BUILDERS.register("prefix_merge_strict", BuilderEntry(

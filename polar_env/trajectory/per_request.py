@@ -5,7 +5,7 @@ away and calls nobody continued are kept but not trained with the task's reward)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from polar_env.qwen.tokenizer import IM_START_ID
@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 
 
 def build_per_request(records: Sequence[CompletionRecord], session_id: str | None = None, *,
-                      side_requests: Sequence[SideRequest] | None = None) -> Trajectory:
+                      side_requests: Sequence[SideRequest] | None = None,
+                      prompt_refs: Mapping[int, tuple[int, int]] | None = None) -> Trajectory:
+    """One trace per call; ``prompt_refs`` (the journal's, when known) spare lineage's prefix tests."""
     problem = check_records(records, session_id)
     if problem is not None:
         return error_trajectory(records, session_id, problem)
     ordered = sorted(records, key=lambda r: r.seq)
-    found = lineage(ordered, detect_eot_ids(ordered), (IM_START_ID,), prompts_of(ordered, None), side_requests)
+    found = lineage(ordered, detect_eot_ids(ordered), (IM_START_ID,), prompts_of(ordered, prompt_refs), side_requests)
     roles = found.role_of()
     traces = [
         Trace(
