@@ -327,7 +327,7 @@ def _complete(plan: Plan, by_id: dict[str, SessionResult], signal_name: str | No
 def _write_outputs(run_dir: Path, job: RolloutJob, plan: Plan, results: list[SessionResult],
                    node_stats: list[dict[str, Any]], wall: float, observer: JobObserver) -> dict[str, Any]:
     mark_outcome_files(run_dir, results)
-    trajectories = [r.trajectory for r in results if r.trajectory is not None]
+    trajectories = [r.trajectory for r in results]
     write_jsonl(trajectories, run_dir / "trajectories.jsonl.tmp")  # each file replaced whole: a kill mid-write
     (run_dir / "trajectories.jsonl.tmp").replace(run_dir / "trajectories.jsonl")  # leaves the previous one
     notes = []
