@@ -48,12 +48,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     check_job_options(args)
     job, resume = job_and_resume(args)
-    check_job(job, "sft")
+    reqs = check_job(job, "sft")
     print(f"polar-env sft: {job.samples} sample(s) per task; {job.env.engine.describe()}; "
           f"harness {job.env.harness}; {f'resuming {resume}' if resume else f'output {job.out}/<run id>'}", flush=True)
     live = None if args.no_progress else LiveProgress(title="polar-env sft")
     try:
-        report = asyncio.run(run_job(job, live, command="sft", resume=resume))
+        report = asyncio.run(run_job(job, live, command="sft", resume=resume, reqs=reqs))
     finally:
         if live is not None:
             live.stop()

@@ -162,7 +162,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     check_job_options(args)
     job, resume = job_and_resume(args)
-    check_job(job, args.command)
+    reqs = check_job(job, args.command)
     env = job.env
     where = f"resuming {resume}" if resume else f"output {job.out}/<run id>"
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
@@ -170,7 +170,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
           f"{where}", flush=True)
     live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
-        report = asyncio.run(run_job(job, live, command=args.command, resume=resume))
+        report = asyncio.run(run_job(job, live, command=args.command, resume=resume, reqs=reqs))
     finally:
         if live is not None:
             live.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -176,6 +175,7 @@ async def _serve(app: web.Application, host: str, port: int, what: str, started:
     from aiohttp import web
 
     from polar_env.access_log import LOGGER, AccessLogger
+    from polar_env.staging.interrupt import until_signal
 
     _tune_gc()
     runner = web.AppRunner(app, access_log=LOGGER, access_log_class=AccessLogger)
@@ -199,11 +199,7 @@ async def _serve(app: web.Application, host: str, port: int, what: str, started:
                                   "give a path in an existing, writable folder") from exc
         # Printed only once the socket listens: callers wait for this line.
         print(f"{what} ready in {time.perf_counter() - started:.1f}s on http://{host}:{port}{suffix}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_signal()
     finally:
         for r in runners:
             await r.cleanup()

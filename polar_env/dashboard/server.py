@@ -200,18 +200,18 @@ def _session(request: web.Request) -> tuple[Run, Any, dict[str, Any]]:
     return run, found[0], found[1]
 
 
-def _load(request: web.Request) -> tuple[Run, Any, dict[str, Any], list[Any], Any]:
+def _load(request: web.Request) -> tuple[Run, dict[str, Any], dict[str, Any], list[Any], Any]:
+    """The session's run, row, outcome, records and trajectory."""
     run, store, row = _session(request)
     outcome = run.outcome(store, row["session_id"])
     builder = (outcome.get("metadata") or {}).get("builder", "prefix_merge")
     records, trajectory = request.app[DASHBOARD].cache.get(store, row["session_id"], builder)
-    return run, store, row, records, trajectory
+    return run, row, outcome, records, trajectory
 
 
 async def _session_detail(request: web.Request) -> web.Response:
     def detail() -> dict[str, Any]:
-        run, store, row, records, trajectory = _load(request)
-        outcome = run.outcome(store, row["session_id"])
+        run, row, outcome, records, trajectory = _load(request)
         stage_times = outcome.get("stage_times") or {}
         order = sorted(stage_times, key=stage_times.__getitem__)
         stage_s = {a: round(stage_times[b] - stage_times[a], 4) for a, b in zip(order, order[1:], strict=False)}
@@ -230,7 +230,7 @@ async def _session_detail(request: web.Request) -> web.Response:
 
 async def _trace(request: web.Request) -> web.Response:
     def one() -> dict[str, Any]:
-        _, _, _, _, trajectory = _load(request)
+        trajectory = _load(request)[4]
         index = int(request.match_info["index"])
         if not 0 <= index < len(trajectory.traces):
             raise web.HTTPNotFound(text=json.dumps({"error": f"no trace {index}"}), content_type="application/json")

@@ -29,7 +29,7 @@ from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
 from polar_env.qwen.template import content_text
 from polar_env.records import AssistantMessage, CompletionRecord, FailureKind, Status, Trajectory
-from polar_env.trajectory.outcome import legacy_failure_kind
+from polar_env.trajectory.outcome import failure_kind_of
 
 SFT_JSONL = "sft.jsonl"
 SFT_PARQUET = "sft.parquet"
@@ -215,13 +215,6 @@ def export_job(out_dir: Path, repo_of: Mapping[str, str], *, min_reward: float =
             stores[node] = CaptureStore(out_dir / "capture" / node)
         return stores[node].read(traj.session_id)
 
-    rows = ((_failure_kind(s), float(s.get("reward", 0.0)), s.get("evaluation") or {}, trajs.get(s["session_id"]),
-             repo_of.get(s["task_id"], s["task_id"])) for s in sessions)
+    rows = ((failure_kind_of(s, Status(s["status"])), float(s.get("reward", 0.0)), s.get("evaluation") or {},
+             trajs.get(s["session_id"]), repo_of.get(s["task_id"], s["task_id"])) for s in sessions)
     return export(rows, records_of, out_dir, min_reward=min_reward, credit=credit)
-
-
-def _failure_kind(row: Mapping[str, Any]) -> FailureKind | None:
-    """A sessions.jsonl row's kind (rows written before kinds existed: from their status and error)."""
-    if row.get("failure_kind"):
-        return FailureKind(row["failure_kind"])
-    return legacy_failure_kind(Status(row["status"]), row.get("failure_detail") or row.get("error"))

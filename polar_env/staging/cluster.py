@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
 from polar_env.errors import ConfigError
+from polar_env.staging.interrupt import until_signal
 from polar_env.staging.node import GatewayNode, NodeConfig, node_actor, runtime_base
 from polar_env.staging.server import LocalNode, NodeHandle, RayNode, RolloutServer
 
@@ -138,7 +139,6 @@ def write_token(path: Any, token: str | None) -> tuple[str, Any]:
 
 async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -> int:
     """``polar-env serve``: the nodes, the rollout server and its task API, until SIGINT/SIGTERM."""
-    import signal
     import time
     from pathlib import Path
 
@@ -170,11 +170,7 @@ async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -
         where = f"token in {token_path}" if token_path else "token as given"
         print(f"polar-env serve ready in {time.perf_counter() - started:.1f}s on {url} "
               f"({len(cluster.handles)} node(s){' on Ray' if env.ray else ''}; {where})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_signal()
     finally:
         if actor is not None:
             await actor.stop.remote()

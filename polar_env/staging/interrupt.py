@@ -69,3 +69,13 @@ def _exit_now(signum: int, frame: Any) -> None:
     print(f"\npolar-env: second {signal.Signals(signum).name}: exiting now; the captures stay on disk for --resume",
           file=sys.stderr, flush=True)
     os._exit(128 + signum)
+
+
+async def until_signal() -> None:
+    """Wait for SIGINT or SIGTERM: a server's whole life (``serve`` and the gateway commands), which
+    then shuts down in its ``finally``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

@@ -147,11 +147,13 @@ def eval_tables(results: list[SessionResult], reqs: list[TaskRequest], ks: list[
 
 
 async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: Any | None = None,
-                  command: str | None = None, resume: Path | None = None) -> dict[str, Any]:
+                  command: str | None = None, resume: Path | None = None,
+                  reqs: list[TaskRequest] | None = None) -> dict[str, Any]:
     """Run ``job`` into a new run folder ``job.out/<run id>`` (or continue the run folder ``resume``:
     only the sessions that did not finish, under their planned ids); returns the report.
+    ``reqs``: the job's tasks as ``preflight.check_job`` loaded them (else they are loaded here).
     SIGINT/SIGTERM stop it cleanly with every output written (see ``interrupt.py``)."""
-    job, run_dir, plan, previous = _open_run(job, command, resume)
+    job, run_dir, plan, previous = _open_run(job, command, resume, reqs)
     env_config = job.env.model_copy(update={"store": run_dir / "capture"})
     planned = set(plan.session_ids())
     kept = {sid: r for sid, r in finished(previous).items() if sid in planned}
@@ -188,11 +190,13 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     return report
 
 
-def _open_run(job: RolloutJob, command: str | None, resume: Path | None) -> tuple[RolloutJob, Path, Plan, list[SessionResult]]:
+def _open_run(job: RolloutJob, command: str | None, resume: Path | None,
+              reqs: list[TaskRequest] | None) -> tuple[RolloutJob, Path, Plan, list[SessionResult]]:
     """A new run folder with its plan, or the run folder being resumed with its plan and the
     results its last attempt wrote."""
     if resume is None:
-        reqs = load_tasks(job)  # a bad task set is refused before any folder exists
+        if reqs is None:
+            reqs = load_tasks(job)  # a bad task set is refused before any folder exists
         run_id = check_run_id(job.run_id) if job.run_id else new_run_id(command or job.mode)
         job = job.model_copy(update={"run_id": run_id})
         run_dir = create_run_dir(Path(job.out), run_id)
@@ -204,7 +208,7 @@ def _open_run(job: RolloutJob, command: str | None, resume: Path | None) -> tupl
     env = {**plan.job["env"], **{k: v for k, v in job.env.model_dump(mode="json").items() if k in OPERATIONAL}}
     job = RolloutJob.model_validate({**plan.job, "env": env, "out": str(run_dir.parent), "run_id": plan.run_id,
                                      "tracker": job.tracker})
-    if job.tasks == "toy":
+    if job.tasks == "toy" and reqs is None:
         load_tasks(job)  # the toy repos are built into their cache again if it was cleared
     return job, run_dir, plan, read_results(run_dir)
 
@@ -327,7 +331,7 @@ def _complete(plan: Plan, by_id: dict[str, SessionResult], signal_name: str | No
 def _write_outputs(run_dir: Path, job: RolloutJob, plan: Plan, results: list[SessionResult],
                    node_stats: list[dict[str, Any]], wall: float, observer: JobObserver) -> dict[str, Any]:
     mark_outcome_files(run_dir, results)
-    trajectories = [r.trajectory for r in results if r.trajectory is not None]
+    trajectories = [r.trajectory for r in results]
     write_jsonl(trajectories, run_dir / "trajectories.jsonl.tmp")  # each file replaced whole: a kill mid-write
     (run_dir / "trajectories.jsonl.tmp").replace(run_dir / "trajectories.jsonl")  # leaves the previous one
     notes = []

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.records import FailureKind, Trajectory
-from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest, empty_trajectory
+from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest
 
 PLAN_FILE = "plan.json"
 LATEST = "latest"
@@ -308,9 +308,8 @@ def interrupted(result: SessionResult, signal_name: str) -> SessionResult:
     detail = f"interrupted by {signal_name} {where}; --resume reruns it"
     marks = {"status": SessionStatus.CANCELLED, "failure_kind": FailureKind.INTERRUPTED, "failure_detail": detail,
              "mask": True}
-    trajectory = result.trajectory if result.trajectory is not None else empty_trajectory(result.model_dump())
-    trajectory = trajectory.model_copy(update={**marks, "metadata": {
-        **trajectory.metadata, "failure_kind": FailureKind.INTERRUPTED.value, "failure_detail": detail, "mask": True}})
+    trajectory = result.trajectory.model_copy(update={**marks, "metadata": {
+        **result.trajectory.metadata, "failure_kind": FailureKind.INTERRUPTED.value, "failure_detail": detail, "mask": True}})
     return result.model_copy(update={**marks, "trajectory": trajectory})
 
 

@@ -9,6 +9,7 @@ rebuilds a store later, so both give the same rewarded trajectory with the same 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,14 @@ def legacy_failure_kind(status: Status, detail: str | None) -> FailureKind | Non
     return FailureKind.AGENT_TIMEOUT if status is Status.TIMEOUT else FailureKind.HARNESS_ERROR
 
 
+def failure_kind_of(row: Mapping[str, Any], status: Status) -> FailureKind | None:
+    """An outcome's or ``sessions.jsonl`` row's kind (one written before kinds existed: from its
+    status and error text)."""
+    if row.get("failure_kind"):
+        return FailureKind(row["failure_kind"])
+    return legacy_failure_kind(status, row.get("failure_detail") or row.get("error"))
+
+
 def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
     """``traj`` with the outcome's reward, status, failure and provenance on it, and the reward on every
     trainable trace (a chain the harness did not continue gets none: ``lineage.py``). A trajectory the
@@ -44,7 +53,7 @@ def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
     reward = float(outcome.get("reward", 0.0))
     status = Status(outcome.get("status") or traj.status)
     detail = outcome.get("failure_detail") or outcome.get("error")
-    kind = FailureKind(outcome["failure_kind"]) if outcome.get("failure_kind") else legacy_failure_kind(status, detail)
+    kind = failure_kind_of(outcome, status)
     if traj.status is Status.ERROR and status is not Status.ERROR:
         status, kind, detail = Status.ERROR, FailureKind.BUILD_ERROR, str(traj.metadata.get("error") or "build failed")
     session_id = outcome.get("session_id", traj.session_id)
