@@ -27,8 +27,6 @@ def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         from polar_env.env import PolarEnvConfig
 
         raise ConfigError(validation_line(exc, model=PolarEnvConfig)) from None
-    except ValueError as exc:  # bad --evaluator JSON
-        raise ConfigError(f"invalid option: {' '.join(str(exc).split())[:400]}") from None
 
 
 def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-def]
