@@ -8,10 +8,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar_env.cli.checks import HelpFormatter
 from polar_env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polar_env.registry import Registry
 
 
 def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -68,13 +71,10 @@ def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-
     return PolarEnvConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
 
 
-def _names(registry: str) -> str:
+def _names(registry: Registry[Any]) -> str:
     """``{a,b,c}``: a registry's names as a flag's metavar. They are listed, not argparse
     ``choices``, so a typo gets the registry's one line with the closest name."""
-    import importlib
-
-    module, _, attr = registry.partition(":")
-    return "{" + ",".join(getattr(importlib.import_module(module), attr).names()) + "}"
+    return "{" + ",".join(registry.names()) + "}"
 
 
 def evaluator_option(text: str) -> Any:
@@ -91,12 +91,16 @@ def evaluator_option(text: str) -> Any:
 
 
 def add_env_options(p: argparse.ArgumentParser) -> None:
+    from polar_env.engines.config import ENGINES
+    from polar_env.runtimes import RUNTIMES
+    from polar_env.trajectory.builders import BUILDERS
+
     g = p.add_argument_group("environment (override --config)")
     g.add_argument("--config", help="YAML file of PolarEnvConfig fields (engine, harness, runtime, limits, ...)")
     g.add_argument("--harness", help="harness preset (pi, qwen_code, mini_swe_agent, claude_code, codex, "
                    "gemini_cli, opencode), a harness file, or 'loop' (built-in agent loop); default pi")
     g.add_argument("--api", help="wire format the harness speaks (default: its own)")
-    g.add_argument("--engine", metavar=_names("polar_env.engines.config:ENGINES"),
+    g.add_argument("--engine", metavar=_names(ENGINES),
                    help="embedded: the CPU engine in-process (default); simulated: a test double")
     g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang "
                    "worker URLs (comma-separated) / router:URL")
@@ -108,8 +112,8 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
                    "any engine (default: none; embedded 256, scripted 4096)")
     g.add_argument("--temperature", type=float, help="sampling.temperature: trainer-owned (overrides harnesses)")
     g.add_argument("--top-p", type=float, help="sampling.top_p: trainer-owned")
-    g.add_argument("--runtime", metavar=_names("polar_env.runtimes:RUNTIMES"), help="default sandbox (bubblewrap)")
-    g.add_argument("--builder", metavar=_names("polar_env.trajectory.builders:BUILDERS"),
+    g.add_argument("--runtime", metavar=_names(RUNTIMES), help="default sandbox (bubblewrap)")
+    g.add_argument("--builder", metavar=_names(BUILDERS),
                    help="trajectory builder (default prefix_merge)")
     g.add_argument("--evaluator", help="evaluator name or JSON spec (default: swebench for SWE tasks)")
     g.add_argument("--canonical", action="store_true", help="canonical templating instead of token-in continuation")
