@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polar_env.cli.checks import HelpFormatter
+from polar_env.cli.checks import add_command
 from polar_env.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -275,19 +275,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
-
-    p = command("rollout", "the main job: staged rollouts of a task set, rewarded trajectories + report")
+    p = add_command(sub, "rollout", "the main job: staged rollouts of a task set, rewarded trajectories + report")
     add_job_options(p, samples=2)
     p.set_defaults(func=cmd_rollout)
 
-    p = command("eval", "the rollout pipeline in evaluation mode: pass@1 / pass@k per repo, cost")
+    p = add_command(sub, "eval", "the rollout pipeline in evaluation mode: pass@1 / pass@k per repo, cost")
     add_job_options(p, samples=1)
     p.add_argument("-k", type=int, action="append", help="report pass@k (repeatable; default 1)")
     p.set_defaults(func=cmd_rollout)
 
-    p = command("serve", "rollout server + N gateway nodes (Ray actors) behind an HTTP task API")
+    p = add_command(sub, "serve", "rollout server + N gateway nodes (Ray actors) behind an HTTP task API")
     p.add_argument("--host", default="127.0.0.1", help="address of the task API (keep it off the sandboxes' reach)")
     p.add_argument("--port", type=int, default=8080, help="port of the task API")
     p.add_argument("--store", default="polar_serve", help="journals and the server's token file go here")
@@ -298,7 +295,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     for name, func, text in (("submit", cmd_submit, "submit a JSONL/JSON/Parquet file of tasks to polar-env serve"),
                              ("status", cmd_status, "status of polar-env serve, or of one task group")):
-        p = command(name, text)
+        p = add_command(sub, name, text)
         if name == "submit":
             p.add_argument("tasks", help="task rows (SWE rows, {task_id, instruction, ...}, or full TaskRequests)")
             p.add_argument("--samples", type=int, default=1, help="sessions per task")
