@@ -238,6 +238,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     token = _server_token(args)
     config = env_config(args)
+    chosen = chosen_settings(args)  # reads --config: once, not per row
     groups = []
     reqs = []
     for row in read_rows(Path(args.tasks)):  # every row's names resolve before the first one is sent
@@ -246,7 +247,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
         except ValidationError as exc:
             raise ConfigError(f"{args.tasks}: task {row.get('task_id')!r}: {validation_line(exc, model=TaskRequest)}") from None
-        reqs.append((req, row if is_request else submission_body(req, row, chosen_settings(args))))  # the server fills the rest
+        reqs.append((req, row if is_request else submission_body(req, row, chosen)))  # the server fills the rest
     for req, sent in reqs:
         status, body = _http("POST", f"{args.server}/rollout/task/submit", token, json.dumps(sent, default=str).encode())
         if status != 202:
