@@ -27,6 +27,7 @@ from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
 from polar_env.proxy.gateway import Sampling
 from polar_env.records import ProviderAPI, Trajectory
+from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.staging.cluster import Cluster, ClusterConfig, start_cluster
 from polar_env.staging.models import AgentSpec, SessionResult, TaskRequest, TaskStatus
@@ -155,7 +156,9 @@ def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarE
 
 def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None,
                   **overrides: Any) -> TaskRequest:
-    agent = AgentSpec(harness=config.harness, api=config.api, env=config.agent_env, settings=config.agent_settings)
+    # the config resolved its harness and api when it was built: not again (a harness file re-read) per row
+    agent = AgentSpec.model_validate({"harness": config.harness, "api": config.api, "env": config.agent_env,
+                                      "settings": config.agent_settings}, context=NAMES_CHECKED)
     common: dict[str, Any] = {"agent": agent, "builder": config.builder, "continuation": config.continuation,
                               "timeout_s": config.timeout_s, "init_timeout_s": config.init_timeout_s,
                               "evaluator": config.evaluator}

@@ -216,6 +216,21 @@ def test_names_checked_context_skips_a_second_check() -> None:
     assert SessionSpec.model_validate(spec, context=NAMES_CHECKED).request.evaluator is not None
 
 
+def test_a_harness_file_is_read_when_the_config_is_built_not_per_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import polar_env.harnesses as harnesses
+    from polar_env.env import task_request
+
+    path = tmp_path / "my-agent.json"
+    path.write_text('{"name": "my-agent", "command": ["my-agent", "{prompt}"]}')
+    reads: list[Path] = []
+    real = harnesses.load_harness_file
+    monkeypatch.setattr(harnesses, "load_harness_file", lambda p: reads.append(p) or real(p))
+    config = PolarEnvConfig(harness=str(path))
+    assert reads == [path]
+    reqs = [task_request({"task_id": f"t{i}", "instruction": "i"}, config, 1) for i in range(20)]
+    assert reads == [path] and {r.agent.harness for r in reqs} == {str(path)}
+
+
 # -- one config tree ------------------------------------------------------------------------------
 
 def test_engine_config_is_a_union_by_kind() -> None:

@@ -29,6 +29,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand whose one-line help is also its description, in the project's help format."""
+    return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+
+
 # -- checks of user input: each failure is one line that says what, where and how to fix ------------
 
 

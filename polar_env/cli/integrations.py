@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from polar_env.cli.checks import HelpFormatter
+from polar_env.cli.checks import add_command
 from polar_env.cli.resume import job_and_resume
 from polar_env.cli.rollout import add_job_options
 
@@ -70,17 +70,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _add_trainer_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
-
-    p = command("slime-args", "a slime recipe YAML -> the exact slime launch (bash script)")
+    p = add_command(sub, "slime-args", "a slime recipe YAML -> the exact slime launch (bash script)")
     p.add_argument("recipe", help="recipe YAML (see recipes/)")
     p.add_argument("--out", default="slime_run", help="folder for polar.yaml, the custom config and launch_slime.sh")
     p.add_argument("--argv", action="store_true", help="print the flags as a JSON list instead of the script")
     p.add_argument("--run", action="store_true", help="launch it (needs slime installed, or $SLIME_DIR)")
     p.set_defaults(func=cmd_slime_args)
 
-    p = command("sft", "offline SFT data: roll out, keep evaluator-accepted sessions, export JSONL + Parquet")
+    p = add_command(sub, "sft", "offline SFT data: roll out, keep evaluator-accepted sessions, export JSONL + Parquet")
     add_job_options(p, samples=4)
     p.add_argument("--min-reward", type=float, default=1.0,
                    help="acceptance for evaluators without a resolved verdict (swebench: resolved)")
@@ -104,7 +101,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def _add_dashboard_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     text = "web dashboard over run folders, capture stores or a live rollout server (runs, live, sessions, traces)"
-    p = sub.add_parser("dashboard", help=text, description=text, formatter_class=HelpFormatter)
+    p = add_command(sub, "dashboard", text)
     p.add_argument("paths", nargs="*", help="run folders (polar-env rollout --out), capture stores, or folders of them")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (anything but loopback requires a token)")
     p.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
@@ -116,7 +113,7 @@ def _add_dashboard_command(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 def _add_train_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     text = "reference GRPO loop on CPU: rollouts, step-0 check, update, weight sync, run report"
-    p = sub.add_parser("train", help=text, description=text, formatter_class=HelpFormatter)
+    p = add_command(sub, "train", text)
     p.add_argument("recipe", help="recipe YAML, e.g. recipes/cpu_grpo_toy.yaml")
     p.add_argument("--seed", type=int, help="override the recipe's seed")
     p.add_argument("--steps", type=int, help="override the recipe's number of steps")

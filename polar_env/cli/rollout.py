@@ -8,10 +8,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from polar_env.cli.checks import HelpFormatter
+from polar_env.cli.checks import add_command
 from polar_env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polar_env.registry import Registry
 
 
 def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -27,8 +30,6 @@ def env_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         from polar_env.env import PolarEnvConfig
 
         raise ConfigError(validation_line(exc, model=PolarEnvConfig)) from None
-    except ValueError as exc:  # bad --evaluator JSON
-        raise ConfigError(f"invalid option: {' '.join(str(exc).split())[:400]}") from None
 
 
 def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -70,13 +71,10 @@ def _env_config_unchecked(args: argparse.Namespace):  # type: ignore[no-untyped-
     return PolarEnvConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
 
 
-def _names(registry: str) -> str:
+def _names(registry: Registry[Any]) -> str:
     """``{a,b,c}``: a registry's names as a flag's metavar. They are listed, not argparse
     ``choices``, so a typo gets the registry's one line with the closest name."""
-    import importlib
-
-    module, _, attr = registry.partition(":")
-    return "{" + ",".join(getattr(importlib.import_module(module), attr).names()) + "}"
+    return "{" + ",".join(registry.names()) + "}"
 
 
 def evaluator_option(text: str) -> Any:
@@ -93,12 +91,16 @@ def evaluator_option(text: str) -> Any:
 
 
 def add_env_options(p: argparse.ArgumentParser) -> None:
+    from polar_env.engines.config import ENGINES
+    from polar_env.runtimes import RUNTIMES
+    from polar_env.trajectory.builders import BUILDERS
+
     g = p.add_argument_group("environment (override --config)")
     g.add_argument("--config", help="YAML file of PolarEnvConfig fields (engine, harness, runtime, limits, ...)")
     g.add_argument("--harness", help="harness preset (pi, qwen_code, mini_swe_agent, claude_code, codex, "
                    "gemini_cli, opencode), a harness file, or 'loop' (built-in agent loop); default pi")
     g.add_argument("--api", help="wire format the harness speaks (default: its own)")
-    g.add_argument("--engine", metavar=_names("polar_env.engines.config:ENGINES"),
+    g.add_argument("--engine", metavar=_names(ENGINES),
                    help="embedded: the CPU engine in-process (default); simulated: a test double")
     g.add_argument("--engine-url", help="vLLM base URL (several, comma-separated: a session-sticky pool), or SGLang "
                    "worker URLs (comma-separated) / router:URL")
@@ -110,8 +112,8 @@ def add_env_options(p: argparse.ArgumentParser) -> None:
                    "any engine (default: none; embedded 256, scripted 4096)")
     g.add_argument("--temperature", type=float, help="sampling.temperature: trainer-owned (overrides harnesses)")
     g.add_argument("--top-p", type=float, help="sampling.top_p: trainer-owned")
-    g.add_argument("--runtime", metavar=_names("polar_env.runtimes:RUNTIMES"), help="default sandbox (bubblewrap)")
-    g.add_argument("--builder", metavar=_names("polar_env.trajectory.builders:BUILDERS"),
+    g.add_argument("--runtime", metavar=_names(RUNTIMES), help="default sandbox (bubblewrap)")
+    g.add_argument("--builder", metavar=_names(BUILDERS),
                    help="trajectory builder (default prefix_merge)")
     g.add_argument("--evaluator", help="evaluator name or JSON spec (default: swebench for SWE tasks)")
     g.add_argument("--canonical", action="store_true", help="canonical templating instead of token-in continuation")
@@ -236,6 +238,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     token = _server_token(args)
     config = env_config(args)
+    chosen = chosen_settings(args)  # reads --config: once, not per row
     groups = []
     reqs = []
     for row in read_rows(Path(args.tasks)):  # every row's names resolve before the first one is sent
@@ -244,7 +247,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             req = TaskRequest.model_validate(row) if is_request else task_request(row, config, args.samples)
         except ValidationError as exc:
             raise ConfigError(f"{args.tasks}: task {row.get('task_id')!r}: {validation_line(exc, model=TaskRequest)}") from None
-        reqs.append((req, row if is_request else submission_body(req, row, chosen_settings(args))))  # the server fills the rest
+        reqs.append((req, row if is_request else submission_body(req, row, chosen)))  # the server fills the rest
     for req, sent in reqs:
         status, body = _http("POST", f"{args.server}/rollout/task/submit", token, json.dumps(sent, default=str).encode())
         if status != 202:
@@ -273,19 +276,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
-
-    p = command("rollout", "the main job: staged rollouts of a task set, rewarded trajectories + report")
+    p = add_command(sub, "rollout", "the main job: staged rollouts of a task set, rewarded trajectories + report")
     add_job_options(p, samples=2)
     p.set_defaults(func=cmd_rollout)
 
-    p = command("eval", "the rollout pipeline in evaluation mode: pass@1 / pass@k per repo, cost")
+    p = add_command(sub, "eval", "the rollout pipeline in evaluation mode: pass@1 / pass@k per repo, cost")
     add_job_options(p, samples=1)
     p.add_argument("-k", type=int, action="append", help="report pass@k (repeatable; default 1)")
     p.set_defaults(func=cmd_rollout)
 
-    p = command("serve", "rollout server + N gateway nodes (Ray actors) behind an HTTP task API")
+    p = add_command(sub, "serve", "rollout server + N gateway nodes (Ray actors) behind an HTTP task API")
     p.add_argument("--host", default="127.0.0.1", help="address of the task API (keep it off the sandboxes' reach)")
     p.add_argument("--port", type=int, default=8080, help="port of the task API")
     p.add_argument("--store", default="polar_serve", help="journals and the server's token file go here")
@@ -296,7 +296,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     for name, func, text in (("submit", cmd_submit, "submit a JSONL/JSON/Parquet file of tasks to polar-env serve"),
                              ("status", cmd_status, "status of polar-env serve, or of one task group")):
-        p = command(name, text)
+        p = add_command(sub, name, text)
         if name == "submit":
             p.add_argument("tasks", help="task rows (SWE rows, {task_id, instruction, ...}, or full TaskRequests)")
             p.add_argument("--samples", type=int, default=1, help="sessions per task")

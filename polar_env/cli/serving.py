@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiohttp import web
 
-from polar_env.cli.checks import HelpFormatter, load_script, model_dir, store_to_write
+from polar_env.cli.checks import add_command, load_script, model_dir, store_to_write
 from polar_env.errors import ConfigError
 from polar_env.qwen.template import QUIRKS
 
@@ -216,15 +216,12 @@ def _add_server_options(p: argparse.ArgumentParser, *, port: int) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
-
-    p = command("engine", "serve the embedded CPU engine (vLLM-shaped OpenAI chat API)")
+    p = add_command(sub, "engine", "serve the embedded CPU engine (vLLM-shaped OpenAI chat API)")
     _add_server_options(p, port=8000)
     _add_engine_options(p)
     p.set_defaults(func=cmd_engine)
 
-    p = command("gateway", "serve the provider gateway in front of an engine")
+    p = add_command(sub, "gateway", "serve the provider gateway in front of an engine")
     _add_server_options(p, port=8100)
     p.add_argument("--engine", choices=["embedded", "vllm", "sglang"],
                    help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url "

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from polar_env.cli.checks import HelpFormatter, existing_dir, file_to_write, model_dir, store_to_write
+from polar_env.cli.checks import add_command, existing_dir, file_to_write, model_dir, store_to_write
 from polar_env.errors import ConfigError
 
 
@@ -105,14 +105,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
-
     for name, func, text in (
         ("build", cmd_build, "build trajectories from a capture store"),
         ("verify", cmd_verify, "teacher-forced fidelity check of captured trajectories (needs the embedded extra)"),
     ):
-        p = command(name, text)
+        p = add_command(sub, name, text)
         p.add_argument("--store", required=True,
                        help="a run folder (OUT/<run id>, OUT/latest), its capture/<node>/, or what polar-env gateway --store wrote")
         p.add_argument("--session", action="append", help="session id (repeatable; default: every session in the store)")
@@ -126,12 +123,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
             p.add_argument("--tolerance", type=float, default=1e-4, help="max |Δlogprob| that passes")
         p.set_defaults(func=func)
 
-    p = command("export-model", "write the seeded tiny model as a HF folder (for vLLM)")
+    p = add_command(sub, "export-model", "write the seeded tiny model as a HF folder (for vLLM)")
     p.add_argument("directory", help="folder to write (config, safetensors, generation config, tokenizer)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.set_defaults(func=cmd_export_model)
 
-    p = command("demo", "one captured tool-use episode through engine + gateway, then its trajectory")
+    p = add_command(sub, "demo", "one captured tool-use episode through engine + gateway, then its trajectory")
     p.add_argument("--store", help="capture store directory (default: a new temporary one); rerunning on one adds a session")
     p.set_defaults(func=cmd_demo)
 

@@ -198,8 +198,7 @@ class GatewayNode:
 
     # -- sessions -----------------------------------------------------------------------------
     async def run(self, spec: SessionSpec) -> SessionResult:
-        if self.gateway is None:
-            raise ConfigError("the node is not started (await node.start() first)")
+        self._gateway()  # refuses a node that is not started
         result = await lifecycle.run_session(self, spec)
         self.completed += 1
         return result
