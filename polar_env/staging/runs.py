@@ -238,7 +238,11 @@ def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, Sessio
                 if outcome is None or outcome.get("status") in (None, SessionStatus.CANCELLED.value):
                     continue
                 store = CaptureStore(node)
-                trajectory = build_session(store, sid, BUILDERS[req.builder]) if req.builder in BUILDERS else None
+                try:  # a table name or a pkg.module:attr import path, as validation accepted
+                    build = BUILDERS.get(req.builder)
+                except ConfigError:
+                    build = None
+                trajectory = build_session(store, sid, build) if build is not None else None
                 fields = {k: outcome[k] for k in ("status", "reward", "evaluation", "stage_times", "harness_exit_code",
                                                   "error", "limits", "failure_kind", "failure_detail", "mask")
                           if outcome.get(k) is not None}

@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from polar_env.errors import PolarError
+from polar_env.errors import ConfigError, PolarError
 from polar_env.records import FailureKind, Trajectory
 from polar_env.staging.lifecycle import session_metadata
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus
@@ -41,7 +41,10 @@ def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> Sessi
                "stage_times": {**result.stage_times, "salvaged": time.time()}, "harness_exit_code": None,
                "weight_versions": sorted({r.weight_version for r in records if r.weight_version is not None})}
     built = Trajectory(session_id=spec.session_id, traces=[])
-    build = BUILDERS.get(spec.request.builder) if spec.request.builder in BUILDERS else None
+    try:  # a table name or a pkg.module:attr import path, as validation accepted
+        build = BUILDERS.get(spec.request.builder)
+    except ConfigError:
+        build = None
     if records and build is not None:
         try:
             built = build(records)

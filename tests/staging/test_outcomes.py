@@ -200,6 +200,16 @@ async def test_a_dead_nodes_sessions_are_node_lost_rows(node_config) -> None:  #
     assert all(again[x.session_id].failure_kind is FailureKind.NODE_LOST and again[x.session_id].mask for x in rows)
 
 
+async def test_a_dead_nodes_session_with_an_import_path_builder_keeps_its_calls(node_config) -> None:  # type: ignore[no-untyped-def]
+    """Validation accepts a ``pkg.module:attr`` builder; salvage must build with it too."""
+    node = await started(FakeRuntimeNode(node_config()))
+    r = await run_one(node)
+    request = loop_task(2).model_copy(update={"builder": "polar_env.trajectory.per_request:build_per_request"})
+    spec = SessionSpec(session_id=r.session_id, sample_index=0, group_id=r.group_id, request=request)
+    row = salvage(node.store.root, spec, RolloutServer._error_result(spec, "node-0", "node node-0 died"))
+    check_row(row, FailureKind.NODE_LOST, masked=True, traces=True)
+
+
 def test_a_session_result_without_a_kind_or_a_trajectory() -> None:
     """A non-completed session must say why; one built without a trajectory gets its empty row; old
     rows (``error``) load."""
