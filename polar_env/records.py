@@ -60,6 +60,7 @@ class FailureKind(enum.StrEnum):
     LIMIT_EXCEEDED = "limit_exceeded"  # a RuntimeSpec limit (pids, memory, disk, output, patch) was hit
     EVALUATOR_ERROR = "evaluator_error"  # grading itself failed (not a wrong fix: that is reward 0)
     EVALUATION_TIMEOUT = "evaluation_timeout"  # grading ran past its timeout (the agent's change can hang the tests)
+    TAMPERED = "tampered"  # the grader's canaries or authenticated report show the test run was tampered with
     BUILD_ERROR = "build_error"  # the captured calls could not be built into a trajectory
     CANCELLED = "cancelled"  # the trainer or the task API cancelled it (e.g. slime's abort, early stop)
     INTERRUPTED = "interrupted"  # the job was stopped (SIGINT/SIGTERM, node shutdown); --resume runs it again
@@ -78,7 +79,7 @@ def masked(kind: FailureKind | None, trainable_tokens: int) -> bool:
     NeMo Gym ``mask_sample``): nothing sampled to train on, or a failure in ``MASKED_KINDS``.
 
     Not masked, trained with their (zero) reward: ``agent_timeout``, ``harness_error``,
-    ``limit_exceeded`` and ``evaluation_timeout`` with captured tokens. Each is the policy's own
+    ``limit_exceeded``, ``evaluation_timeout`` and ``tampered`` with captured tokens. Each is the policy's own
     doing (it ran too long, broke its harness, exhausted its sandbox, made the tests hang); masking
     them would let the policy escape a zero reward by misbehaving. A masked sample still keeps its
     row, so groups stay complete (slime counts it in the group's shape, not in its statistics).

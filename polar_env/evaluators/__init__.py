@@ -2,8 +2,8 @@
 one ``EVALUATORS.register`` line here, or from outside the package with ``@register_evaluator("name")``
 (the same function; ``params=MyParams`` checks a task's params when its TaskRequest is built);
 ``get_evaluator`` also takes an import path (``"pkg.module:attr"``). Every evaluator that runs the
-agent's code grades through the named integrity policy in ``integrity.py`` (re-exported here for
-custom evaluators: ``fresh_graded_runtime`` is the one-call helper). ``run_evaluator`` is the one
+agent's code grades under the grading contract in ``integrity.py`` (re-exported here for custom
+evaluators: ``fresh_graded_runtime`` is the one-call helper). ``run_evaluator`` is the one
 wrapper every evaluation goes through: a crash
 becomes an ERROR result with the exception in its report, an overrun a TIMEOUT.
 """
@@ -25,21 +25,21 @@ from polar_env.evaluators.base import (
     error_report,
 )
 from polar_env.evaluators.completion import SessionCompletion
+from polar_env.evaluators.grading import fresh_graded_runtime, graded_runtime
 from polar_env.evaluators.harbor import HarborEvaluator
 from polar_env.evaluators.integrity import (
     POLICIES,
-    Applied,
+    Graded,
     IntegrityParams,
     IntegrityPolicy,
-    apply_restricted,
-    fresh_graded_runtime,
+    admit,
     grading_env,
     register_policy,
     resolve_policy,
-    restrict_patch,
 )
 from polar_env.evaluators.output import OutputEvaluator
 from polar_env.evaluators.swebench import SweBenchEvaluator
+from polar_env.evaluators.workspace import Changes, WorkspaceBroken
 from polar_env.records import Status
 from polar_env.registry import Registry
 from polar_env.runtimes.base import Runtime
@@ -47,23 +47,25 @@ from polar_env.runtimes.base import Runtime
 __all__ = [
     "EVALUATORS",
     "POLICIES",
-    "Applied",
+    "Changes",
     "EvalContext",
     "EvalResult",
     "Evaluator",
     "EvaluatorSpec",
     "FunctionEvaluator",
+    "Graded",
     "IntegrityParams",
     "IntegrityPolicy",
-    "apply_restricted",
+    "WorkspaceBroken",
+    "admit",
     "fresh_graded_runtime",
     "get_evaluator",
+    "graded_runtime",
     "grading_env",
     "prewarm",
     "register_evaluator",
     "register_policy",
     "resolve_policy",
-    "restrict_patch",
     "run_evaluator",
 ]
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from polar_env.errors import ConfigError
+from polar_env.evaluators.workspace import Changes, Manifest
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime, prepared
 
@@ -103,8 +104,9 @@ class NoAgentRuntime(ConfigError):
 @dataclass(slots=True, eq=False)
 class EvalContext:
     """Everything an evaluator may look at. ``task`` is the task row (a dict, or a model the
-    evaluator knows). ``patch``, when set, stands for the agent's diff (otherwise evaluators that
-    need one ask ``runtime.diff()``)."""
+    evaluator knows). What the agent changed reaches graders as ``changes`` (taken by the node from
+    the agent's workspace against ``base``, its pristine manifest) or, from the Python API, as a
+    text ``patch``; ``grading.graded_runtime`` handles all three."""
 
     task: Any
     params: dict[str, Any] = field(default_factory=dict)
@@ -113,6 +115,8 @@ class EvalContext:
     exit_code: int | None = None
     timed_out: bool = False
     patch: str | None = None
+    changes: Changes | None = None
+    base: Manifest | None = None
     runtime_factory: RuntimeFactory | None = None
     _fresh: asyncio.Future[Runtime] | None = field(default=None, init=False, repr=False)
 

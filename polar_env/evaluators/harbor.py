@@ -4,11 +4,10 @@ Harbor's verifier copies the task's ``tests/`` to ``/tests`` in the agent's cont
 ``tests/test.sh`` and reads ``/logs/verifier/reward.txt`` (a number) or ``reward.json`` (numbers;
 ``reward`` is the one polar trains on). polar grades in a fresh runtime instead: the agent's
 container is the adversary's, so nothing it left there (a planted ``/tests``, a pre-written
-reward file, a patched interpreter) may reach the grader. What does reach it is one small step,
-``graded_workspace``: the agent's diff of the workdir, applied to a clean copy of the task's
-workspace, restricted by the shared grading-integrity policy (``integrity.py``: runner config,
-conftest files, import hooks and site customisation are dropped and reported in ``dropped_paths``),
-and the verifier runs under that policy's isolated interpreter environment. ``tests/`` always comes
+reward file, a patched interpreter) may reach the grader. What does reach it is the agent's change
+of the workdir as the grader took it, admitted by the grading contract's allow-list
+(``integrity.py``; the rest is reported in ``dropped_paths``) and written into a clean copy of the
+task's workspace; the verifier runs under the policy's hermetic interpreter environment. ``tests/`` always comes
 from the task folder on the host; the reward file is removed before the verifier runs, so only the
 verifier can write it.
 """
@@ -26,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.integrity import IntegrityParams, apply_restricted, grading_env, resolve_policy
+from polar_env.evaluators.grading import broken_result, graded_runtime
+from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 
@@ -50,12 +50,6 @@ class HarborParams(BaseModel):
     apply_timeout_s: float = 120.0
     log_tail_chars: int = 20_000
     integrity: IntegrityParams = IntegrityParams()  # the grading-integrity policy and the task's allow-list
-
-
-async def graded_workspace(ctx: EvalContext) -> str:
-    """What of the agent's workspace reaches the grader: its diff of the workdir, nothing else.
-    (One function, so a shared grading-integrity policy can replace it.)"""
-    return ctx.patch if ctx.patch is not None else await ctx.agent_runtime().diff()
 
 
 def _task_dir(task: Any) -> Path:
@@ -116,17 +110,15 @@ class HarborEvaluator:
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         params = self.params_of(ctx)
         task_dir = _task_dir(ctx.task)
-        patch = await graded_workspace(ctx)
-        report: dict[str, Any] = {"task_dir": str(task_dir), "patch_chars": len(patch)}
+        report: dict[str, Any] = {"task_dir": str(task_dir)}
         started = time.monotonic()
-        runtime = await ctx.fresh_runtime()
-        workdir = runtime.spec.workdir
         policy = resolve_policy(params.integrity)
-        applied = await apply_restricted(runtime, patch, policy, timeout_s=params.apply_timeout_s)
-        report.update(applied.as_report(), apply_method=applied.method)
-        if patch.strip() and not applied.applied:
-            report.update(reason="the agent's diff does not apply", apply_log=applied.logs[-1:])
-            return EvalResult(reward=0.0, report=report)
+        runtime, graded = await graded_runtime(ctx, policy, timeout_s=params.apply_timeout_s)
+        workdir = runtime.spec.workdir
+        report.update(graded.as_report())
+        broken = broken_result(graded, report)
+        if broken is not None:
+            return broken
         # The task's tests, from the host folder, staged where every runtime lets the host write
         # (/tmp); one shell puts them at /tests, gives the verifier a clean /logs/verifier, runs
         # it and copies what it wrote back out (a sandbox's / lives only as long as one exec).

@@ -5,11 +5,11 @@ Exactly one check per spec: ``regex`` (``re.search``), ``exact`` (string equalit
 on ``exit_code``). ``file`` reads a workspace file instead of the final answer. A failed check is
 reward 0 with the reason.
 
-``command`` runs in a fresh runtime by default: the task's pristine base plus the agent's diff
-restricted by the grading-integrity policy (``integrity.py``), under the policy's isolated interpreter
-environment, so nothing the agent planted in its own ``$HOME``, ``/tmp`` or site directories runs.
-``refresh_runtime: false`` runs it in the agent's runtime instead (the report says ``runtime:
-"agent"``; the environment is still isolated, the diff filter cannot apply there).
+``command`` runs in a fresh runtime: the task's pristine base plus the agent's change admitted by
+the grading contract (``integrity.py``), under the policy's hermetic interpreter environment, so
+nothing the agent planted in its own ``$HOME``, ``/tmp`` or site directories runs, and a workspace it
+broke is 0. ``refresh_runtime: false`` (the agent's own runtime) is outside the contract and must say
+so: ``integrity: {policy: off}``.
 """
 
 from __future__ import annotations
@@ -23,13 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.integrity import (
-    IntegrityParams,
-    apply_restricted,
-    grading_env,
-    prepare_grading_home,
-    resolve_policy,
-)
+from polar_env.evaluators.grading import broken_result, graded_runtime
+from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
 from polar_env.records import Status
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -78,6 +73,9 @@ class OutputCheck(BaseModel):
             raise ValueError(f"give exactly one of regex, exact, json, command (got {modes or 'none'})")
         if self.command is not None and self.file is not None:
             raise ValueError("file and command do not combine")
+        if self.command is not None and not self.fresh and self.integrity.policy != "off":
+            raise ValueError("refresh_runtime: false runs the command in the agent's own runtime, where the grading "
+                             "contract cannot hold; add integrity: {policy: off} to accept that")
         if self.regex is not None:
             try:
                 re.compile(self.regex)
@@ -140,24 +138,16 @@ class OutputEvaluator:
     async def _command(self, ctx: EvalContext, check: OutputCheck) -> EvalResult:
         assert check.command is not None
         policy = resolve_policy(check.integrity)
-        report: dict[str, Any] = {"mode": "command", "policy": policy.name if policy.enabled else "off",
-                                  "dropped_paths": [], "flagged": []}
+        report: dict[str, Any] = {"mode": "command"}
         if check.fresh:
-            runtime = await ctx.fresh_runtime()
-            patch = ctx.patch if ctx.patch is not None else await ctx.agent_runtime().diff() if ctx.runtime else ""
-            report["runtime"] = "fresh"
-            if patch.strip():
-                applied = await apply_restricted(runtime, patch, policy)
-                report.update(applied.as_report())
-                if not applied.applied:
-                    return _verdict(False, "the agent's diff does not apply to a fresh runtime",
-                                    {**report, "apply_logs": applied.logs})
-            else:
-                await prepare_grading_home(runtime, policy)
+            runtime, graded = await graded_runtime(ctx, policy)
+            report |= {"runtime": "fresh", **graded.as_report()}
+            broken = broken_result(graded, report)
+            if broken is not None:
+                return _verdict(False, str(broken.report["reason"]), broken.report)
         else:
             runtime = ctx.agent_runtime()
-            report["runtime"] = "agent"
-            await prepare_grading_home(runtime, policy)
+            report |= {"runtime": "agent", "policy": "off"}
         workdir = runtime.spec.workdir
         res = await runtime.exec(check.command, env=grading_env(policy, workdir), cwd=workdir, timeout_s=check.timeout_s)
         report |= {

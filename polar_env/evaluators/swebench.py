@@ -1,15 +1,19 @@
-"""``swebench``: grade the agent's diff the way the SWE-bench harness does, reusing swebench 5.x's
-grading library (``make_test_spec``, ``get_eval_report`` and its log parsers).
+"""``swebench``: grade the agent's change the way the SWE-bench harness does, under the grading
+contract (``integrity.py``), reusing swebench 5.x's grading library (``make_test_spec``, its log
+parsers, ``get_eval_tests_report`` and ``get_resolution_status``).
 
-Flow: the agent's diff → a fresh runtime holding the repo at base_commit → the diff restricted by the
-task's grading-integrity policy (``integrity.py``: runner config, conftest files, import hooks and
-test files dropped, each listed in ``dropped_paths``) → apply with the harness's fallback chain (reset
-between attempts) → put the test patch's files back to base_commit (an added
-test file the agent wrote is removed, so the test patch cannot fail to apply and leave the agent's
-version in place) → run the instance's eval script in the policy's isolated interpreter environment,
-stdout and stderr merged → grade FAIL_TO_PASS /
-PASS_TO_PASS. swebench is an optional extra, imported on first use (it pulls docker, modal and
-datasets in at import time). Running containers is the runtime's job, never swebench's.
+Flow: a fresh runtime holding the repo at base_commit → the agent's change set (taken by the grader
+from the workspace, never through the agent's git) admitted by the allow-list and written in →
+the instance's eval script (it resets the test files and applies the test patch) run with the
+grader's pytest plugin in the policy's hermetic environment → the verdict from the plugin's
+authenticated report (each test's status mapped to the dataset's names by swebench's own parser
+over a log the grader writes from that report) → canaries checked (a wrong canary outcome is
+``tampered``: reward 0, unmasked) → FAIL_TO_PASS / PASS_TO_PASS graded by swebench.
+
+Eval scripts that run no pytest (other runners) are graded from their log as before, and the report
+says so (``results_from``): outside the contract. swebench is an optional extra, imported on first
+use (it pulls docker, modal and datasets in at import time). Running containers is the runtime's
+job, never swebench's.
 """
 
 from __future__ import annotations
@@ -17,23 +21,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import posixpath
-import shlex
+import secrets
 import tempfile
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.integrity import (
-    GIT_ENV,
-    IntegrityParams,
-    apply_restricted,
-    grading_env,
-    prepare_grading_home,
-    resolve_policy,
+from polar_env.evaluators.grading import broken_result, graded_runtime
+from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
+from polar_env.evaluators.results import (
+    PLUGIN_MODULE,
+    Reporter,
+    Verdict,
+    read_report,
+    stage_reporter,
+    synthetic_log,
+    verdict,
 )
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
@@ -44,19 +50,24 @@ from polar_env.tasks.swe import (
     build_eval_script,
 )
 
-EVAL_FILE = ".git/polar_eval.sh"
-
 
 class SweBenchParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    refresh_runtime: bool = True  # False: grade the agent's own workspace, as it is (no apply step)
     timeout_s: float = 1800.0  # the eval script; SWE-bench's harness default
     apply_timeout_s: float = 120.0  # each apply attempt
     skip_empty_patch: bool = True  # an empty diff is not resolved; do not spend a test run proving it
     log_tail_chars: int = 20_000
     test_command: str | None = None  # builds a swebench-layout eval script for rows that have none
     integrity: IntegrityParams = IntegrityParams()  # the grading-integrity policy and the task's allow-list
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_in_place(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "refresh_runtime" in data:
+            raise ValueError("'refresh_runtime' is gone: swebench grades in a fresh runtime only (the grading "
+                             "contract cannot hold in the agent's own workspace)")
+        return data
 
 
 @functools.cache
@@ -83,7 +94,7 @@ class SweBenchEvaluator:
             raise ConfigError(f"bad swebench evaluator spec {ctx.params!r}: {exc}") from exc
 
     def wants_fresh_runtime(self, ctx: EvalContext) -> bool:
-        return self.params_of(ctx).refresh_runtime
+        return True
 
     async def prewarm(self, ctx: EvalContext) -> None:
         await asyncio.to_thread(_swebench)
@@ -92,41 +103,31 @@ class SweBenchEvaluator:
         params = self.params_of(ctx)
         task = SweTask.from_row(ctx.task)
         spec = await asyncio.to_thread(_test_spec, task, params)
-        patch = ctx.patch if ctx.patch is not None else await ctx.agent_runtime().diff()
         timings: dict[str, float] = {}
-        report: dict[str, Any] = {
-            "instance_id": task.instance_id,
-            "resolved": False,
-            "patch_chars": len(patch),
-            "timings_s": timings,
-        }
-        if not patch.strip() and params.skip_empty_patch:
-            return _unresolved(report, "empty patch")
-
-        started = time.monotonic()
-        runtime = await ctx.fresh_runtime() if params.refresh_runtime else ctx.agent_runtime()
-        timings["runtime"] = _since(started)
-        workdir = runtime.spec.workdir
+        report: dict[str, Any] = {"instance_id": task.instance_id, "resolved": False, "timings_s": timings}
         policy = resolve_policy(params.integrity)
-        report.update({"policy": policy.name if policy.enabled else "off", "dropped_paths": [], "flagged": []})
-        if params.refresh_runtime and patch.strip():
-            started = time.monotonic()
-            applied = await apply_restricted(runtime, patch, policy, test_files=list(task.test_files()),
-                                             timeout_s=params.apply_timeout_s)
-            timings["apply"] = _since(started)
-            report.update(applied.as_report())
-            report["apply_logs"] = applied.logs
-            if not applied.applied:
-                return _unresolved(report, "patch does not apply")
-            report["apply_method"] = applied.method
-        else:
-            report["runtime"] = "agent"  # graded in place: the policy's environment applies, its diff filter cannot
-            await prepare_grading_home(runtime, policy)
-        await _reset_test_files(runtime, task)
+        started = time.monotonic()
+        runtime, graded = await graded_runtime(ctx, policy, test_files=list(task.test_files()),
+                                               timeout_s=params.apply_timeout_s)
+        timings["change"] = _since(started)
+        report.update(graded.as_report())
+        broken = broken_result(graded, report)
+        if broken is not None:
+            return broken
+        if graded.empty and params.skip_empty_patch:
+            return _unresolved(report, "no admitted change" if graded.dropped else "empty patch")
 
         started = time.monotonic()
-        await runtime.write_file(posixpath.join(workdir, EVAL_FILE), spec.eval_script.encode())
-        run = await runtime.exec(f"bash {EVAL_FILE}", env=grading_env(policy, workdir), cwd=workdir,
+        workdir = runtime.spec.workdir
+        reporter = None
+        extra: dict[str, str] = {}
+        if policy.enabled:
+            files = sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS})
+            reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files)
+            extra = {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}
+        script = f"{reporter.directory if reporter else '/tmp'}/eval-{secrets.token_hex(6)}.sh"
+        await runtime.write_file(script, spec.eval_script.encode())
+        run = await runtime.exec(f"bash {script}", env=grading_env(policy, workdir, extra), cwd=workdir,
                                  timeout_s=params.timeout_s)
         timings["eval"] = _since(started)
         report["eval_exit_code"] = run.exit_code
@@ -136,17 +137,28 @@ class SweBenchEvaluator:
             return EvalResult(status=Status.TIMEOUT, report=report)
 
         started = time.monotonic()
-        log = run.output
-        if START_TEST_OUTPUT not in spec.eval_script:
-            # Eval scripts built by the SWE-Gym fork print no markers; like that fork, grade the
-            # whole log rather than call every run invalid.
-            log = f"+ : '{START_TEST_OUTPUT}'\n{log}\n+ : '{END_TEST_OUTPUT}'\n"
-            report["markers_added"] = True
-        graded = await asyncio.to_thread(_grade, spec, task.instance_id, patch, log)
+        found = await _read_verdict(runtime, reporter) if reporter is not None else None
+        if found is not None and (found.finished or found.tampered or _runs_pytest(spec)):
+            report.update(found.as_report())
+            if found.tampered:
+                report["tampered"] = True
+                return _unresolved(report, "tampered: " + "; ".join(found.problems[:5]))
+            if not found.finished:
+                return _unresolved(report, "no structured test results: the test run did not finish")
+            log = f"+ : '{START_TEST_OUTPUT}'\n{synthetic_log(found.statuses)}+ : '{END_TEST_OUTPUT}'\n"
+        else:
+            report["results_from"] = "log (the eval script runs no pytest: outside the grading contract)"
+            log = run.output
+            if START_TEST_OUTPUT not in spec.eval_script:
+                # Eval scripts built by the SWE-Gym fork print no markers; like that fork, grade the
+                # whole log rather than call every run invalid.
+                log = f"+ : '{START_TEST_OUTPUT}'\n{log}\n+ : '{END_TEST_OUTPUT}'\n"
+                report["markers_added"] = True
+        graded_report = await asyncio.to_thread(_grade, spec, task.instance_id, graded.patch or "(admitted change)", log)
         timings["grade"] = _since(started)
-        report["swebench"] = graded
-        report["resolved"] = bool(graded.get("resolved"))
-        report["reason"] = _reason(graded)
+        report["swebench"] = graded_report
+        report["resolved"] = bool(graded_report.get("resolved"))
+        report["reason"] = _reason(graded_report)
         return EvalResult(reward=1.0 if report["resolved"] else 0.0, report=report)
 
 
@@ -167,22 +179,18 @@ def _test_spec(task: SweTask, params: SweBenchParams) -> Any:
     return make_test_spec(task.to_swebench_instance(script))
 
 
-async def _reset_test_files(runtime: Runtime, task: SweTask) -> None:
-    """Test-patch files back to base_commit: edited ones checked out, added ones removed (the eval
-    script resets only files that exist at base_commit)."""
-    files = task.test_files()
-    added = [p for p, kind in files.items() if kind == "added"]
-    existing = [p for p, kind in files.items() if kind != "added"]
-    steps = []
-    if added:
-        steps.append("rm -rf -- " + " ".join(shlex.quote(p) for p in added))
-    if existing:
-        steps.append(f"git checkout {shlex.quote(task.base_commit)} -- " + " ".join(shlex.quote(p) for p in existing))
-    if not steps:
-        return
-    res = await runtime.exec(" && ".join(steps), env=GIT_ENV, cwd=runtime.spec.workdir, timeout_s=120.0)
-    if res.exit_code != 0 or res.timed_out:
-        raise RuntimeError(f"cannot reset the test files to {task.base_commit}: {res.output[-2000:]}")
+def _runs_pytest(spec: Any) -> bool:
+    script = str(spec.eval_script)
+    return "pytest" in script or "py.test" in script or str(getattr(spec, "log_parser", "")).startswith("parse_log_pytest")
+
+
+async def _read_verdict(runtime: Runtime, reporter: Reporter) -> Verdict:
+    try:
+        raw: bytes | None = await runtime.read_file(reporter.report)
+    except (OSError, ConfigError):
+        raw = None
+    records, forged = read_report(raw, reporter.key)
+    return verdict(records, forged, reporter.canaries)
 
 
 def _grade(spec: Any, instance_id: str, patch: str, log: str) -> dict[str, Any]:

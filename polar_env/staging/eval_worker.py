@@ -7,7 +7,7 @@ node process all of that holds the GIL of the loop that serves every running ses
 in a worker process instead, with its own event loop: the node sends a picklable ``EvalJob`` (task
 row, evaluator name or import path, params, the fresh runtime's spec) when RUNNING starts — the
 worker pre-warms the fresh runtime then, as the node did — and the agent's outcome (final answer,
-exit code, its diff, taken in the node while the agent runtime still exists) at POSTRUN; the
+exit code, its change set, taken in the node while the agent runtime still exists) at POSTRUN; the
 ``EvalResult`` comes back. A session keeps its worker from pre-warm to verdict.
 
 Evaluators the worker cannot resolve (registered at runtime only in the node, e.g. in
@@ -39,6 +39,7 @@ from polar_env.evaluators import (
     run_evaluator,
 )
 from polar_env.evaluators.base import NoAgentRuntime, error_report
+from polar_env.evaluators.workspace import Changes
 from polar_env.records import Status
 from polar_env.runtimes import RuntimeSpec, make_runtime
 
@@ -60,7 +61,7 @@ class EvalJob:
     final_answer: str | None = None
     exit_code: int | None = None
     timed_out: bool = False
-    patch: str | None = None
+    changes: Changes | None = None  # the agent's change set, taken by the grader in the node
 
 
 def offloadable(name: str, ctx: EvalContext) -> str | None | bool:
@@ -86,7 +87,7 @@ def offloadable(name: str, ctx: EvalContext) -> str | None | bool:
 def _context(job: EvalJob) -> EvalContext:
     spec = job.fresh
     return EvalContext(task=job.task, params=dict(job.params), runtime=None, final_answer=job.final_answer,
-                       exit_code=job.exit_code, timed_out=job.timed_out, patch=job.patch,
+                       exit_code=job.exit_code, timed_out=job.timed_out, changes=job.changes,
                        runtime_factory=lambda: make_runtime(spec))
 
 
@@ -136,7 +137,7 @@ class _Serve:
             if ctx is None:
                 ctx = _context(job)
             else:
-                ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.patch = job.final_answer, job.exit_code, job.timed_out, job.patch
+                ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.changes = job.final_answer, job.exit_code, job.timed_out, job.changes
             if warm is not None:
                 await asyncio.gather(warm, return_exceptions=True)
             if job.module is not None:

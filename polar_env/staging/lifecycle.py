@@ -31,9 +31,11 @@ from polar_env.evaluators import (
     prewarm,
     run_evaluator,
 )
+from polar_env.evaluators.workspace import Manifest, agent_changes, base_manifest
 from polar_env.harnesses import loop
 from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
+from polar_env.runtimes.limits import LimitExceeded
 from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, offloadable
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
 from polar_env.trajectory.outcome import with_outcome, write_outcome
@@ -63,6 +65,7 @@ class Run:
     offload: EvalJob | None = None  # the evaluation runs in an evaluation worker process
     exit_code: int | None = None
     final_answer: str | None = None
+    base: Manifest | None = None  # the workspace's pristine manifest, taken before the agent ran
 
     def fail(self, status: SessionStatus, kind: FailureKind, detail: str) -> None:
         """End the run as ``status`` for ``kind``; a later failure replaces an earlier one (a limit
@@ -143,6 +146,8 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                 async with asyncio.timeout(req.init_timeout_s):
                     await node.open_session(spec, session_metadata(spec, node.node_id))
                     run.runtime = await node.prepare_runtime(spec)
+                    if req.evaluator is not None:  # the grader's pristine base, before any agent code runs
+                        run.base = await base_manifest(run.runtime)
             except TimeoutError:
                 run.fail(SessionStatus.TIMEOUT, FailureKind.INIT_ERROR, f"INIT exceeded {req.init_timeout_s} s")
                 return
@@ -222,7 +227,7 @@ def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime
     if evaluator is None:
         return None
     fresh = evaluation_runtime_spec(runtime)
-    return EvalContext(task=task, params=dict(evaluator.params), runtime=run.runtime,
+    return EvalContext(task=task, params=dict(evaluator.params), runtime=run.runtime, base=run.base,
                        runtime_factory=lambda: make_runtime(fresh))
 
 
@@ -237,20 +242,20 @@ def _eval_job(evaluator: EvaluatorSpec, task: dict[str, Any], runtime: RuntimeSp
 
 async def _evaluate(node: GatewayNode, run: Run, evaluator: EvaluatorSpec) -> EvalResult:
     """In the evaluation worker when the run has a job there, else (or when the worker cannot
-    run this evaluator) in this process. The agent's diff is taken here, while its runtime lives."""
+    run this evaluator) in this process. The agent's change set is taken here by the grader (its
+    workspace against the pristine base, never through its git), while its runtime lives."""
     ctx, job, timeout_s = run.eval_ctx, run.offload, evaluator.timeout_s or EVAL_TIMEOUT_S
     assert ctx is not None
     ctx.final_answer, ctx.exit_code = run.final_answer, run.exit_code
     if run.prewarm_task is not None:
         await asyncio.gather(run.prewarm_task, return_exceptions=True)
-    if job is not None and run.runtime is not None:
+    if run.runtime is not None and run.base is not None:
         try:
-            ctx.patch = await run.runtime.diff()
-        except Exception as exc:  # noqa: BLE001 - the evaluator, in this process, reports it
-            _log.warning("session %s: the agent's diff failed (%s); evaluating in the node", run.spec.session_id, exc)
-            job = None
+            ctx.changes = await agent_changes(run.runtime, run.base)
+        except LimitExceeded as exc:  # the agent changed more than patch_mb: its own doing
+            return EvalResult(reward=0.0, report={"reason": str(exc), "limit": exc.limit})
     if job is not None:
-        job.final_answer, job.exit_code, job.timed_out, job.patch = ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.patch
+        job.final_answer, job.exit_code, job.timed_out, job.changes = ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.changes
         result = await node.evaluations.evaluate(run.spec.session_id, job, timeout_s + WORKER_GRACE_S)
         if result is not None and result.report.get("exception_type") != NEEDS_AGENT_RUNTIME:
             return result.model_copy(update={"report": {**result.report, "evaluated_in": "worker"}})
@@ -279,9 +284,12 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
             evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
             evaluation["status"] = result.status.value
             reward = result.reward
-            hit = getattr(run.runtime, "limit_hit", None)
-            if hit is not None:  # the agent's diff ran past patch_mb: the policy's doing, not the grader's
+            hit = getattr(run.runtime, "limit_hit", None) or result.report.get("limit") and result.report["reason"]
+            if hit:  # the agent's change ran past patch_mb: the policy's doing, not the grader's
                 run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
+                reward = 0.0
+            elif result.report.get("tampered"):  # the grader's canaries or report say the run was tampered with
+                run.fail(SessionStatus.ERROR, FailureKind.TAMPERED, f"evaluation: {result.report.get('reason')}")
                 reward = 0.0
             elif result.status is Status.TIMEOUT:
                 run.fail(SessionStatus.TIMEOUT, FailureKind.EVALUATION_TIMEOUT, f"evaluation: {result.report.get('reason')}")

@@ -2,14 +2,16 @@
 
 ``LocalRuntime`` is a TEST DOUBLE of the Runtime protocol: it runs commands with subprocess on this
 machine, in a temp directory standing in for ``spec.workdir`` (``/testbed``). It isolates nothing;
-it exists so evaluators can be tested where no sandbox is available. Paths outside the workdir are
-refused rather than silently touching the host.
+it exists so evaluators can be tested where no sandbox is available. ``/tmp`` is the host's own (the
+grader stages its files there); other paths outside the workdir are refused rather than silently
+touching the host, and the workdir's name in commands and environment values points at the stand-in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -54,10 +56,15 @@ class LocalRuntime:
         p = PurePosixPath(path)
         if not p.is_absolute():
             raise ValueError(f"runtime paths must be absolute, got {path!r}")  # as the real runtimes
+        if p == PurePosixPath("/") or p.is_relative_to("/tmp"):
+            return Path(p)
         try:
             return self.workdir / p.relative_to(self.spec.workdir)
         except ValueError:
-            raise ValueError(f"{path} is outside {self.spec.workdir}, the only place this test double has") from None
+            raise ValueError(f"{path} is outside {self.spec.workdir} and /tmp, the only places this test double has") from None
+
+    def _local(self, text: str) -> str:
+        return re.sub(rf"{re.escape(self.spec.workdir)}(?=/|\s|$)", str(self.workdir), text)
 
     async def exec(
         self,
@@ -69,12 +76,13 @@ class LocalRuntime:
     ) -> ExecResult:
         started = time.monotonic()
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)  # as the real runtimes
+        argv = [self._local(a) for a in argv]
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=self.host_path(cwd or self.spec.workdir),
             # paths under spec.workdir in the env (e.g. PYTEST_ADDOPTS' --rootdir) point at the stand-in
             env={**os.environ, **self.spec.env,
-                 **{k: v.replace(self.spec.workdir, str(self.workdir)) for k, v in (env or {}).items()}},
+                 **{k: self._local(v) for k, v in (env or {}).items()}},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -11,6 +11,7 @@ pytest.importorskip("swebench.harness.grading", reason="the swebench extra is no
 from polar_env.evaluators import EvalContext, prewarm, run_evaluator
 from polar_env.records import Status
 from polar_env.tasks.swe import END_TEST_OUTPUT, START_TEST_OUTPUT, SweTask, patch_files
+from polar_env.tasks.toy.calc import _CALC_FIXED
 
 TOY_IDS = ["toy__calc-1", "toy__textkit-1", "toy__bsearch-1"]
 HANG_TIMEOUT_S = 4.0  # the bsearch bug loops forever; this bounds each test that trips it
@@ -59,12 +60,16 @@ async def test_gold_patch_resolves(toys, fresh_factory, toy_id):  # type: ignore
     assert result.reward == 1.0, result.report.get("reason")
     report = result.report
     assert report["resolved"] is True and report["reason"] == "resolved"
-    assert report["apply_method"] == "git apply --verbose"
+    assert report["change_source"] == "patch (git apply --verbose)"
+    assert report["graded_paths"] == sorted(patch_files(task.patch)) and report["dropped_paths"] == []
+    assert report["results_from"].startswith("grader plugin") and report["forged_lines"] == 0
+    assert len(report["canaries"]) == 4 and all(c["ok"] for c in report["canaries"]), report["canaries"]
+    assert {c["expected"] for c in report["canaries"]} == {"PASSED", "FAILED"}
     tests = report["swebench"]["tests_status"]
     assert tests["FAIL_TO_PASS"]["success"] == task.FAIL_TO_PASS
     assert tests["PASS_TO_PASS"]["success"] == task.PASS_TO_PASS
     assert START_TEST_OUTPUT in report["log_tail"] and END_TEST_OUTPUT in report["log_tail"]
-    assert set(report["timings_s"]) == {"runtime", "apply", "eval", "grade"}
+    assert set(report["timings_s"]) == {"change", "eval", "grade"}
 
 
 @pytest.mark.parametrize("toy_id", TOY_IDS)
@@ -139,14 +144,17 @@ async def test_editing_the_tests_does_not_help(toys, fresh_factory, local_runtim
     assert patch.strip()
     result = await grade(task, fresh_factory, patch=patch)
     assert result.status is Status.COMPLETED and result.reward == 0.0, result.report
-    tests = result.report["swebench"]["tests_status"]
-    assert tests["FAIL_TO_PASS"]["failure"] == task.FAIL_TO_PASS
+    assert result.report["reason"] == "no admitted change"
+    assert {d["path"] for d in result.report["dropped_paths"]} == set(TEST_EDITS[toy_id])
+    assert all(d["rule"].startswith("test location") for d in result.report["dropped_paths"])
+    ran = await grade(task, fresh_factory, patch=patch, skip_empty_patch=False)  # and the tests still fail
+    assert ran.reward == 0.0 and ran.report["swebench"]["tests_status"]["FAIL_TO_PASS"]["failure"] == task.FAIL_TO_PASS
 
 
 async def test_editing_the_tests_does_not_stop_a_hang(toys, fresh_factory, local_runtimes):  # type: ignore[no-untyped-def]
     task = toys["toy__bsearch-1"]
     agent = await agent_with_files(local_runtimes, task, TEST_EDITS["toy__bsearch-1"])
-    result = await grade(task, fresh_factory, patch=await agent.diff(), timeout_s=HANG_TIMEOUT_S)
+    result = await grade(task, fresh_factory, patch=await agent.diff(), timeout_s=HANG_TIMEOUT_S, skip_empty_patch=False)
     assert result.status is Status.TIMEOUT and result.reward == 0.0
 
 
@@ -156,21 +164,29 @@ async def test_gold_fix_plus_test_edits_still_resolves(toys, fresh_factory, loca
     agent = await agent_with_files(local_runtimes, task, TEST_EDITS[toy_id])
     await agent.write_file("/testbed/.git/gold.patch", task.patch.encode())
     assert (await agent.exec("git apply .git/gold.patch")).exit_code == 0
-    # no ctx.patch: the evaluator takes the agent runtime's diff
+    # no ctx.patch: the grader takes the agent runtime's change set itself (never its git)
     result = await grade(task, fresh_factory, patch=None, runtime=agent)
     assert result.reward == 1.0, result.report
+    assert result.report["change_source"] == "snapshot"
+    assert set(result.report["graded_paths"]) == set(patch_files(task.patch))
 
 
-async def test_grading_in_the_agent_runtime(toys, local_runtimes):  # type: ignore[no-untyped-def]
+async def test_a_deleted_git_dir_changes_nothing(toys, fresh_factory, local_runtimes):  # type: ignore[no-untyped-def]
     task = toys["toy__calc-1"]
     agent = local_runtimes(source_dir=task.repo_dir)
     await agent.prepare()
-    await agent.write_file("/testbed/.git/gold.patch", task.patch.encode())
-    assert (await agent.exec("git apply .git/gold.patch")).exit_code == 0
-    ctx = EvalContext(task=task, params={"refresh_runtime": False}, runtime=agent)  # no factory needed
-    result = await run_evaluator("swebench", ctx)
+    assert (await agent.exec("rm -rf .git")).exit_code == 0
+    result = await grade(task, fresh_factory, patch=None, runtime=agent)  # no fix: 0, not a grader error
+    assert (result.status, result.reward, result.report["reason"]) == (Status.COMPLETED, 0.0, "empty patch")
+    await agent.write_file("/testbed/calc.py", _CALC_FIXED.encode())
+    result = await grade(task, fresh_factory, patch=None, runtime=agent)  # a real fix without .git: 1
     assert result.reward == 1.0, result.report
-    assert "apply_method" not in result.report
+
+
+async def test_grading_in_the_agent_runtime_is_refused(toys, local_runtimes):  # type: ignore[no-untyped-def]
+    ctx = EvalContext(task=toys["toy__calc-1"], params={"refresh_runtime": False}, runtime=local_runtimes())
+    result = await run_evaluator("swebench", ctx)
+    assert result.status is Status.ERROR and "grades in a fresh runtime only" in result.report["error"]
 
 
 async def test_prewarmed_runtime_is_the_one_graded_in(toys, fresh_factory):  # type: ignore[no-untyped-def]
@@ -203,7 +219,7 @@ async def test_eval_script_without_markers_grades_the_whole_log(toys, fresh_fact
     script = "\n".join(line for line in task.eval_script.splitlines() if ">>>>>" not in line) + "\n"
     task = task.model_copy(update={"eval_script": script})
     gold = await grade(task, fresh_factory, patch=task.patch)
-    assert gold.reward == 1.0 and gold.report["markers_added"] is True
+    assert gold.reward == 1.0 and "markers_added" not in gold.report  # the verdict never came from the log
     broken = await grade(task, fresh_factory, patch=task.extra["variants"]["breaks_pass_to_pass"])
     assert broken.reward == 0.0
 

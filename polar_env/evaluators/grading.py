@@ -1,0 +1,132 @@
+"""One path from an evaluation context to a fresh runtime holding the admitted change.
+
+Every evaluator that runs the agent's code (``swebench``, ``output`` commands, ``harbor``, custom
+ones through ``fresh_graded_runtime``) goes through ``graded_runtime``: the change set (the one the
+node took from the agent's workspace, ``ctx.changes``; or one computed from a text patch,
+``ctx.patch``; or taken now from the agent's live runtime) is admitted under the task's policy and
+written into the context's fresh runtime. See ``integrity.py`` for the contract.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from polar_env.errors import ConfigError
+from polar_env.evaluators.base import EvalContext, EvalResult
+from polar_env.evaluators.integrity import (
+    GIT_ENV,
+    Graded,
+    IntegrityParams,
+    IntegrityPolicy,
+    grade_changes,
+    grading_env,
+    prepare_grading_home,
+    resolve_policy,
+)
+from polar_env.evaluators.workspace import Changes, agent_changes, changes_between, snapshot
+from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.limits import LimitExceeded
+
+# The SWE-bench harness's order: strict first, then three-way merge, then partial hunks, then fuzz.
+APPLY_COMMANDS = (
+    "git apply --verbose {patch}",
+    "git apply --verbose --3way {patch}",
+    "git apply --verbose --reject {patch}",
+    "patch --batch --forward --fuzz=5 -p1 -i {patch}",
+)
+RESET_COMMAND = "git reset -q && git checkout -- . && git clean -fdq"
+PATCH_FILE = ".git/polar_model.patch"
+
+
+async def changes_from_patch(runtime: Runtime, patch: str, *, timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]]]:
+    """The change a text patch makes, read off the files: applied with SWE-bench's fallback chain in
+    a scratch copy of the fresh runtime's pristine workspace (the grader's own ``.git``), then the
+    copy is compared with the workspace. ``Changes.source`` is ``"patch (does not apply)"`` when no
+    method applies."""
+    cap = getattr(runtime.spec, "patch_mb", None)
+    if cap is not None and len(patch) > cap * 1024 * 1024:
+        raise LimitExceeded("patch_mb", f"the patch is {len(patch) / 2**20:.1f} MiB, over patch_mb={cap:g}")
+    workdir = runtime.spec.workdir
+    scratch = f"/tmp/polar-patch-{secrets.token_hex(8)}"
+    logs: list[dict[str, Any]] = []
+    copy = await runtime.exec(f"cp -a {shlex.quote(workdir)} {scratch}", cwd="/", timeout_s=timeout_s)
+    if copy.exit_code != 0:
+        raise RuntimeError(f"cannot copy the grading workspace: {copy.output[-2000:]}")
+    try:
+        body = patch if patch.endswith("\n") else patch + "\n"
+        await runtime.write_file(posixpath.join(scratch, PATCH_FILE), body.encode())
+        applied = None
+        for template in APPLY_COMMANDS:
+            command = template.format(patch=PATCH_FILE)
+            res = await runtime.exec(command, env=GIT_ENV, cwd=scratch, timeout_s=timeout_s)
+            logs.append({"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out,
+                         "output": res.output[-4000:]})
+            if res.exit_code == 0 and not res.timed_out:
+                applied = template.replace(" -i {patch}", "").replace(" {patch}", "")
+                break
+            reset = await runtime.exec(RESET_COMMAND, env=GIT_ENV, cwd=scratch, timeout_s=timeout_s)
+            if reset.exit_code != 0:
+                raise RuntimeError(f"cannot reset the scratch copy after a failed apply: {reset.output[-2000:]}")
+        if applied is None:
+            return Changes(source="patch (does not apply)"), logs
+        base = await snapshot(runtime)
+        changes = await changes_between(runtime, base, await snapshot(runtime, scratch), root=scratch)
+        changes.source = f"patch ({applied})"
+        return changes, logs
+    finally:
+        await runtime.exec(f"rm -rf {scratch}", cwd="/", timeout_s=timeout_s)
+
+
+async def context_changes(ctx: EvalContext, runtime: Runtime, *, timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]]]:
+    """The change set to grade: the node's, a text patch's, or the agent runtime's now."""
+    if ctx.changes is not None:
+        return ctx.changes, []
+    if ctx.patch is not None:
+        if not ctx.patch.strip():
+            return Changes(source="patch"), []
+        return await changes_from_patch(runtime, ctx.patch, timeout_s=timeout_s)
+    if ctx.runtime is not None:
+        base = ctx.base if ctx.base is not None else await snapshot(runtime)
+        return await agent_changes(ctx.runtime, base), []
+    return Changes(source="none"), []
+
+
+async def graded_runtime(ctx: EvalContext, policy: IntegrityPolicy, *, test_files: Sequence[str] = (),
+                         timeout_s: float = 120.0) -> tuple[Runtime, Graded]:
+    """The context's fresh runtime with the admitted change written in, and what was graded."""
+    runtime = await ctx.fresh_runtime()
+    changes, logs = await context_changes(ctx, runtime, timeout_s=timeout_s)
+    graded = await grade_changes(runtime, changes, policy, test_files=test_files)
+    graded.apply_logs = logs
+    await prepare_grading_home(runtime, policy)
+    return runtime, graded
+
+
+def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:
+    """Reward 0, unmasked, when the agent left nothing the grader can take or apply."""
+    if graded.broken is not None:
+        return EvalResult(reward=0.0, report={**report, "resolved": False, "reason": graded.broken})
+    if graded.changes.source == "patch (does not apply)":
+        return EvalResult(reward=0.0, report={**report, "resolved": False, "reason": "patch does not apply",
+                                              "apply_logs": graded.apply_logs})
+    return None
+
+
+async def fresh_graded_runtime(
+    ctx: EvalContext, *, integrity: IntegrityParams | Mapping[str, Any] | str | None = None,
+    test_files: Sequence[str] = (), timeout_s: float = 120.0,
+) -> tuple[Runtime, Graded, dict[str, str]]:
+    """For custom evaluators: the context's fresh runtime holding the admitted change, the
+    ``Graded`` record (``.as_report()`` goes into the report) and the environment to run checks
+    under. ``integrity`` defaults to ``ctx.params["integrity"]``. Raises ``ConfigError`` when the
+    agent's workspace could not be taken or its patch does not apply (grade that 0)."""
+    policy = resolve_policy(integrity if integrity is not None else ctx.params.get("integrity"))
+    runtime, graded = await graded_runtime(ctx, policy, test_files=test_files, timeout_s=timeout_s)
+    problem = broken_result(graded, {})
+    if problem is not None:
+        raise ConfigError(f"nothing to grade: {problem.report['reason']}")
+    return runtime, graded, grading_env(policy, runtime.spec.workdir)
