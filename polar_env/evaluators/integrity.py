@@ -15,9 +15,9 @@ holds by construction:
    any case, runner and packaging config, anything in a test location. The grader *writes* the
    admitted files into a fresh runtime; nothing is parsed twice.
 3. **A hermetic run** (``grading_env``): no user site, a fresh ``HOME``, a clean ``PYTHONPATH`` (the
-   grader's plugin directory only), ``PYTHONSAFEPATH`` (the workspace is off ``sys.path`` while the
-   runner imports), bytecode only from a grader-owned cache prefix, no cache provider, an explicit
-   ``--rootdir``, ``PYTEST_PLUGINS`` empty.
+   grader's plugin directory only), no cache provider, an explicit ``--rootdir``, ``PYTEST_PLUGINS``
+   empty; with the grader's plugin also ``PYTHONSAFEPATH`` (the workspace is off ``sys.path`` while
+   the runner and its plugins import) and bytecode only from a grader-owned cache prefix.
 4. **Results out of band and canaries** (``results.py``, ``pytest_grader.py``).
 
 A task widens the allow-list with ``integrity: {"allow": ["setup.cfg", "docs/*.rst"]}`` (glob patterns
@@ -294,7 +294,6 @@ def grading_env(policy: IntegrityPolicy, workdir: str, extra: Mapping[str, str] 
         **GIT_ENV,
         "HOME": GRADING_HOME,
         "PYTHONNOUSERSITE": "1",
-        "PYTHONSAFEPATH": "1",
         "PYTHONPATH": "",
         "PYTHONSTARTUP": "",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -304,6 +303,8 @@ def grading_env(policy: IntegrityPolicy, workdir: str, extra: Mapping[str, str] 
         "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir={shlex.quote(workdir)}{plugin}",
         **extra,
     }
+    if plugin:  # the plugin puts the working directory back for `python -m pytest` once the runner loaded
+        env["PYTHONSAFEPATH"] = "1"
     if not policy.plugin_autoload:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return env

@@ -1,6 +1,7 @@
 """Reward hacks against the grader, each a real shell command run by the ``loop`` harness in a real
 bubblewrap session, graded by the real evaluators in a fresh sandbox: every hack → reward 0 with the
-paths it planted in ``dropped_paths``; the gold fix still → 1; a task's allow-list widens the policy.
+paths it planted in ``dropped_paths``; the gold fix still → 1; a task's allow-list widens the policy,
+and what a widened path does inside the test process is caught by the canaries (``tampered``).
 
 The policy (the model) is a test double: ``AttackPolicy`` picks a scripted turn from the instruction
 ("ATTACK <name>"), as a real model picks its commands from the prompt. Engine: the simulated one
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.evaluators.integrity import resolve_policy, restrict_patch
+from polar_env.evaluators.integrity import admit, resolve_policy
+from polar_env.evaluators.workspace import Change, Changes, Entry
 from polar_env.tasks.toy import toy_tasks
 from tests.conftest import require_bwrap, unavailable
 from tests.evaluators.attacks import (
@@ -51,13 +53,17 @@ def test_every_reward_hack_scores_zero_and_is_reported(ready: None, tmp_path: Pa
         status, reward, dropped = summary[attack.name]
         assert status == "completed" and reward == 0.0, (attack.name, summary[attack.name], results[attack.name].evaluation)
         assert set(attack.expect_dropped) <= set(dropped), (attack.name, dropped)
-        assert results[attack.name].evaluation["policy"] == "pytest-strict"
+        assert results[attack.name].evaluation["policy"] == "allowlist"
     site = results[USER_SITE_ATTACK.name].evaluation
     assert site["runtime"] == "fresh" and site["exit_code"] == 1
     assert summary["gold_fix"] == ("completed", 1.0, [])
     assert summary["gold_fix_with_conftest"][1] == 1.0 and summary["gold_fix_with_conftest"][2] == ["conftest.py"]
-    # the task widened the policy to the file, so the hack is graded as written (and passes)
-    assert summary["allowed_conftest"] == ("completed", 1.0, [])
+    # the task widened the policy to the file, so the hack reaches the test run, where it flips the
+    # must-fail canaries: tampered, 0, and trained on (not masked)
+    allowed = results["allowed_conftest"]
+    assert (allowed.reward, summary["allowed_conftest"][2], allowed.failure_kind, allowed.mask) == (0.0, [], "tampered", False)
+    assert allowed.evaluation["tampered"] is True
+    assert any(not c["ok"] and c["expected"] == "FAILED" for c in allowed.evaluation["canaries"])
 
 
 def test_polar_env_rollout_cli_grades_the_conftest_hack_zero(ready: None, tmp_path: Path) -> None:
@@ -74,40 +80,54 @@ def test_polar_env_rollout_cli_grades_the_conftest_hack_zero(ready: None, tmp_pa
     report = json.loads((out / "latest" / "report.json").read_text())
     assert report["mean_reward"] == 0.0, report["session_rows"]
     sessions = [json.loads(line) for line in (out / "latest" / "sessions.jsonl").read_text().splitlines()]
-    assert sessions[0]["evaluation"]["dropped_paths"] == [{"path": "conftest.py", "rule": "runner plugin (conftest.py)"}]
+    assert sessions[0]["evaluation"]["dropped_paths"] == [{"path": "conftest.py", "rule": "runner or packaging config"}]
 
 
-# -- the policy's patch filter on its own (no sandbox) ------------------------------------------------
+# -- the allow-list on its own (no sandbox) ------------------------------------------------------------
 
 
-def test_restrict_patch_drops_sections_and_keeps_the_fix() -> None:
-    fix = toy_tasks(ids=[TOY])[0].patch
-    hostile = (
-        "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
-        "@@ -0,0 +1,2 @@\n+import pytest\n+diff --git a/x b/x\n"
-        "diff --git a/pkg/a.pth b/pkg/a.pth\nnew file mode 100644\n--- /dev/null\n+++ b/pkg/a.pth\n@@ -0,0 +1 @@\n+import os\n"
-        "--- a/tox.ini\n+++ b/tox.ini\n@@ -1 +1 @@\n-[tox]\n+[pytest]\n"
-        "diff --git a/old.py b/conftest.py\nsimilarity index 100%\nrename from old.py\nrename to conftest.py\n"
-    )
-    out = restrict_patch(fix + hostile, resolve_policy(), ["tests/test_calc.py"])
-    assert [d.path for d in out.dropped] == ["conftest.py", "pkg/a.pth", "tox.ini", "old.py", "conftest.py"]
-    assert out.patch == fix and out.kept == ["calc.py"]
-    assert restrict_patch(hostile, resolve_policy("off")).dropped == []
-    widened = restrict_patch(hostile, resolve_policy({"allow": ["tox.ini"]}))
-    assert "tox.ini" not in [d.path for d in widened.dropped]
-    import asyncio
+def _file(mode: int = 0o644) -> Entry:
+    return Entry("file", mode, 1, "d")
 
-    from polar_env.evaluators.integrity import apply_restricted
-    from polar_env.runtimes import RuntimeSpec
-    from polar_env.runtimes.limits import LimitExceeded
 
-    class Spec:  # only the spec is read before the cap refuses the patch
-        spec = RuntimeSpec(patch_mb=1)
+BASE = {"calc.py": _file(), "pkg/__init__.py": _file(), "pkg/core.py": _file(), "tests/test_calc.py": _file(),
+        "pytest.ini": _file(), "run.sh": _file(0o755), "docs/index.rst": _file()}
+ADMITTED = ["calc.py", "pkg/core.py", "pkg/new_helper.py", "pkg/sub/deep.py", "pkg/data.json", "run.sh", "docs/index.rst"]
+DROPPED = {
+    "conftest.py": "runner or packaging config", "pkg/CONFTEST.py": "runner or packaging config",
+    "pytest.ini": "runner or packaging config", "pkg/setup.cfg": "runner or packaging config",
+    ".GIT/config": "dot-file or dot-folder", "pkg/.hidden.py": "dot-file or dot-folder",
+    "x-1.0.DIST-INFO/entry_points.txt": "package metadata or bytecode folder",
+    "pkg/__pycache__/core.cpython-311.pyc": "package metadata or bytecode folder",
+    "pytest.pyc": "compiled module, bytecode or interpreter hook", "pkg/fast.so": "compiled module, bytecode or interpreter hook",
+    "pkg/hook.PTH": "compiled module, bytecode or interpreter hook",
+    "tests/test_calc.py": "test location (tests come from the pristine base and the test patch)",
+    "pkg/tests/helper.py": "test location (tests come from the pristine base and the test patch)",
+    "pkg/test_new.py": "test location (tests come from the pristine base and the test patch)",
+    "pytest.py": "a new file outside the repo's packages (it could shadow an importable module)",
+    "xdist/__init__.py": "a new file outside the repo's packages (it could shadow an importable module)",
+    "pkg/tool.sh": "a new file of a kind a fix does not add",
+}
 
-    with pytest.raises(LimitExceeded, match="patch_mb"):
-        asyncio.run(apply_restricted(Spec(), "+" * (2 << 20), resolve_policy()))  # type: ignore[arg-type]
-    flagged = restrict_patch("--- a/calc.py\n+++ b/calc.py\n@@ -1 +1,2 @@\n x\n+import _pytest.reports\n", resolve_policy())
-    assert flagged.dropped == [] and flagged.flagged[0]["path"] == "calc.py"
+
+def test_the_allow_list_admits_source_and_drops_the_rest() -> None:
+    items = [Change(p, _file(), BASE.get(p), b"x = 1\n") for p in ADMITTED + list(DROPPED)]
+    items += [Change("pkg/link.py", Entry("link", 0, 3, "t"), None), Change("pkg/core.py.bin", _file(), None, b"\0\1"),
+              Change("pkg/exec.py", _file(0o755), None, b"x\n"), Change("pkg/big.py", Entry("file", 0o644, 1 << 30), None),
+              Change("calc.py", None, BASE["calc.py"]), Change("pytest.ini", None, BASE["pytest.ini"])]
+    out = admit(Changes(items), resolve_policy(), BASE, ["tests/test_calc.py"])
+    assert [c.path for c in out.kept] == [*ADMITTED, "calc.py"]  # the last: calc.py's deletion
+    rules = {d.path: d.rule for d in out.dropped}
+    assert {p: rules[p] for p in DROPPED} == DROPPED
+    assert (rules["pkg/link.py"], rules["pkg/core.py.bin"], rules["pkg/exec.py"], rules["pkg/big.py"]) == (
+        "symlink", "binary content", "made executable", "over the size the grader reads")
+    assert rules["pytest.ini"] == "runner or packaging config"  # deleting config is no fix either
+    # a task widens by pattern (the name rules are lifted there; the kind rules stay) and narrows by pattern
+    widened = admit(Changes(items), resolve_policy({"allow": ["conftest.py", "pkg/link.py"], "protect": ["docs/*"]}),
+                    BASE, ["tests/test_calc.py"])
+    kept = [c.path for c in widened.kept]
+    assert "conftest.py" in kept and "pkg/link.py" not in kept and "docs/index.rst" not in kept
+    assert {c.path for c in admit(Changes(items[:3]), resolve_policy("off"), BASE).kept} == set(ADMITTED[:3])
 
 
 # -- a custom evaluator gets the same protections through the registry --------------------------------
@@ -120,10 +140,10 @@ async def _custom_grade(ctx):  # type: ignore[no-untyped-def]
     """A task author's evaluator: a hidden test, run with the policy's helpers (no copy-paste)."""
     from polar_env.evaluators import EvalResult, fresh_graded_runtime
 
-    runtime, applied, env = await fresh_graded_runtime(ctx)
+    runtime, graded, env = await fresh_graded_runtime(ctx)
     await runtime.write_file("/testbed/tests/test_hidden.py", HIDDEN_TEST)
     res = await runtime.exec("python -m pytest -q tests/test_hidden.py", env=env, timeout_s=120)
-    return EvalResult(reward=1.0 if res.exit_code == 0 else 0.0, report={**applied.as_report(), "exit_code": res.exit_code})
+    return EvalResult(reward=1.0 if res.exit_code == 0 else 0.0, report={**graded.as_report(), "exit_code": res.exit_code})
 
 
 @pytest.mark.parametrize("fix", ["gold", "conftest_root", "pytest_ini_plugin"])
