@@ -118,13 +118,13 @@ def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:
 
 async def fresh_graded_runtime(
     ctx: EvalContext, *, integrity: IntegrityParams | Mapping[str, Any] | str | None = None,
-    test_files: Sequence[str] = (), timeout_s: float = 120.0,
+    test_files: Sequence[str] = (), timeout_s: float = 120.0, default_policy: str = "allowlist",
 ) -> tuple[Runtime, Graded, dict[str, str]]:
     """For custom evaluators: the context's fresh runtime holding the admitted change, the
     ``Graded`` record (``.as_report()`` goes into the report) and the environment to run checks
     under. ``integrity`` defaults to ``ctx.params["integrity"]``. Raises ``ConfigError`` when the
     agent's workspace could not be taken or its patch does not apply (grade that 0)."""
-    policy = resolve_policy(integrity if integrity is not None else ctx.params.get("integrity"))
+    policy = resolve_policy(integrity if integrity is not None else ctx.params.get("integrity"), default=default_policy)
     runtime, graded = await graded_runtime(ctx, policy, test_files=test_files, timeout_s=timeout_s)
     problem = broken_result(graded, {})
     if problem is not None:

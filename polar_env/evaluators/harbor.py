@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
 from polar_env.evaluators.grading import broken_result, graded_runtime
-from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
+from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, grading_env, resolve_policy
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 
@@ -49,7 +49,7 @@ class HarborParams(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # task.toml [verifier] env
     apply_timeout_s: float = 120.0
     log_tail_chars: int = 20_000
-    integrity: IntegrityParams = IntegrityParams()  # the grading-integrity policy and the task's allow-list
+    integrity: IntegrityParams = IntegrityParams()  # default policy: allowlist-workspace (the workspace is the deliverable)
 
 
 def _task_dir(task: Any) -> Path:
@@ -112,7 +112,7 @@ class HarborEvaluator:
         task_dir = _task_dir(ctx.task)
         report: dict[str, Any] = {"task_dir": str(task_dir)}
         started = time.monotonic()
-        policy = resolve_policy(params.integrity)
+        policy = resolve_policy(params.integrity, default=WORKSPACE_POLICY)
         runtime, graded = await graded_runtime(ctx, policy, timeout_s=params.apply_timeout_s)
         workdir = runtime.spec.workdir
         report.update(graded.as_report())

@@ -28,11 +28,12 @@ on repo paths; the name rules are lifted for those paths, the kind rules stay) a
 from __future__ import annotations
 
 import fnmatch
+import json
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,6 +50,13 @@ RUNNER_CONFIG = frozenset({"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml
 COMPILED_SUFFIXES = (".pyc", ".pyo", ".pyd", ".so", ".dll", ".dylib", ".pth", ".egg", ".whl", ".zip", ".exe")
 METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link", "__pycache__")
 TEST_DIRS = frozenset({"test", "tests", "testing"})
+MODULE_SUFFIXES = (".py", ".pyi", ".pyw", ".pyx", ".pxd")
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "iniconfig", "conftest",
+                            "site", "sitecustomize", "usercustomize", "xdist", "pytest_cov", "coverage"})
+# the grading interpreter's importable top-level names (stdlib and site-packages); cwd "/" keeps the
+# workspace out of it
+IMPORTABLE_PROBE = ("import sys, pkgutil, json; print(json.dumps(sorted(set(getattr(sys, 'stdlib_module_names', ())) "
+                    "| set(sys.builtin_module_names) | {m.name for m in pkgutil.iter_modules()})))")
 NEW_FILE_SUFFIXES = (".py", ".pyi", ".pyx", ".pxd", ".txt", ".json", ".yaml", ".yml", ".csv", ".md", ".rst",
                      ".html", ".css", ".js", ".xml", ".sql", ".j2", ".jinja")
 
@@ -64,15 +72,20 @@ class IntegrityPolicy(BaseModel):
     allow: tuple[str, ...] = ()
     protect: tuple[str, ...] = ()
     canaries: int = Field(default=2, ge=0)
+    # "source": a new file needs a source or data suffix (a repo's fix); "any": any text file (a task
+    # whose deliverable is the workspace: Harbor, output commands). Name and kind rules hold for both.
+    new_files: Literal["source", "any"] = "source"
     plugin_autoload: bool = True  # False: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 (when the suite needs no plugin)
 
 
 POLICIES: dict[str, IntegrityPolicy] = {
     "allowlist": IntegrityPolicy(),
     "allowlist-hermetic": IntegrityPolicy(name="allowlist-hermetic", plugin_autoload=False),
+    "allowlist-workspace": IntegrityPolicy(name="allowlist-workspace", new_files="any"),
     "off": IntegrityPolicy(name="off", enabled=False, canaries=0),
 }
 DEFAULT_POLICY = "allowlist"
+WORKSPACE_POLICY = "allowlist-workspace"
 
 
 class IntegrityParams(BaseModel):
@@ -80,7 +93,7 @@ class IntegrityParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: str = DEFAULT_POLICY
+    policy: str | None = None  # None: the evaluator's default (swebench "allowlist"; output, harbor "allowlist-workspace")
     allow: list[str] = Field(default_factory=list)
     protect: list[str] = Field(default_factory=list)
     canaries: int | None = Field(default=None, ge=0)
@@ -93,17 +106,20 @@ def register_policy(policy: IntegrityPolicy, *, replace: bool = False) -> Integr
     return policy
 
 
-def resolve_policy(spec: IntegrityParams | Mapping[str, Any] | str | None = None) -> IntegrityPolicy:
-    """The policy a task grades under: a registered name, widened or narrowed by the task."""
+def resolve_policy(spec: IntegrityParams | Mapping[str, Any] | str | None = None, *,
+                   default: str = DEFAULT_POLICY) -> IntegrityPolicy:
+    """The policy a task grades under: a registered name (``default`` when the task names none),
+    widened or narrowed by the task."""
     if spec is None:
         spec = IntegrityParams()
     elif isinstance(spec, str):
         spec = IntegrityParams(policy=spec)
     elif not isinstance(spec, IntegrityParams):
         spec = IntegrityParams.model_validate(dict(spec))
-    base = POLICIES.get(spec.policy)
+    name = spec.policy or default
+    base = POLICIES.get(name)
     if base is None:
-        raise ConfigError(f"unknown integrity policy {spec.policy!r}; known: {', '.join(sorted(POLICIES))}")
+        raise ConfigError(f"unknown integrity policy {name!r}; known: {', '.join(sorted(POLICIES))}")
     update: dict[str, Any] = {}
     if spec.allow or spec.protect:
         update = {"allow": (*base.allow, *spec.allow), "protect": (*base.protect, *spec.protect)}
@@ -168,7 +184,21 @@ def _in_package(path: str, base: Manifest) -> bool:
     return False
 
 
-def rule_for(change: Change, policy: IntegrityPolicy, base: Manifest, test_files: Sequence[str] = ()) -> str | None:
+def _shadowed(path: str, reserved: frozenset[str] | None) -> str | None:
+    """The importable name a new module outside the packages would shadow (``"*"``: unknown)."""
+    parts = path.split("/")
+    for name in [*parts[:-1], posixpath.splitext(parts[-1])[0]]:
+        if name in RUNNER_MODULES:
+            return name
+        if reserved is None:
+            return "*"
+        if name in reserved:
+            return name
+    return None
+
+
+def rule_for(change: Change, policy: IntegrityPolicy, base: Manifest, test_files: Sequence[str] = (),
+             reserved: frozenset[str] | None = None) -> str | None:
     """Why ``change`` is dropped under ``policy``, or None when a fix may make it."""
     new, old = change.new, change.old
     if new is not None and new.kind != "file":
@@ -192,10 +222,13 @@ def rule_for(change: Change, policy: IntegrityPolicy, base: Manifest, test_files
     if rule is not None:
         return rule
     if old is None:
-        if not change.path.casefold().endswith(NEW_FILE_SUFFIXES):
+        if policy.new_files == "source" and not change.path.casefold().endswith(NEW_FILE_SUFFIXES):
             return "a new file of a kind a fix does not add"
-        if not _in_package(change.path, base):
-            return "a new file outside the repo's packages (it could shadow an importable module)"
+        if not _in_package(change.path, base) and change.path.casefold().endswith(MODULE_SUFFIXES):
+            shadow = _shadowed(change.path, reserved)
+            if shadow is not None:
+                return ("a new module outside the repo's packages, and the grader could not list what it may shadow"
+                        if shadow == "*" else f"a new module shadowing the importable module {shadow!r}")
     return None
 
 
@@ -205,10 +238,29 @@ class Admitted:
     dropped: list[Dropped] = field(default_factory=list)
 
 
-def admit(changes: Changes, policy: IntegrityPolicy, base: Manifest, test_files: Sequence[str] = ()) -> Admitted:
+def needs_importable(changes: Changes, base: Manifest) -> bool:
+    """Whether admitting ``changes`` needs the grading interpreter's importable names."""
+    return any(c.old is None and c.path.casefold().endswith(MODULE_SUFFIXES) and not _in_package(c.path, base)
+               for c in changes.items)
+
+
+async def importable_names(runtime: Runtime) -> frozenset[str] | None:
+    """The grading interpreter's importable top-level names, or None when it cannot say."""
+    res = await runtime.exec(["python3", "-I", "-c", IMPORTABLE_PROBE], cwd="/", timeout_s=120.0)
+    try:
+        names = json.loads(res.output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return frozenset(str(n) for n in names) if res.exit_code == 0 and isinstance(names, list) else None
+
+
+def admit(changes: Changes, policy: IntegrityPolicy, base: Manifest, test_files: Sequence[str] = (),
+          reserved: frozenset[str] | None = None) -> Admitted:
+    """Each change kept or dropped with its rule. ``reserved``: the names a new top-level module may
+    not take (None: any new top-level module is dropped)."""
     out = Admitted()
     for change in changes.items:
-        rule = rule_for(change, policy, base, test_files)
+        rule = rule_for(change, policy, base, test_files, reserved)
         if rule is None:
             out.kept.append(change)
         else:
@@ -268,7 +320,8 @@ async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPol
         return graded
     if base is None:
         base = await snapshot(runtime, digests=False)
-    admitted = admit(changes, policy, base, test_files)
+    reserved = await importable_names(runtime) if policy.enabled and needs_importable(changes, base) else None
+    admitted = admit(changes, policy, base, test_files, reserved)
     graded.kept, graded.dropped = admitted.kept, admitted.dropped
     originals: dict[str, str | None] = {}
     for c in graded.kept:

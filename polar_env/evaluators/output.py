@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
 from polar_env.evaluators.grading import broken_result, graded_runtime
-from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
+from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, grading_env, resolve_policy
 from polar_env.records import Status
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -52,7 +52,7 @@ class OutputCheck(BaseModel):
     strip: bool = True  # exact: compare with surrounding whitespace stripped
     timeout_s: float = 60.0
     refresh_runtime: bool | None = None  # default: True for command, False for the others
-    integrity: IntegrityParams = IntegrityParams()
+    integrity: IntegrityParams = IntegrityParams()  # default policy: allowlist-workspace (the workspace is the deliverable)
 
     @property
     def fresh(self) -> bool:
@@ -137,7 +137,7 @@ class OutputEvaluator:
 
     async def _command(self, ctx: EvalContext, check: OutputCheck) -> EvalResult:
         assert check.command is not None
-        policy = resolve_policy(check.integrity)
+        policy = resolve_policy(check.integrity, default=WORKSPACE_POLICY)
         report: dict[str, Any] = {"mode": "command"}
         if check.fresh:
             runtime, graded = await graded_runtime(ctx, policy)

@@ -28,17 +28,15 @@ import os
 import posixpath
 import stat
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from polar_env.errors import PolarError
 from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.walk import HASH_LIMIT, MAX_ENTRIES, walk
 
-MAX_ENTRIES = 300_000  # a workspace with more is the agent's doing (a SWE repo has ~5-50k)
-HASH_LIMIT = 256 * 1024 * 1024  # files above are compared by size only (and never admitted)
-SKIP = ".git"  # the top-level git metadata: the agent's, never read
 DISPLAY_LIMIT = 400_000  # characters of the graded patch kept for people
 
 
@@ -69,59 +67,9 @@ class Entry:
 Manifest = dict[str, Entry]  # repo-relative posix path → entry
 
 
-def walk(root: str, digests: bool = True, max_entries: int = MAX_ENTRIES) -> list[tuple[str, str, int, int, str | None]]:
-    """(path, kind, mode, size, digest) for every entry under ``root`` (iterative: any depth),
-    skipping the top-level ``.git``. Stdlib only: it also runs inside a runtime as a script.
-    Raises OSError("unreadable ...") / OSError("too many ...") for a tree it cannot take."""
-    import hashlib as _h
-    import os as _os
-    import stat as _st
-
-    out: list[tuple[str, str, int, int, str | None]] = []
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        try:
-            it = _os.scandir(_os.path.join(root, rel) if rel else root)
-        except OSError as exc:
-            raise OSError(f"unreadable directory {rel or '.'}: {exc.strerror}") from None
-        with it:
-            for e in it:
-                path = f"{rel}/{e.name}" if rel else e.name
-                if path == ".git":
-                    continue
-                if len(out) >= max_entries:
-                    raise OSError(f"too many entries (more than {max_entries})")
-                st = _os.lstat(e.path)
-                mode = st.st_mode
-                if _st.S_ISDIR(mode):
-                    out.append((path, "dir", mode & 0o7777, 0, None))
-                    stack.append(path)
-                elif _st.S_ISLNK(mode):
-                    target = _os.readlink(e.path)
-                    out.append((path, "link", 0, len(target), _h.sha256(_os.fsencode(target)).hexdigest()))
-                elif _st.S_ISREG(mode):
-                    digest = None
-                    if digests and st.st_size <= HASH_LIMIT:
-                        try:
-                            fd = _os.open(e.path, _os.O_RDONLY | _os.O_NOFOLLOW | _os.O_NONBLOCK)
-                        except OSError as exc:
-                            raise OSError(f"unreadable file {path}: {exc.strerror}") from None
-                        with _os.fdopen(fd, "rb") as f:
-                            if not _st.S_ISREG(_os.fstat(fd).st_mode):
-                                raise OSError(f"{path} changed kind while being read")
-                            h = _h.sha256()
-                            while chunk := f.read(1 << 20):
-                                h.update(chunk)
-                            digest = h.hexdigest()
-                    out.append((path, "file", mode & 0o7777, st.st_size, digest))
-                else:
-                    out.append((path, "other", mode & 0o7777, 0, None))
-    return out
-
-
 _SCRIPT = (
-    "from __future__ import annotations\nimport sys, json\n" + f"HASH_LIMIT = {HASH_LIMIT}\nMAX_ENTRIES = {MAX_ENTRIES}\n" + inspect.getsource(walk)
+    "from __future__ import annotations\nimport sys, json\n"
+    + f"HASH_LIMIT = {HASH_LIMIT}\nMAX_ENTRIES = {MAX_ENTRIES}\n" + inspect.getsource(walk)
     + "try:\n    rows = walk(sys.argv[1], sys.argv[2] == '1', int(sys.argv[3]))\n"
     "except OSError as exc:\n    print(json.dumps({'error': str(exc)})); sys.exit(0)\n"
     "print(json.dumps({'rows': rows}))\n"
@@ -135,6 +83,9 @@ def _host_root(runtime: Runtime, inside: str) -> Path | None:
     return Path(host_path(inside))
 
 
+Rows = list[tuple[str, str, int, int, str | None]]
+
+
 def _to_manifest(rows: Iterable[Any]) -> Manifest:
     return {str(p): Entry(str(k), int(m), int(s), d) for p, k, m, s, d in rows}
 
@@ -142,6 +93,9 @@ def _to_manifest(rows: Iterable[Any]) -> Manifest:
 async def snapshot(runtime: Runtime, inside: str | None = None, *, digests: bool = True) -> Manifest:
     """The manifest of ``inside`` (default: the workspace) in ``runtime``. Raises WorkspaceBroken."""
     inside = inside or runtime.spec.workdir
+    own: Callable[[str, bool], Awaitable[Rows]] | None = getattr(runtime, "walk_tree", None)
+    if own is not None:  # a runtime that walks its own trees (a test double with no real one)
+        return _to_manifest(await own(inside, digests))
     host = _host_root(runtime, inside)
     if host is not None:
         try:

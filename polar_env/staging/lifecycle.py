@@ -28,6 +28,7 @@ from polar_env.evaluators import (
     EvalContext,
     EvalResult,
     EvaluatorSpec,
+    get_evaluator,
     prewarm,
     run_evaluator,
 )
@@ -146,7 +147,7 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                 async with asyncio.timeout(req.init_timeout_s):
                     await node.open_session(spec, session_metadata(spec, node.node_id))
                     run.runtime = await node.prepare_runtime(spec)
-                    if req.evaluator is not None:  # the grader's pristine base, before any agent code runs
+                    if _grades_changes(req.evaluator, req.task):  # the grader's pristine base, before the agent runs
                         run.base = await base_manifest(run.runtime)
             except TimeoutError:
                 run.fail(SessionStatus.TIMEOUT, FailureKind.INIT_ERROR, f"INIT exceeded {req.init_timeout_s} s")
@@ -221,6 +222,17 @@ def _explain_failure(node: GatewayNode, run: Run) -> None:
         if errors:
             run.fail(SessionStatus.ERROR, FailureKind.ENGINE_ERROR,
                      f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
+
+
+def _grades_changes(evaluator: EvaluatorSpec | None, task: dict[str, Any]) -> bool:
+    """Whether the evaluator grades the agent's change (in a fresh runtime), so needs its base."""
+    if evaluator is None:
+        return False
+    try:
+        wants = getattr(get_evaluator(evaluator.name), "wants_fresh_runtime", None)
+        return bool(wants is not None and wants(EvalContext(task=task, params=dict(evaluator.params))))
+    except Exception:  # noqa: BLE001 - a bad spec: POSTRUN's evaluation reports it
+        return False
 
 
 def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime: RuntimeSpec, run: Run) -> EvalContext | None:

@@ -2,7 +2,7 @@
 
 It implements the Runtime interface with simulated costs and runs nothing: ``prepare``, ``exec``
 and ``stop`` sleep for their configured seconds (jittered), ``exec`` answers with the command it
-was given. Staging tests and ``scripts/bench_staging.py`` use it to measure scheduling without
+was given; its trees are empty (``walk_tree``), so the grader sees no change. Staging tests and ``scripts/bench_staging.py`` use it to measure scheduling without
 container start-up noise; real isolation is the sandbox, Docker and Apptainer runtimes.
 """
 
@@ -62,6 +62,10 @@ class SimulatedRuntime:
 
     async def diff(self) -> str:
         return ""
+
+    async def walk_tree(self, inside: str, digests: bool) -> list[tuple[str, str, int, int, str | None]]:
+        """The grader's walk of a tree: this double has no files, so every tree is empty."""
+        return []
 
     async def stop(self) -> None:
         started = time.monotonic()

@@ -92,7 +92,9 @@ def _file(mode: int = 0o644) -> Entry:
 
 BASE = {"calc.py": _file(), "pkg/__init__.py": _file(), "pkg/core.py": _file(), "tests/test_calc.py": _file(),
         "pytest.ini": _file(), "run.sh": _file(0o755), "docs/index.rst": _file()}
-ADMITTED = ["calc.py", "pkg/core.py", "pkg/new_helper.py", "pkg/sub/deep.py", "pkg/data.json", "run.sh", "docs/index.rst"]
+ADMITTED = ["calc.py", "pkg/core.py", "pkg/new_helper.py", "pkg/sub/deep.py", "pkg/data.json", "run.sh", "docs/index.rst",
+            "solution.py", "notes.txt", "src/mylib/__init__.py"]
+RESERVED = frozenset({"json", "traceback", "os"})
 DROPPED = {
     "conftest.py": "runner or packaging config", "pkg/CONFTEST.py": "runner or packaging config",
     "pytest.ini": "runner or packaging config", "pkg/setup.cfg": "runner or packaging config",
@@ -104,8 +106,11 @@ DROPPED = {
     "tests/test_calc.py": "test location (tests come from the pristine base and the test patch)",
     "pkg/tests/helper.py": "test location (tests come from the pristine base and the test patch)",
     "pkg/test_new.py": "test location (tests come from the pristine base and the test patch)",
-    "pytest.py": "a new file outside the repo's packages (it could shadow an importable module)",
-    "xdist/__init__.py": "a new file outside the repo's packages (it could shadow an importable module)",
+    "pytest.py": "a new module shadowing the importable module 'pytest'",
+    "xdist/__init__.py": "a new module shadowing the importable module 'xdist'",
+    "json.py": "a new module shadowing the importable module 'json'",
+    "src/traceback.py": "a new module shadowing the importable module 'traceback'",
+    "pluggy/hooks.py": "a new module shadowing the importable module 'pluggy'",
     "pkg/tool.sh": "a new file of a kind a fix does not add",
 }
 
@@ -115,16 +120,19 @@ def test_the_allow_list_admits_source_and_drops_the_rest() -> None:
     items += [Change("pkg/link.py", Entry("link", 0, 3, "t"), None), Change("pkg/core.py.bin", _file(), None, b"\0\1"),
               Change("pkg/exec.py", _file(0o755), None, b"x\n"), Change("pkg/big.py", Entry("file", 0o644, 1 << 30), None),
               Change("calc.py", None, BASE["calc.py"]), Change("pytest.ini", None, BASE["pytest.ini"])]
-    out = admit(Changes(items), resolve_policy(), BASE, ["tests/test_calc.py"])
+    out = admit(Changes(items), resolve_policy(), BASE, ["tests/test_calc.py"], RESERVED)
     assert [c.path for c in out.kept] == [*ADMITTED, "calc.py"]  # the last: calc.py's deletion
     rules = {d.path: d.rule for d in out.dropped}
     assert {p: rules[p] for p in DROPPED} == DROPPED
     assert (rules["pkg/link.py"], rules["pkg/core.py.bin"], rules["pkg/exec.py"], rules["pkg/big.py"]) == (
         "symlink", "binary content", "made executable", "over the size the grader reads")
     assert rules["pytest.ini"] == "runner or packaging config"  # deleting config is no fix either
+    # without the grading interpreter's names, no new top-level module is admitted
+    unknown = {d.path: d.rule for d in admit(Changes(items), resolve_policy(), BASE, ["tests/test_calc.py"]).dropped}
+    assert unknown["solution.py"].endswith("could not list what it may shadow") and "notes.txt" not in unknown
     # a task widens by pattern (the name rules are lifted there; the kind rules stay) and narrows by pattern
     widened = admit(Changes(items), resolve_policy({"allow": ["conftest.py", "pkg/link.py"], "protect": ["docs/*"]}),
-                    BASE, ["tests/test_calc.py"])
+                    BASE, ["tests/test_calc.py"], RESERVED)
     kept = [c.path for c in widened.kept]
     assert "conftest.py" in kept and "pkg/link.py" not in kept and "docs/index.rst" not in kept
     assert {c.path for c in admit(Changes(items[:3]), resolve_policy("off"), BASE).kept} == set(ADMITTED[:3])

@@ -104,7 +104,10 @@ async def test_output_command_exit_code(local_runtimes) -> None:  # type: ignore
     agent = local_runtimes()
     await agent.prepare()
     await agent.write_file("/testbed/answer.txt", b"42\n")
-    in_place = {"refresh_runtime": False}  # the task asks for the agent's own runtime
+    # the task asks for the agent's own runtime, outside the grading contract, and must say so
+    refused = await check({"command": "true", "refresh_runtime": False}, runtime=agent)
+    assert refused.status is Status.ERROR and "integrity: {policy: off}" in refused.report["error"]
+    in_place = {"refresh_runtime": False, "integrity": {"policy": "off"}}
     passed = await check({"command": "grep -qx 42 answer.txt", **in_place}, runtime=agent)
     assert passed.reward == 1.0 and passed.report["exit_code"] == 0 and passed.report["runtime"] == "agent"
     failed = await check({"command": "echo checking >&2; grep -qx 41 answer.txt", **in_place}, runtime=agent)
@@ -117,7 +120,8 @@ async def test_output_command_exit_code(local_runtimes) -> None:  # type: ignore
 async def test_output_command_timeout(local_runtimes) -> None:  # type: ignore[no-untyped-def]
     agent = local_runtimes()
     await agent.prepare()
-    result = await check({"command": "sleep 30", "timeout_s": 0.3, "refresh_runtime": False}, runtime=agent)
+    result = await check({"command": "sleep 30", "timeout_s": 0.3, "refresh_runtime": False,
+                          "integrity": {"policy": "off"}}, runtime=agent)
     assert (result.status, result.reward) == (Status.TIMEOUT, 0.0)
     assert result.report["reason"] == "command exceeded 0.3 s"
 
@@ -143,5 +147,6 @@ async def test_output_command_in_a_fresh_runtime(local_runtimes) -> None:  # typ
     )
     result = await run_evaluator("output", ctx)
     assert result.reward == 1.0 and len(made) == 1 and made[0].stopped, result.report
-    assert result.report["runtime"] == "fresh" and result.report["policy"] == "pytest-strict"
-    assert result.report["dropped_paths"] == [{"path": "conftest.py", "rule": "runner plugin (conftest.py)"}]
+    assert result.report["runtime"] == "fresh" and result.report["policy"] == "allowlist-workspace"
+    assert result.report["dropped_paths"] == [{"path": "conftest.py", "rule": "runner or packaging config"}]
+    assert result.report["graded_paths"] == ["dirty.txt"] and "+agent was here" in result.report["graded_patch"]

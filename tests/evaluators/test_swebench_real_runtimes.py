@@ -95,14 +95,11 @@ async def test_agent_diff_that_writes_the_new_test_file_does_not_help(toys, spec
         fake = ("import pytest\n\n\n@pytest.mark.parametrize('x', [1, 2], ids=['comma', 'dashes'])\n"
                 "def test_collapse_runs(x):\n    pass\n\n\ndef test_strip_ends():\n    pass\n")
         await agent.write_file("/testbed/tests/test_slug_edges.py", fake.encode())
-        result = await grade(task, spec_for(task), None, runtime=agent)  # the evaluator takes agent.diff()
+        result = await grade(task, spec_for(task), None, runtime=agent)  # the grader takes the change set itself
     finally:
         await agent.stop()
-    assert result.report["patch_chars"] > 0
-    assert (
-        result.reward == 0.0
-        and result.report["swebench"]["tests_status"]["FAIL_TO_PASS"]["failure"] == task.FAIL_TO_PASS
-    )
+    assert result.reward == 0.0 and result.report["reason"] == "no admitted change", result.report
+    assert [d["path"] for d in result.report["dropped_paths"]] == ["tests/test_slug_edges.py"]
 
 
 @pytest.mark.parametrize("attack_name", ["conftest_root", "conftest_deep", "pytest_ini_plugin", "tests_init_import_hook"])

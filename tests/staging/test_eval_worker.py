@@ -1,6 +1,6 @@
 """Evaluations that grade in a fresh runtime run in the node's evaluation worker process, pre-warm
 included; evaluators the worker cannot find, or that ask for the agent's runtime, run in the node.
-The agent runtime is the FakeRuntime double (its diff is a fixed string); the fresh runtime is a
+The agent runtime is the FakeRuntime double (its workspace is empty); the fresh runtime is a
 real bwrap sandbox created in the worker."""
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class Where:
         if ctx.params.get("agent"):
             await ctx.agent_runtime().exec("true")
         res = await fresh.exec("echo graded")
-        return EvalResult(reward=1.0, report={"pid": os.getpid(), "patch": ctx.patch, "answer": ctx.final_answer,
+        changes = None if ctx.changes is None else {"source": ctx.changes.source, "paths": ctx.changes.paths()}
+        return EvalResult(reward=1.0, report={"pid": os.getpid(), "changes": changes, "answer": ctx.final_answer,
                                               "exit_code": ctx.exit_code, "fresh_output": res.output.strip(), "prewarmed": prewarmed})
 
 
@@ -66,7 +67,8 @@ async def test_fresh_runtime_evaluation_runs_in_the_worker(node_config) -> None:
     ev = r.evaluation
     assert ev["evaluated_in"] == "worker" and ev["pid"] != os.getpid()
     assert ev["prewarmed"] is True and ev["fresh_output"] == "graded" and ev["exit_code"] == 0 and ev["answer"]
-    assert ev["patch"] is not None  # the agent's diff, taken in the node before its runtime stopped
+    # the agent's change set, taken by the grader in the node before its runtime stopped (the double's is empty)
+    assert ev["changes"] == {"source": "snapshot", "paths": []}
     assert r.reward == 1.0
 
 

@@ -101,5 +101,5 @@ def test_harbor_grading_drops_planted_runner_files(tmp_path: Path) -> None:
     assert report["mean_reward"] == 1.0, report["session_rows"]
     rows = [json.loads(line) for line in (tmp_path / "out" / "latest" / "sessions.jsonl").read_text().splitlines()]
     evaluation = rows[0]["evaluation"]
-    assert evaluation["policy"] == "pytest-strict"
+    assert evaluation["policy"] == "allowlist-workspace"
     assert sorted(d["path"] for d in evaluation["dropped_paths"]) == ["conftest.py", "sitecustomize.py"]
