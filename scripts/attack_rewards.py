@@ -1,36 +1,85 @@
-"""Print each grading attack's reward (and the paths the policy dropped) on this checkout.
+"""Print every grading attack's reward on this checkout, with the controls, in one run.
 
-Every attack in ``tests/evaluators/attacks.py`` runs as a real shell command of the ``loop`` harness
-in a real bubblewrap session and is graded by the real evaluator in a fresh sandbox. Run it on two
-checkouts to compare (``PYTHONPATH=<old checkout>:<this checkout> python scripts/attack_rewards.py``
-grades with the old package and these attacks)."""
+Every attack in ``tests/evaluators/attacks.py`` (``ATTACKS``, ``USER_SITE_ATTACK`` and the
+task-agnostic ``CONSTRUCTION_ATTACKS``) runs as a real shell command of the ``loop`` harness in a
+real bubblewrap session and is graded by the real evaluator in a fresh sandbox, next to two
+controls: the gold fix (must be 1) and a no-op (must be 0). The table gives each one's class,
+status, reward, mask, failure kind and the paths the policy dropped; the last line counts the
+attacks that beat the grader (reward > 0, or a masked session: a sample a trainer drops instead of
+learning its 0).
+
+Run it from the checkout (``python scripts/attack_rewards.py``): with no ``PYTHONPATH`` this
+checkout's package is graded. To grade another checkout with these attacks, put it first:
+``PYTHONPATH=<other checkout> python <this checkout>/scripts/attack_rewards.py`` (the attacks are
+always loaded from this file's checkout)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if os.environ.get("PYTHONPATH"):
+    sys.path.append(str(ROOT))  # the PYTHONPATH checkout's package wins
+else:
+    sys.path.insert(0, str(ROOT))  # not an installed (editable) copy from elsewhere
 
-from tests.evaluators.attacks import (
-    ATTACKS,
-    USER_SITE_ATTACK,
-    gold_command,
-    run_attacks,
-)
+
+def _attacks_module() -> Any:
+    spec = importlib.util.spec_from_file_location("polar_attack_suite", ROOT / "tests" / "evaluators" / "attacks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def dropped_paths(evaluation: Any) -> str:
+    """The dropped paths of an evaluation report, whatever shape they come in."""
+    raw = evaluation.get("dropped_paths") if isinstance(evaluation, dict) else None
+    if not raw:
+        return ""
+    if isinstance(raw, dict):
+        raw = list(raw.values()) if not {"path", "rule"} & raw.keys() else [raw]
+    if isinstance(raw, str):
+        raw = [raw]
+    out = []
+    for d in raw if isinstance(raw, list | tuple) else [raw]:
+        out.append(str(d.get("path", d)) if isinstance(d, dict) else str(d))
+    return ", ".join(out)
 
 
 def main() -> None:
     import polar_env
 
+    suite = _attacks_module()
+    attacks = [*suite.ATTACKS, suite.USER_SITE_ATTACK, *suite.CONSTRUCTION_ATTACKS]
+    controls = {"gold_fix": 1.0, "noop": 0.0}
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_attacks(Path(tmp), [*ATTACKS, USER_SITE_ATTACK], extra=[("gold_fix", gold_command(), {})])
+        results = suite.run_attacks(Path(tmp), attacks, extra=[("gold_fix", suite.gold_command(), {}),
+                                                                ("noop", suite.NOOP_COMMAND, {})], max_running=8)
+    klass = {a.name: (str(a.klass) if a.klass != "" else "old") for a in attacks}
     print(f"package: {Path(polar_env.__file__).parent}")
-    print(f"{'attack':26} {'status':10} {'reward':>6}  dropped")
+    print(f"{'attack':34} {'class':6} {'status':10} {'reward':>6} {'mask':5} {'failure_kind':18} {'flagged':>7}  dropped")
+    beat = 0
     for name, r in results.items():
-        dropped = ", ".join(d["path"] for d in r.evaluation.get("dropped_paths", []))
-        print(f"{name:26} {r.status.value:10} {r.reward:6.1f}  {dropped}")
+        kind = r.failure_kind.value if r.failure_kind is not None else "-"
+        flagged = r.evaluation.get("flagged") if isinstance(r.evaluation, dict) else None
+        nflag = len(flagged) if isinstance(flagged, list) else 0
+        print(f"{name:34} {klass.get(name, 'ctrl'):6} {r.status.value:10} {r.reward:6.1f} {str(r.mask):5} {kind:18} "
+              f"{nflag:7d}  {dropped_paths(r.evaluation)}")
+        if name in controls:
+            continue
+        beat += r.reward > 0 or bool(r.mask)
+    for name, want in controls.items():
+        r = results[name]
+        ok = r.reward == want and not r.mask
+        print(f"control {name}: reward {r.reward:.1f} (want {want:.1f}){'' if ok else '  <-- CONTROL FAILED'}")
+    print(f"{beat} attacks scored > 0 or were masked")
 
 
 if __name__ == "__main__":
