@@ -71,7 +71,7 @@ class IntegrityPolicy(BaseModel):
     enabled: bool = True
     allow: tuple[str, ...] = ()
     protect: tuple[str, ...] = ()
-    canaries: int = Field(default=2, ge=0)
+    canaries: int = Field(default=3, ge=0)
     # "source": a new file needs a source or data suffix (a repo's fix); "any": any text file (a task
     # whose deliverable is the workspace: Harbor, output commands). Name and kind rules hold for both.
     new_files: Literal["source", "any"] = "source"

@@ -52,6 +52,11 @@ _key = bytes.fromhex(_config.pop("key")) if _config else b""
 _fd = os.open(_config["report"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600) if _config else -1
 _canaries: dict[str, str] = {}  # nodeid -> "pass" / "fail"
 _collected = [0]
+# canary bodies; the failing ones fail the ways real tests do (a wrong value, an exception of a common
+# type), so a hook that forgives only some kinds of failure still flips one
+_PASSING = ("assert {a} + {b} == {s}", "assert sorted([{b}, {a}]) == [{lo}, {hi}]", "assert str({a}).isdigit()")
+_FAILING = ("assert {a} + {b} == {d}", "assert {a} // ({b} - {b})", "assert {{}}['k{a}']", "assert None.real_{a}",
+            "assert int('x{a}')", "assert len({a})", "assert [{a}][{b}]")
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -105,8 +110,9 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
         while name in existing:
             name = f"{stem}_{rng.choice(words)}_{rng.randrange(2, 99)}"
         a, b = rng.randrange(2, 1000), rng.randrange(2, 1000)
-        total = a + b if expect == "pass" else a + b + rng.randrange(1, 9)
-        code = compile(f"def {name}():\n    assert {a} + {b} == {total}\n", str(mod.path), "exec")
+        body = rng.choice(_PASSING if expect == "pass" else _FAILING).format(a=a, b=b, s=a + b, d=a + b + 1,
+                                                                             lo=min(a, b), hi=max(a, b))
+        code = compile(f"def {name}():\n    {body}\n", str(mod.path), "exec")
         exec(code, mod.obj.__dict__)
         fn = mod.obj.__dict__[name]
         item = pytest.Function.from_parent(mod, name=name, callobj=fn)

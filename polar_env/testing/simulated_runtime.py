@@ -2,8 +2,9 @@
 
 It implements the Runtime interface with simulated costs and runs nothing: ``prepare``, ``exec``
 and ``stop`` sleep for their configured seconds (jittered), ``exec`` answers with the command it
-was given; its trees are empty (``walk_tree``), so the grader sees no change. Staging tests and ``scripts/bench_staging.py`` use it to measure scheduling without
-container start-up noise; real isolation is the sandbox, Docker and Apptainer runtimes.
+was given; its trees are empty (``walk_tree``), so the grader sees no change. Staging tests and
+``scripts/bench_staging.py`` use it to measure scheduling without container start-up noise; real
+isolation is the sandbox, Docker and Apptainer runtimes.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ async def test_gold_patch_resolves(toys, fresh_factory, toy_id):  # type: ignore
     assert report["change_source"] == "patch (git apply --verbose)"
     assert report["graded_paths"] == sorted(patch_files(task.patch)) and report["dropped_paths"] == []
     assert report["results_from"].startswith("grader plugin") and report["forged_lines"] == 0
-    assert len(report["canaries"]) == 4 and all(c["ok"] for c in report["canaries"]), report["canaries"]
+    assert len(report["canaries"]) == 6 and all(c["ok"] for c in report["canaries"]), report["canaries"]
     assert {c["expected"] for c in report["canaries"]} == {"PASSED", "FAILED"}
     tests = report["swebench"]["tests_status"]
     assert tests["FAIL_TO_PASS"]["success"] == task.FAIL_TO_PASS
