@@ -53,7 +53,8 @@ def test_every_reward_hack_scores_zero_and_is_reported(ready: None, tmp_path: Pa
         status, reward, dropped = summary[attack.name]
         assert status == "completed" and reward == 0.0, (attack.name, summary[attack.name], results[attack.name].evaluation)
         assert set(attack.expect_dropped) <= set(dropped), (attack.name, dropped)
-        assert results[attack.name].evaluation["policy"] == "allowlist"
+        want = "allowlist" if attack.evaluator == "swebench" else "allowlist-workspace"
+        assert results[attack.name].evaluation["policy"] == want
     site = results[USER_SITE_ATTACK.name].evaluation
     assert site["runtime"] == "fresh" and site["exit_code"] == 1
     assert summary["gold_fix"] == ("completed", 1.0, [])
