@@ -27,6 +27,7 @@ from polar_env.evaluators.integrity import (
     prepare_grading_home,
     resolve_policy,
 )
+from polar_env.evaluators.results import PLUGIN_MODULE, Reporter, read_verdict, stage_reporter
 from polar_env.evaluators.workspace import Changes, agent_changes, changes_between, snapshot
 from polar_env.runtimes.base import Runtime
 from polar_env.runtimes.limits import LimitExceeded
@@ -104,6 +105,25 @@ async def graded_runtime(ctx: EvalContext, policy: IntegrityPolicy, *, test_file
     graded.apply_logs = logs
     await prepare_grading_home(runtime, policy)
     return runtime, graded
+
+
+async def check_env(runtime: Runtime, policy: IntegrityPolicy) -> tuple[dict[str, str], Reporter | None]:
+    """The environment for a check that may run pytest (``output`` commands, Harbor verifiers): the
+    grader's plugin rides along, so its canaries gate the reward whatever else decides it."""
+    workdir = runtime.spec.workdir
+    if not policy.enabled:
+        return grading_env(policy, workdir), None
+    reporter = await stage_reporter(runtime, canaries=policy.canaries)
+    return grading_env(policy, workdir, {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}), reporter
+
+
+async def tamper_evidence(runtime: Runtime, reporter: Reporter | None) -> dict[str, Any] | None:
+    """The plugin's report fields when a pytest ran under it and its canaries or lines say the run
+    was tampered with (reward 0, ``tampered``); None otherwise."""
+    if reporter is None:
+        return None
+    found = await read_verdict(runtime, reporter)
+    return {**found.as_report(), "tampered": True} if found.tampered else None
 
 
 def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:

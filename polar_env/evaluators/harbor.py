@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, graded_runtime
-from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, grading_env, resolve_policy
+from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, tamper_evidence
+from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, resolve_policy
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 
@@ -125,7 +125,8 @@ class HarborEvaluator:
         tests = task_dir / "tests"
         for f in sorted(p for p in tests.rglob("*") if p.is_file()):
             await runtime.write_file(posixpath.join(STAGE_TESTS, f.relative_to(tests).as_posix()), f.read_bytes())
-        run = await runtime.exec(VERIFY_SCRIPT, env={**grading_env(policy, workdir), **params.env}, cwd=workdir,
+        env, reporter = await check_env(runtime, policy)
+        run = await runtime.exec(VERIFY_SCRIPT, env={**env, **params.env}, cwd=workdir,
                                 timeout_s=params.timeout_s)
         report.update(verifier_exit_code=run.exit_code, log_tail=run.output[-params.log_tail_chars:],
                       verify_s=round(time.monotonic() - started, 3))
@@ -135,6 +136,10 @@ class HarborEvaluator:
         if run.exit_code == STAGING_FAILED:
             report["reason"] = "could not stage /tests and /logs/verifier in the grading runtime"
             return EvalResult(status=Status.ERROR, report=report)
+        tampered = await tamper_evidence(runtime, reporter)
+        if tampered is not None:
+            report.update(tampered, reason="tampered: " + "; ".join(tampered["tamper_evidence"][:5]))
+            return EvalResult(reward=0.0, report=report)
         text = await _read(runtime, f"{STAGE_OUT}/reward.txt")
         data = await _read(runtime, f"{STAGE_OUT}/reward.json")
         try:

@@ -336,9 +336,13 @@ async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPol
     return graded
 
 
-def grading_env(policy: IntegrityPolicy, workdir: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def grading_env(policy: IntegrityPolicy, workdir: str, extra: Mapping[str, str] | None = None, *,
+                safe_path: bool = False) -> dict[str, str]:
     """The interpreter environment a check runs under: nothing the agent could have planted.
-    ``extra``: the reporter's variables (its plugin directory is the only ``PYTHONPATH`` entry)."""
+    ``extra``: the reporter's variables (its plugin directory is the only ``PYTHONPATH`` entry);
+    ``safe_path``: ``PYTHONSAFEPATH`` too (a pytest run under the grader's plugin, which restores
+    the working directory for ``python -m pytest``; other checks may run scripts that import their
+    neighbours)."""
     if not policy.enabled:
         return {**GIT_ENV, **(extra or {})}
     extra = dict(extra or {})
@@ -356,7 +360,7 @@ def grading_env(policy: IntegrityPolicy, workdir: str, extra: Mapping[str, str] 
         "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir={shlex.quote(workdir)}{plugin}",
         **extra,
     }
-    if plugin:  # the plugin puts the working directory back for `python -m pytest` once the runner loaded
+    if plugin and safe_path:
         env["PYTHONSAFEPATH"] = "1"
     if not policy.plugin_autoload:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, graded_runtime
+from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, tamper_evidence
 from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, grading_env, resolve_policy
 from polar_env.records import Status
 
@@ -149,7 +149,8 @@ class OutputEvaluator:
             runtime = ctx.agent_runtime()
             report |= {"runtime": "agent", "policy": "off"}
         workdir = runtime.spec.workdir
-        res = await runtime.exec(check.command, env=grading_env(policy, workdir), cwd=workdir, timeout_s=check.timeout_s)
+        env, reporter = await check_env(runtime, policy) if check.fresh else (grading_env(policy, workdir), None)
+        res = await runtime.exec(check.command, env=env, cwd=workdir, timeout_s=check.timeout_s)
         report |= {
             "command": check.command,
             "exit_code": res.exit_code,
@@ -160,6 +161,9 @@ class OutputEvaluator:
             return EvalResult(
                 status=Status.TIMEOUT, report={**report, "reason": f"command exceeded {check.timeout_s} s"}
             )
+        tampered = await tamper_evidence(runtime, reporter)
+        if tampered is not None:
+            return _verdict(False, "tampered: " + "; ".join(tampered["tamper_evidence"][:5]), {**report, **tampered})
         ok = res.exit_code == check.exit_code
         return _verdict(ok, f"command exited {res.exit_code}, expected {check.exit_code}", report)
 

@@ -141,6 +141,18 @@ def _status(reps: list[dict[str, Any]]) -> str:
     return ERROR
 
 
+async def read_verdict(runtime: Runtime, reporter: Reporter) -> Verdict:
+    """The reporter's verdict after the run (an absent report reads as an unfinished run)."""
+    from polar_env.errors import ConfigError
+
+    try:
+        raw: bytes | None = await runtime.read_file(reporter.report)
+    except (OSError, ConfigError):
+        raw = None
+    records, forged = read_report(raw, reporter.key)
+    return verdict(records, forged, reporter.canaries)
+
+
 def synthetic_log(statuses: dict[str, str]) -> str:
     """The statuses as the short test summary ``pytest -rA`` prints, so swebench's own log parser
     maps them to the dataset's test names exactly as it would from a real log."""

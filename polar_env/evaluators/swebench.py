@@ -34,15 +34,11 @@ from polar_env.evaluators.grading import broken_result, graded_runtime
 from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
 from polar_env.evaluators.results import (
     PLUGIN_MODULE,
-    Reporter,
-    Verdict,
-    read_report,
+    read_verdict,
     stage_reporter,
     synthetic_log,
-    verdict,
 )
 from polar_env.records import Status
-from polar_env.runtimes.base import Runtime
 from polar_env.tasks.swe import (
     END_TEST_OUTPUT,
     START_TEST_OUTPUT,
@@ -127,7 +123,7 @@ class SweBenchEvaluator:
             extra = {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}
         script = f"{reporter.directory if reporter else '/tmp'}/eval-{secrets.token_hex(6)}.sh"
         await runtime.write_file(script, spec.eval_script.encode())
-        run = await runtime.exec(f"bash {script}", env=grading_env(policy, workdir, extra), cwd=workdir,
+        run = await runtime.exec(f"bash {script}", env=grading_env(policy, workdir, extra, safe_path=True), cwd=workdir,
                                  timeout_s=params.timeout_s)
         timings["eval"] = _since(started)
         report["eval_exit_code"] = run.exit_code
@@ -137,7 +133,7 @@ class SweBenchEvaluator:
             return EvalResult(status=Status.TIMEOUT, report=report)
 
         started = time.monotonic()
-        found = await _read_verdict(runtime, reporter) if reporter is not None else None
+        found = await read_verdict(runtime, reporter) if reporter is not None else None
         if found is not None and (found.finished or found.tampered or _runs_pytest(spec)):
             report.update(found.as_report())
             if found.tampered:
@@ -182,15 +178,6 @@ def _test_spec(task: SweTask, params: SweBenchParams) -> Any:
 def _runs_pytest(spec: Any) -> bool:
     script = str(spec.eval_script)
     return "pytest" in script or "py.test" in script or str(getattr(spec, "log_parser", "")).startswith("parse_log_pytest")
-
-
-async def _read_verdict(runtime: Runtime, reporter: Reporter) -> Verdict:
-    try:
-        raw: bytes | None = await runtime.read_file(reporter.report)
-    except (OSError, ConfigError):
-        raw = None
-    records, forged = read_report(raw, reporter.key)
-    return verdict(records, forged, reporter.canaries)
 
 
 def _grade(spec: Any, instance_id: str, patch: str, log: str) -> dict[str, Any]:

@@ -150,3 +150,28 @@ async def test_output_command_in_a_fresh_runtime(local_runtimes) -> None:  # typ
     assert result.report["runtime"] == "fresh" and result.report["policy"] == "allowlist-workspace"
     assert result.report["dropped_paths"] == [{"path": "conftest.py", "rule": "runner or packaging config"}]
     assert result.report["graded_paths"] == ["dirty.txt"] and "+agent was here" in result.report["graded_patch"]
+
+
+PASS_ALL = (b"import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+            b"    out = yield\n    rep = out.get_result()\n    rep.outcome = 'passed'\n    rep.longrepr = None\n")
+
+
+async def test_a_command_that_runs_pytest_meets_the_canaries(local_runtimes) -> None:  # type: ignore[no-untyped-def]
+    """A task that widens the allow-list to a conftest.py still cannot forge a pytest run: the
+    grader's plugin rides along with the command, and its must-fail canaries pass: tampered."""
+    agent = local_runtimes()
+    await agent.prepare()
+    await agent.write_file("/testbed/conftest.py", PASS_ALL)
+
+    def factory():  # type: ignore[no-untyped-def]
+        return local_runtimes()
+
+    command = "mkdir -p t && printf 'def test_a():\\n    assert 1 == 2\\n' > t/test_a.py && python -m pytest -q t/test_a.py"
+    honest = await run_evaluator("output", EvalContext(task={}, params={"command": command}, runtime=agent,
+                                                       runtime_factory=factory))
+    assert honest.reward == 0.0 and honest.report["dropped_paths"][0]["path"] == "conftest.py"
+    widened = await run_evaluator("output", EvalContext(
+        task={}, params={"command": command, "integrity": {"allow": ["conftest.py"]}}, runtime=agent, runtime_factory=factory))
+    assert widened.reward == 0.0 and widened.report["tampered"] is True, widened.report
+    assert widened.report["exit_code"] == 0  # the forged run itself passed
+    assert any(not c["ok"] for c in widened.report["canaries"])
