@@ -9,8 +9,11 @@ signal on the forkserver (set by importing this module there, as a forkserver pr
 worker (``run_with_deathsig`` as the pool initializer or process target), the node's death kills
 the forkserver and that kills the workers, whatever signal ended the node.
 
-The signal fires when the *thread* that forked the process exits: the pools are started from the
-node's event-loop thread, which lives as long as the node.
+The signal fires when the *thread* that forked the process exits. The forkserver is started by
+the first pool, from the node's event-loop thread or one of its default executor's threads, which
+live as long as the loop; a pool made after that loop ended finds the forkserver dead and
+multiprocessing starts a fresh one. A forkserver started elsewhere without this preload would not
+carry the signal (its workers still do, but it waits on them): make the node's pools the first.
 """
 
 from __future__ import annotations
