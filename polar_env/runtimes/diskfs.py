@@ -11,22 +11,26 @@ Without root (or with ``POLAR_DISK_TMPFS=0``) nothing is mounted and the watchdo
 ``limits.py`` is all there is.
 
 Removal. ``remove_tree`` never recurses and never follows long paths: it unmounts whatever is
-mounted below (lazily when busy), then empties directories one at a time, moving each
-subdirectory up to the top before it is emptied, so a 3,000-level tree costs one rename per
-level and no path is ever longer than two names. It fixes modes the agent removed, stops at a
-deadline, and returns what stopped it instead of raising (teardown must not fail).
+mounted below (lazily when busy), then empties directories depth-first from an explicit stack,
+moving a subdirectory up to the top before it is emptied once its path passes ``SHORT_PATH``, so
+a 3,000-level tree costs a rename per deep level and no path ever nears PATH_MAX. It gives back
+the modes the agent removed where they are in the way, stops at a deadline, and returns what
+stopped it instead of raising (teardown must not fail).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 SOURCE = "polar-disk"  # the tmpfs's source name in /proc/self/mountinfo
 REMOVE_TIMEOUT_S = 120.0
+SHORT_PATH = 1024  # longer directory paths are moved up to the top before they are emptied
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
@@ -131,6 +136,20 @@ def _writable(path: str) -> None:
         pass
 
 
+def _with_fixup(fn: Callable[[str], Any], path: str, fix: str) -> Any:
+    """``fn(path)``; on EACCES/EPERM, give ``fix`` (the directory in the way) back its modes, once."""
+    try:
+        return fn(path)
+    except PermissionError:
+        _writable(fix)
+        return fn(path)
+
+
+def _list(d: str) -> list[os.DirEntry[str]]:
+    with os.scandir(d) as it:
+        return list(it)
+
+
 def remove_tree(path: str | Path, timeout_s: float = REMOVE_TIMEOUT_S) -> str | None:
     """Remove ``path`` whatever its shape; None when gone, else what is left and why (see the module doc)."""
     top = os.path.abspath(path)
@@ -151,39 +170,40 @@ def remove_tree(path: str | Path, timeout_s: float = REMOVE_TIMEOUT_S) -> str | 
     tag = secrets.token_hex(4)
     moved = 0
     for _attempt in range(3):
-        pending = [top]
-        while pending:
+        stack: list[tuple[str, bool]] = [(top, False)]  # (directory, its entries are gone: rmdir it)
+        while stack:
             if time.monotonic() > deadline:
-                return f"{top}: not removed within {timeout_s:g} s ({len(pending)} directories left)"
-            d = pending.pop()
-            _writable(d)
+                return f"{top}: not removed within {timeout_s:g} s ({len(stack)} directories left)"
+            d, emptied = stack.pop()
+            if emptied:
+                try:
+                    _with_fixup(os.rmdir, d, os.path.dirname(d))
+                except OSError as e:
+                    problem = f"{d}: {e}"
+                continue
             try:
-                with os.scandir(d) as it:
-                    entries = list(it)
+                entries = _with_fixup(_list, d, d)
             except OSError as e:
                 problem = f"{d}: {e}"
                 continue
+            if d != top:
+                stack.append((d, True))
             for entry in entries:
                 try:
                     if not entry.is_dir(follow_symlinks=False):
-                        os.unlink(entry.path)
-                    elif d == top:
-                        pending.append(entry.path)
-                    else:  # move it up: no path below the top is ever more than two names long
+                        _with_fixup(os.unlink, entry.path, d)
+                    elif len(entry.path) < SHORT_PATH:
+                        stack.append((entry.path, False))
+                    else:  # move it up: no path is ever longer than SHORT_PATH plus one name
                         moved += 1
-                        _writable(entry.path)
                         new = os.path.join(top, f".polar-rm-{tag}-{moved}")
-                        os.rename(entry.path, new)
-                        pending.append(new)
+                        _writable(entry.path)  # moving a directory rewrites its ".."
+                        _with_fixup(functools.partial(os.rename, dst=new), entry.path, d)
+                        stack.append((new, False))
                 except FileNotFoundError:
                     continue
                 except OSError as e:
                     problem = f"{entry.path}: {e}"
-            if d != top:
-                try:
-                    os.rmdir(d)
-                except OSError as e:
-                    problem = f"{d}: {e}"
         try:
             os.rmdir(top)
             return None
