@@ -161,3 +161,20 @@ def test_sweep_clears_a_dead_nodes_mounted_deep_runtime_and_never_raises(tmp_pat
     assert not dead.exists() and not diskfs.mounts_under(tmp_path)
     assert [p.name for p in (tmp_path / "node-0").iterdir()] == ["not-an-incarnation"]
     assert leftovers.sweep(tmp_path / "missing") == []
+
+
+@pytest.mark.slow
+async def test_without_the_tmpfs_the_watchdog_walk_trips_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback (rootless hosts; forced here): the mechanism names the walk and why there is no tmpfs."""
+    require_bwrap()
+    monkeypatch.setenv("POLAR_DISK_TMPFS", "0")
+    rt = SandboxRuntime(RuntimeSpec(network="none", disk_mb=16), root_dir=tmp_path)
+    await rt.prepare()
+    try:
+        mechanism = rt.limits_report()["mechanisms"]["disk_mb"]
+        assert mechanism.startswith("watchdog tree walk") and "no tmpfs: POLAR_DISK_TMPFS=0" in mechanism
+        assert not diskfs.mounts_under(tmp_path)
+        res = await rt.exec("for i in 1 2 3; do head -c 10000000 /dev/zero > /testbed/f$i; done; sleep 60", timeout_s=50)
+        assert not res.timed_out and res.limit is not None and res.limit.startswith("disk_mb=16 (watchdog")
+    finally:
+        await rt.stop()
