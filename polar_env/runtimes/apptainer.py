@@ -28,7 +28,8 @@ up if Apptainer left it down.
 Limits (``limits.py``): each exec joins the runtime's own cgroup first when the host gives one (as
 root, or a delegated v2 subtree), else rlimits; with ``cgroup_flags=True`` (clusters whose Apptainer
 has cgroup support: root, or rootless with systemd delegation) Apptainer's own ``--memory`` and
-``--pids-limit`` are passed as well. Output, patch and disk caps are the shared ones.
+``--pids-limit`` are passed as well. Output, patch and disk caps are the shared ones: as root, the disk is the sized tmpfs on the
+runtime root that holds the bound workspace, /tmp and HOME (``diskfs.py``).
 
 CI has never run a real Apptainer (none is installable on Debian 12): the lifecycle is tested with a
 fake ``apptainer`` that maps ``exec`` onto bwrap with a directory image

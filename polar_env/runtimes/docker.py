@@ -56,9 +56,13 @@ live on until ``stop``. ``diff`` runs git inside the container; ``read_file`` is
 
 Limits: ``pids_limit`` and ``memory_mb`` are Docker's own (``--pids-limit``, ``--memory`` with swap
 off); an OOM kill or a refused fork inside is read from the container's cgroup on this host and ends
-the session like in the other runtimes. ``disk_mb`` is a watchdog (``du`` inside, at most every
-``DISK_CHECK_S``; ``storage_opt`` needs xfs project quotas); ``output_mb`` and ``patch_mb`` are the
-shared stream caps.
+the session like in the other runtimes. ``disk_mb`` is only a watchdog here, not a kernel bound
+(``DISK_MECHANISM``: ``du -x`` inside, at most every ``DISK_CHECK_S``, over the workdir, /tmp and
+HOME in the container's writable layer): it misses files deleted while held open and can be
+outrun between checks. The kernel bounds of the other runtimes do not carry over: ``storage_opt``
+size needs overlay2 on xfs with project quotas (not on these hosts), and a container tmpfs cannot
+hold the image's own workdir or receive ``put_archive`` (``write_file``, the harness's HOME
+config). ``output_mb`` and ``patch_mb`` are the shared stream caps.
 
 Containers carry the label ``polar_env.runtime=docker``; after a crash, leftovers can be removed with
 ``docker rm -f $(docker ps -aq --filter label=polar_env.runtime)``. Bind mounts (gateway socket,
@@ -120,6 +124,8 @@ WATCHDOG_GRACE_S = 30.0
 IDLE_LOOP = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait $!; done"]
 DOCKER_INSTALL = "pip install 'docker>=7'"
 DISK_CHECK_S = 5.0
+DISK_MECHANISM = (f"watchdog (du -x inside, every {DISK_CHECK_S:g} s; workdir, /tmp, HOME in the container layer; "
+                  "not a kernel bound: misses files deleted while open; storage_opt needs xfs pquota)")
 LIMIT_EXIT_CODE = 137
 EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("POLAR_DOCKER_THREADS", "8")),
                               thread_name_prefix="polar-docker")
@@ -499,7 +505,7 @@ class DockerRuntime:
             lines = du_out.text().split()
             used_kib = int(lines[-2]) if code in (0, 1) and len(lines) >= 2 and lines[-2].isdigit() else 0
             if used_kib * 1024 > self.spec.disk_mb * MIB:
-                await self._trip("disk_mb", f"watchdog (du inside, every {DISK_CHECK_S:g} s)", f"{used_kib // 1024} MiB written")
+                await self._trip("disk_mb", DISK_MECHANISM, f"{used_kib // 1024} MiB written")
         return self.limit_hit
 
     async def _trip(self, limit: str, mechanism: str, why: str) -> None:
@@ -518,7 +524,7 @@ class DockerRuntime:
                 "limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
                 "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",
                                "memory_mb": "docker --memory, swap off (cgroup)" if spec.memory_mb else "none",
-                               "disk_mb": f"watchdog (du inside, every {DISK_CHECK_S:g} s)" if spec.disk_mb else "none",
+                               "disk_mb": DISK_MECHANISM if spec.disk_mb else "none",
                                "output_mb": "stream cap on docker exec", "patch_mb": "stream cap on diff()"},
                 "hit": self.limit_hit}
 

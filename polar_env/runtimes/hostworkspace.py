@@ -10,6 +10,14 @@ sources that uid cannot reach (``/root`` is 0700: the interpreter, the harness i
 socket's private directory) are bind-mounted into the runtime's ``stage/`` directory in a private
 mount namespace of that one exec (``unshare --mount``), which vanishes with it.
 
+Disk and teardown. As root, ``prepare`` mounts one sized tmpfs on the runtime's root before it
+is populated (``diskfs.py``): workspace/, tmp/ and home/ share it, the chown to the runtime's uid
+works on it like on any directory, and the kernel bounds the whole (ENOSPC). ``stop`` kills the
+processes (the exec groups, then the cgroup), unmounts the tmpfs (lazily when busy) and removes the
+empty mount point: O(1) whatever is inside. Without the tmpfs the root is removed by
+``diskfs.remove_tree`` (iterative, modes fixed, deadline). Teardown never raises; what it cannot
+remove is logged and left in the node's incarnation folder for ``leftovers.sweep``.
+
 Subclasses supply ``_check``, ``_wrap`` (the full host argv for one in-runtime argv, ``{ARGS_FD}``
 standing for a file descriptor that carries ``_args_payload``) and ``_env``.
 """
@@ -27,7 +35,6 @@ import shlex
 import shutil
 import signal
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -35,6 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
+from polar_env.runtimes import diskfs
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
 
@@ -96,22 +104,10 @@ def reachable(path: str | Path, uid: int) -> bool:
     return True
 
 
-def _force_rmtree(path: Path) -> None:
-    """rmtree that also removes trees the harness made read-only."""
-
-    def retry(func, p, _exc):  # type: ignore[no-untyped-def]
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, stat.S_IRWXU)
-        func(p)
-
-    if not path.exists():
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=retry)
-    else:
-        shutil.rmtree(path, onerror=retry)
+def _force_rmtree(path: Path) -> str | None:
+    """Remove a tree of any shape (``diskfs.remove_tree``: no recursion, modes fixed, bounded);
+    None when gone, else what is left and why."""
+    return diskfs.remove_tree(path)
 
 
 def _killpg(proc: asyncio.subprocess.Process) -> None:
@@ -147,6 +143,7 @@ class HostWorkspaceRuntime(abc.ABC):
         self.limits: SessionLimits | None = None
         self._stage: list[tuple[str, str]] = []  # (host source, staged path) for this runtime's execs
         self._stage_base: Path | None = None  # outside the runtime's root, when the root is unreachable
+        self._mounted = False  # the sized tmpfs is on the root (diskfs.py)
 
     # ----- to override -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -240,6 +237,8 @@ class HostWorkspaceRuntime(abc.ABC):
             parent.mkdir(parents=True, exist_ok=True)
         self._root = Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-", dir=parent))
         try:
+            no_mount = "no disk_mb" if self.spec.disk_mb is None else diskfs.mount_tmpfs(self._root, self.spec.disk_mb)
+            self._mounted = no_mount is None
             for d in (self.workspace, self.tmp_dir, self.home_dir):
                 d.mkdir()
             os.chmod(self.tmp_dir, 0o1777)
@@ -249,7 +248,7 @@ class HostWorkspaceRuntime(abc.ABC):
                 self.uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SLOTS)
                 await asyncio.to_thread(self._own, self.uid)
             self.limits = SessionLimits(self.spec, self._root.name, trees=[self.workspace, self.tmp_dir, self.home_dir],
-                                        uid=self.uid)
+                                        uid=self.uid, mount=self._root if self._mounted else None, no_mount=no_mount)
             self.limits.start(self._kill_all)
             if self.relay_enabled:
                 res = await self.exec(["true"], timeout_s=60)
@@ -326,12 +325,21 @@ class HostWorkspaceRuntime(abc.ABC):
             except OSError as e:
                 log.warning("%s: could not remove its cgroup: %s", self.name, e)
         if self._stage_base is not None:  # only empty mount points: the mounts lived in the execs' namespaces
-            await asyncio.to_thread(shutil.rmtree, self._stage_base, True)
-        if self._root is not None:
-            try:
-                await asyncio.to_thread(_force_rmtree, self._root)
-            except OSError as e:  # never let teardown raise; say what is left behind
-                log.warning("%s: could not remove %s: %s", self.name, self._root, e)
+            await asyncio.to_thread(diskfs.remove_tree, self._stage_base)
+        if self._root is not None:  # never raises: what stays is logged, and swept by leftovers.sweep later
+            left = await asyncio.to_thread(self._remove_root, self._root)
+            if left is not None:
+                log.warning("%s: could not remove %s (left for leftovers.sweep): %s", self.name, self._root, left)
+
+    def _remove_root(self, root: Path) -> str | None:
+        """With the tmpfs: unmount it (lazily if busy) and remove the empty mount point, O(1) whatever
+        the agent left inside; without it: the bounded iterative remover."""
+        if self._mounted:
+            why = diskfs.unmount(root)
+            if why is not None:
+                return why
+            self._mounted = False
+        return diskfs.remove_tree(root)
 
     # ----- exec --------------------------------------------------------------------------------
     def _privileged_prefix(self) -> list[str]:

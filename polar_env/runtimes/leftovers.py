@@ -1,11 +1,15 @@
 """What a dead process leaves behind, and how the next one clears it: runtime folders (full repo
-copies) and their cgroups.
+copies, possibly still-mounted tmpfs disks) and their cgroups.
 
 Each node incarnation keeps its runtimes under ``<base>/<node_id>/<incarnation>/`` and holds an
 exclusive ``flock`` on ``<incarnation>/.lock`` for as long as it lives. The kernel drops the lock
 when the process dies (``kill -9`` included), so any incarnation folder whose lock can be taken
-belongs to a dead process: ``sweep`` removes it with the cgroups named after its runtimes. Live
-nodes (on this host, any job) keep their locks and are never touched.
+belongs to a dead process: ``sweep`` kills what is left in the cgroups named after its runtimes,
+renames the folder to ``<node_id>/.trash-<incarnation>`` (so a removal that fails or times out is
+retried by the next sweep, lock or no lock), unmounts what is mounted below it and removes it
+(``diskfs.remove_tree``: any depth, any count, bounded). Live nodes (on this host, any job) keep
+their locks and are never touched. ``sweep`` never raises: a leftover it cannot clear is logged
+and must not stop a node from starting.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_env.runtimes.hostworkspace import STAGE_PREFIX, _force_rmtree
+from polar_env.runtimes import diskfs
+from polar_env.runtimes.hostworkspace import STAGE_PREFIX
 from polar_env.runtimes.limits import CGROUP_ROOT, GROUP, Cgroup
 
 log = logging.getLogger(__name__)
 LOCK = ".lock"
+TRASH = ".trash-"
 
 
 @dataclass
@@ -34,9 +40,15 @@ class Incarnation:
     fd: int
 
     def release(self) -> None:
+        path = self.path
+        with contextlib.suppress(OSError):  # trash first: a removal left unfinished is swept later
+            os.rename(path, path.with_name(TRASH + path.name))
+            path = path.with_name(TRASH + path.name)
         with contextlib.suppress(OSError):
             os.close(self.fd)
-        _force_rmtree(self.path)
+        left = diskfs.remove_tree(path)
+        if left is not None:
+            log.warning("could not remove %s (the next sweep will): %s", self.path, left)
 
 
 def claim(base: Path, node_id: str) -> Incarnation:
@@ -57,34 +69,67 @@ def _remove_cgroups(names: list[str], root: Path = CGROUP_ROOT) -> None:
 
 
 def sweep(base: Path) -> list[str]:
-    """Remove every incarnation folder under ``base`` whose owner is dead; returns their paths."""
+    """Remove every incarnation folder under ``base`` whose owner is dead; returns their paths. Never raises."""
     removed: list[str] = []
-    base = Path(base)
-    if not base.is_dir():
+    try:
+        nodes = [d for d in Path(base).iterdir() if d.is_dir()] if Path(base).is_dir() else []
+    except OSError as e:
+        log.warning("leftovers: cannot list %s: %s", base, e)
         return removed
-    for node_dir in base.iterdir():
-        if not node_dir.is_dir():
+    for node_dir in nodes:
+        try:
+            incs = sorted(node_dir.iterdir())
+        except OSError as e:
+            log.warning("leftovers: cannot list %s: %s", node_dir, e)
             continue
-        for inc in node_dir.iterdir():
-            lock = inc / LOCK
-            if not inc.is_dir() or not lock.exists():
-                continue
+        for inc in incs:
             try:
-                fd = os.open(lock, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # alive
-                runtimes = [p.name for p in inc.iterdir() if p.is_dir()]
-                _remove_cgroups(runtimes)
-                for name in runtimes:  # stage folders outside the runtime (hostworkspace.py)
-                    _force_rmtree(Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{name}")
-                _force_rmtree(inc)
-                removed.append(str(inc))
-                log.warning("removed %s (%d runtime folders) left by a dead node process", inc, len(runtimes))
-            finally:
-                os.close(fd)
+                if _sweep_one(inc):
+                    removed.append(str(inc))
+            except Exception as e:  # noqa: BLE001 - a leftover must never stop the next node
+                log.warning("leftovers: could not clear %s: %s", inc, e)
     return removed
+
+
+def _sweep_one(inc: Path) -> bool:
+    """Clear ``inc`` if its owner is dead (or it is already trash); True when it was one to clear."""
+    if inc.name.startswith(TRASH):
+        _clear(inc, [p.name for p in _subdirs(inc)])
+        return True
+    lock = inc / LOCK
+    if not inc.is_dir() or not lock.exists():
+        return False
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # alive
+        runtimes = [p.name for p in _subdirs(inc)]
+        trash = inc.with_name(TRASH + inc.name)
+        os.rename(inc, trash)  # from here on, the next sweep retries whatever this one cannot finish
+    finally:
+        os.close(fd)
+    _clear(trash, runtimes)
+    log.warning("removed %s (%d runtime folders) left by a dead node process", inc, len(runtimes))
+    return True
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def _clear(path: Path, runtimes: list[str]) -> None:
+    """Kill the runtimes' cgroups, then unmount and remove ``path`` and their stage folders."""
+    _remove_cgroups(runtimes)
+    for name in runtimes:  # stage folders outside the runtime (hostworkspace.py)
+        diskfs.remove_tree(Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{name}")
+    left = diskfs.remove_tree(path)
+    if left is not None:
+        log.warning("leftovers: %s is not fully removed (the next sweep retries): %s", path, left)

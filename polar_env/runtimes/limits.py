@@ -9,8 +9,14 @@ mechanism the host allows and says which in ``Runtime.limits_report()`` (the ses
   the caller's own cgroup when it is delegated: ``memory.max``, ``pids.max``, ``cgroup.kill``). Each
   exec joins it before it drops privileges. Without a writable cgroup: rlimits (``RLIMIT_NPROC`` per
   session uid, ``RLIMIT_DATA``), which are weaker (per process, not per session).
-- disk: a watchdog sums the runtime's writable trees every few seconds (bwrap and cgroups have no
-  disk quota; Docker's ``storage_opt`` needs xfs project quotas) plus ``RLIMIT_FSIZE`` for any one file.
+- disk, as root: one sized tmpfs on the runtime's root (``diskfs.py``: ``size=<disk_mb>m`` and
+  ``nr_inodes``), so the kernel refuses writes past the bound with ENOSPC — files deleted while
+  held open, many directories and deep trees included — and the agent's writes count against its
+  memory cgroup. A full mount (one ``statvfs`` after every exec and every ``POLL_S``) also trips
+  the sticky limit: the session asked for more than it was given. Without root: a watchdog sums
+  the writable trees every few seconds (a walk: it misses files deleted while open and what lies
+  beyond PATH_MAX) plus ``RLIMIT_FSIZE`` for any one file; the mechanism says which.
+  Docker: see ``docker.py``.
 - output: every exec's merged output is streamed through ``CappedBuffer``: head and tail are kept,
   the middle is replaced by a marker the model sees, so host memory stays bounded.
 - patch: ``diff()`` streams through the same cap and raises ``LimitExceeded`` above ``patch_mb``.
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from polar_env.errors import PolarError
+from polar_env.runtimes import diskfs
 
 if TYPE_CHECKING:
     from polar_env.runtimes.base import RuntimeSpec
@@ -253,7 +260,8 @@ class Cgroup:
 
 
 def tree_bytes(paths: list[Path]) -> int:
-    """Bytes allocated under ``paths`` (not following symlinks; one walk)."""
+    """Bytes allocated under ``paths`` (not following symlinks; one walk). The fallback only: it
+    cannot see files deleted while open, nor paths past PATH_MAX."""
     total = 0
     stack = [str(p) for p in paths]
     while stack:
@@ -284,10 +292,13 @@ class SessionLimits:
     DISK_CHECK_S = 5.0
     POLL_S = 0.5
 
-    def __init__(self, spec: RuntimeSpec, name: str, *, trees: list[Path], uid: int | None) -> None:
+    def __init__(self, spec: RuntimeSpec, name: str, *, trees: list[Path], uid: int | None,
+                 mount: Path | None = None, no_mount: str | None = None) -> None:
         self.spec = spec
         self.name = name
         self.trees = trees
+        self.mount = mount  # the sized tmpfs holding the trees, when there is one
+        self.no_mount = no_mount  # why there is none
         self.uid = uid
         self.cgroup: Cgroup | None = None
         self.hit: str | None = None
@@ -308,18 +319,28 @@ class SessionLimits:
             "memory_mb": "none" if spec.memory_mb is None else
             (f"{cg} {'memory.max' if self.cgroup and self.cgroup.version == 'v2' else 'memory.limit_in_bytes'}"
              if cg else "rlimit DATA (per process)"),
-            "disk_mb": "none" if spec.disk_mb is None else f"watchdog (every {self.DISK_CHECK_S:g} s or more) + rlimit FSIZE",
+            "disk_mb": self._disk_mechanism(),
             "output_mb": "stream cap (head + tail kept, marker between)",
             "patch_mb": "stream cap on diff()",
         }
         self._task = asyncio.create_task(self._watch())
+
+    def _disk_mechanism(self) -> str:
+        spec = self.spec
+        if spec.disk_mb is None:
+            return "none"
+        if self.mount is not None:
+            return (f"tmpfs size={spec.disk_mb}m nr_inodes={diskfs.inodes_for(spec.disk_mb)} on the runtime root "
+                    "(workspace, /tmp, HOME; kernel ENOSPC; full mount trips the limit)")
+        return (f"watchdog tree walk (every {self.DISK_CHECK_S:g} s or more) + rlimit FSIZE; "
+                f"no tmpfs: {self.no_mount or 'not mounted'}")
 
     def prefix(self) -> list[str]:
         spec = self.spec
         script = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in (self.cgroup.procs if self.cgroup else []))
         argv = ["/bin/sh", "-c", script + 'exec "$@"', "polar-limits"]
         rl: list[str] = []
-        if spec.disk_mb is not None:
+        if spec.disk_mb is not None and self.mount is None:  # the tmpfs bounds one file too
             rl.append(f"--fsize={spec.disk_mb * MIB}")
         if self.cgroup is None and spec.pids_limit is not None and self.uid is not None:
             rl.append(f"--nproc={spec.pids_limit}")
@@ -336,6 +357,10 @@ class SessionLimits:
             which = self.cgroup.hit()
             if which is not None:
                 self.trip(which, "OOM kill" if which == "memory_mb" else "fork refused")
+        if self.hit is None and self.mount is not None and self.spec.disk_mb is not None:
+            why = diskfs.full(self.mount)  # one statvfs
+            if why is not None:
+                self.trip("disk_mb", why)
         return self.hit
 
     def trip(self, limit: str, why: str) -> None:
@@ -350,14 +375,14 @@ class SessionLimits:
             self._kill_fallback()
 
     async def _watch(self) -> None:
-        """Poll the cgroup every ``POLL_S``; walk the writable trees every ``DISK_CHECK_S`` or, for big
-        trees, every 20 walks' worth of time (a node of 256 SWE sessions must not spend its threads
+        """Poll the cgroup (and the tmpfs's statvfs) every ``POLL_S``; without the tmpfs, walk the writable
+        trees every ``DISK_CHECK_S`` or, for big trees, every 20 walks' worth of time (a node of 256 SWE sessions must not spend its threads
         on ``stat``)."""
         next_disk = 0.0
         while self.hit is None:
             await asyncio.sleep(self.POLL_S)
             self.check()
-            if self.spec.disk_mb is not None and time.monotonic() >= next_disk:
+            if self.spec.disk_mb is not None and self.mount is None and time.monotonic() >= next_disk:
                 started = time.monotonic()
                 used = await asyncio.to_thread(tree_bytes, self.trees)
                 next_disk = time.monotonic() + max(self.DISK_CHECK_S, 20 * (time.monotonic() - started))

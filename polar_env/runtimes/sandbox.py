@@ -39,10 +39,15 @@ elsewhere). ``diff`` runs git *inside* the sandbox, never on the host, because t
 ``.git/config`` is under the harness's control (hooks, diff drivers, fsmonitor). If the workspace has
 no ``.git`` after the copy, prepare commits a baseline so ``diff`` shows everything changed since.
 
-Limits. bwrap has no cgroup controls: ``spec.memory_mb`` and ``spec.pids_limit`` are not enforced
-here (Docker enforces them). With the host as root filesystem the sandbox can read the host's
-``/etc`` and ``/usr``; give a rootfs directory (``scripts/build_rootfs.sh``) to avoid that. Bind
-targets (``spec.workdir``, ``spec.binds``) may be anywhere: a target missing from a read-only
+Limits (``limits.py``). Processes and memory: the runtime's own cgroup, which every exec joins
+before bwrap starts (rlimits without one). Disk: as root, the runtime's root directory is one sized
+tmpfs (``diskfs.py``; ``size=<disk_mb>m``, ``nr_inodes`` one per 16 KiB), so workspace, ``/tmp`` and
+HOME are bounded by the kernel (ENOSPC) together — files deleted while open, inodes and depth
+included — and teardown unmounts it in O(1) whatever the agent left; rootless, a watchdog walk.
+``limits_report()["mechanisms"]["disk_mb"]`` names which. With the host as root filesystem the
+sandbox can read the host's ``/etc`` and ``/usr``; give a rootfs directory
+(``scripts/build_rootfs.sh``) to avoid that. Bind targets (``spec.workdir``, ``spec.binds``) may be
+anywhere: a target missing from a read-only
 system directory is made creatable (see ``system_mounts``).
 """
 

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import multiprocessing
 import os
 import threading
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from polar_env.evaluators.base import NoAgentRuntime, error_report
 from polar_env.evaluators.workspace import Changes
 from polar_env.records import Status
 from polar_env.runtimes import RuntimeSpec, make_runtime
+from polar_env.staging.deathsig import forkserver_context, run_with_deathsig
 
 _log = logging.getLogger(__name__)
 WORKER_NICE = 10  # grading is throughput work; the gateway's replies win the cores
@@ -204,9 +204,10 @@ def worker_main(conn: Connection) -> None:
 
 class _Worker:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        context = multiprocessing.get_context("forkserver")
+        context = forkserver_context()  # the forkserver and the worker die with the node (deathsig.py)
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child,), daemon=True, name="polar-eval-worker")
+        self.process = context.Process(target=run_with_deathsig, args=(worker_main, child), daemon=True,
+                                       name="polar-eval-worker")
         self.process.start()
         child.close()
         self.lock = threading.Lock()

@@ -13,13 +13,13 @@ references go to the builder (``journal/reader.py``). Evaluations have their own
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
 from polar_env.records import Status, Trajectory
+from polar_env.staging.deathsig import forkserver_context, run_with_deathsig
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +87,9 @@ class PostrunPool:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            context = multiprocessing.get_context("forkserver")
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_warm)
+            context = forkserver_context()  # the forkserver and each worker die with the node (deathsig.py)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=run_with_deathsig,
+                                             initargs=(_warm,))
         return self._pool
 
     async def build(self, store_root: Path, session_id: str, builder: str) -> Built:
