@@ -97,7 +97,7 @@ def test_the_mask_rule(kind: FailureKind) -> None:
     """Environment failures and unfinished runs are dropped; the policy's own failures train with reward 0;
     a sample with nothing sampled is always dropped."""
     policy_made = {FailureKind.AGENT_TIMEOUT, FailureKind.HARNESS_ERROR, FailureKind.LIMIT_EXCEEDED,
-                   FailureKind.EVALUATION_TIMEOUT}
+                   FailureKind.EVALUATION_TIMEOUT, FailureKind.TAMPERED}
     assert masked(kind, 10) is (kind not in policy_made)
     assert masked(kind, 0) is True
     assert (kind in MASKED_KINDS) is (kind not in policy_made)
