@@ -8,9 +8,9 @@ prepare:
   namespace with only ``lo``), ``spec.memory_mb`` (swap off) and ``spec.pids_limit``, ``spec.env``
   as its environment (on top of the image's own, which matters: SWE images put conda on PATH),
   ``spec.binds`` read-only, and the gateway's unix socket bound at ``/run/polar/gw.sock``.
-- ``spec.source_dir`` is copied into ``spec.workdir`` with ``put_archive``; without it the image's
-  own ``spec.workdir`` (e.g. a SWE image's ``/testbed``) is used. If the workspace has no ``.git``,
-  a baseline commit is made (as the agent) so ``diff`` has something to compare to.
+- ``spec.source_dir`` is copied into ``spec.workdir`` (``put_archive``, or on the host into the disk
+  tmpfs); else the image's own workdir (a SWE image's ``/testbed``). Without ``.git`` in it, a
+  baseline commit is made (as the agent) so ``diff`` has something to compare to.
 - the relay (``relay.py``, copied in with ``put_archive``) is started **once per container**:
   ``python3 /run/polar/relay.py --background`` returns only after ``127.0.0.1:<gateway_port>`` is
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
@@ -33,7 +33,7 @@ that uid on the host too, never a real user's). Every exec names its user (``doc
   ``polar_env.runtime=docker-agent-image``) that every session's container then runs: a ``chown -R``
   copies a SWE repo up into a container's layer (overlayfs without ``metacopy``; 17 s for a 44 MB,
   4,300-file tree on this machine), so it is paid once per node, not per session. Per container,
-  root runs only the disk watchdog's ``du`` (and ``mkdir`` for a ``write_file`` outside the agent's
+  root runs only the fallback disk watchdog's ``du`` (and ``mkdir`` for a ``write_file`` outside the agent's
   trees). The only long-lived root processes are pid 1 (``docker-init``) and its idle ``sleep``: the
   container itself is root's so that ``du`` keeps its capability (Docker clears a container's
   effective capabilities for every exec when its configured user is not root).
@@ -50,23 +50,21 @@ never in argv. Without the CLI, the SDK's ``exec_run`` runs on the bounded execu
 SDK's blocking calls (create, put_archive, remove) run on one bounded executor (``EXECUTOR``,
 ``POLAR_DOCKER_THREADS`` threads), never the default one. ``timed_out`` is set when
 the exec ended by SIGKILL/124 at or after the deadline, and ``exit_code`` is then 124. A host-side
-watchdog (deadline + 30 s) covers a hung daemon. Processes that escaped the group with ``setsid``
-live on until ``stop``. ``diff`` runs git inside the container; ``read_file`` is ``cat`` inside;
-``write_file`` is ``put_archive``. ``stop`` removes the container (force) and is idempotent.
+watchdog (deadline + 30 s) covers a hung daemon. ``setsid`` escapees live on until ``stop``. ``diff``
+is git inside; ``read_file`` is ``cat`` inside; ``write_file`` is ``put_archive`` (it reaches bind
+mounts). ``stop`` removes the container (force), then the disk tmpfs, and is idempotent.
 
 Limits: ``pids_limit`` and ``memory_mb`` are Docker's own (``--pids-limit``, ``--memory`` with swap
 off); an OOM kill or a refused fork inside is read from the container's cgroup on this host and ends
-the session like in the other runtimes. ``disk_mb`` is only a watchdog here, not a kernel bound
-(``DISK_MECHANISM``: ``du -x`` inside, at most every ``DISK_CHECK_S``, over the workdir, /tmp and
-HOME in the container's writable layer): it misses files deleted while held open and can be
-outrun between checks. The kernel bounds of the other runtimes do not carry over: ``storage_opt``
-size needs overlay2 on xfs with project quotas (not on these hosts), and a container tmpfs cannot
-hold the image's own workdir or receive ``put_archive`` (``write_file``, the harness's HOME
-config). ``output_mb`` and ``patch_mb`` are the shared stream caps.
+the session like in the other runtimes. ``disk_mb``, as root for the agent's runtime, is the kernel's:
+a host tmpfs bind-mounted over all the agent can write (``docker_disk.py``: workdir, /tmp, HOME...). Else
+(not root, ``POLAR_DISK_TMPFS=0``, the root grading runtime) only a watchdog (``DISK_MECHANISM``,
+``du -x`` inside every ``DISK_CHECK_S``): it misses files deleted while held open and can be outrun
+(``storage_opt`` needs xfs pquota). ``output_mb`` and ``patch_mb`` are the shared stream caps.
 
-Containers carry the label ``polar_env.runtime=docker``; after a crash, leftovers can be removed with
-``docker rm -f $(docker ps -aq --filter label=polar_env.runtime)``. Bind mounts (gateway socket,
-``spec.binds``) name host paths, so the daemon must run on this host; the socket is bound by inode,
+Containers carry the label ``polar_env.runtime=docker``; after a crash, ``docker rm -f $(docker ps -aq
+--filter label=polar_env.runtime)`` (the tmpfs folders are ``leftovers.sweep``'s). Bind mounts name
+host paths, so the daemon must run on this host (and mount namespace); the socket is bound by inode,
 so the gateway must keep the same socket file for the container's lifetime.
 """
 
@@ -94,6 +92,7 @@ from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
+from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 from polar_env.runtimes.sandbox import (
@@ -229,7 +228,8 @@ class DockerRuntime:
 
     name: ClassVar[str] = "docker"
 
-    def __init__(self, spec: RuntimeSpec, *, pull: bool = False, client: Any = None, init: bool = True) -> None:
+    def __init__(self, spec: RuntimeSpec, *, pull: bool = False, client: Any = None, init: bool = True,
+                 root_dir: str | Path | None = None) -> None:
         self.spec = spec
         self.timings = Timings()
         self._pull = pull
@@ -244,6 +244,10 @@ class DockerRuntime:
         self._last_disk = 0.0
         self.uid = AGENT_UID if spec.user == "agent" else 0
         self._userns = "dockerd userns state unknown"
+        self._root_dir = root_dir  # the node's incarnation folder: the tmpfs's host dir goes there
+        self._disk: DockerDisk | None = None  # the tmpfs, or why there is none:
+        self._no_disk: str | None = None
+        self._disk_task: asyncio.Task[None] | None = None
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def _connect(self) -> Any:
@@ -313,19 +317,21 @@ class DockerRuntime:
         client = self._connect()
         self._client = client
         self._ensure_image(client)
-        image = self._agent_image(client) if self.uid != 0 else self.spec.image  # root: no ownership to hand over
+        image: str = self._agent_image(client) if self.uid != 0 else self.spec.image or ""  # root: no ownership to hand over
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
             volumes[str(Path(self.spec.gateway_socket).resolve())] = {"bind": GATEWAY_SOCKET, "mode": "rw"}
         for src, dst in self.spec.binds:
             volumes[str(Path(src).resolve())] = {"bind": dst, "mode": "ro"}
+        self._userns = userns_state(client)
+        self._disk, self._no_disk = DockerDisk.setup(self.spec, self.uid, (HOME, *AGENT_DIRS), self._root_dir, client, image, self._userns)
+        volumes.update(self._disk.volumes() if self._disk is not None else {})
         kwargs: dict[str, Any] = {}
         if self.spec.memory_mb is not None:
             kwargs["mem_limit"] = f"{self.spec.memory_mb}m"
             kwargs["memswap_limit"] = f"{self.spec.memory_mb}m"
         if self.spec.pids_limit is not None:
             kwargs["pids_limit"] = self.spec.pids_limit
-        self._userns = userns_state(client)
         self._container = client.containers.run(
             image,
             entrypoint=IDLE_LOOP[:1],
@@ -347,8 +353,7 @@ class DockerRuntime:
         )
 
     def _put_workspace(self) -> None:
-        assert self.spec.source_dir is not None
-        with _tar_dir(Path(self.spec.source_dir), self.uid) as data:
+        with _tar_dir(Path(str(self.spec.source_dir)), self.uid) as data:
             self._container.put_archive(self.spec.workdir, data)
 
     def _open_socket(self) -> None:
@@ -367,7 +372,7 @@ class DockerRuntime:
         try:
             await _blocking(self._create)
             self._cgroup = _container_cgroup(self._live().id)
-            if self.spec.source_dir is not None:
+            if self.spec.source_dir is not None and self._disk is None:  # the tmpfs was populated on the host
                 await _blocking(self._put_workspace)
             if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
                 await _blocking(self._open_socket)
@@ -387,6 +392,8 @@ class DockerRuntime:
             res = await self.exec(BASELINE_SCRIPT, timeout_s=120)
             if res.exit_code != 0:
                 log.warning("docker: no git baseline in %s (diff() will fail): %s", self.spec.workdir, res.output.strip())
+            if self._disk is not None:
+                self._disk_task = asyncio.create_task(self._disk.watch(lambda: self.limit_hit, self._trip))
         except BaseException:
             await self._remove()
             raise
@@ -405,17 +412,22 @@ class DockerRuntime:
     async def _remove(self) -> None:
         self._stopped = True
         container, self._container = self._container, None
+        if self._disk_task is not None:
+            self._disk_task.cancel()
+            await asyncio.gather(self._disk_task, return_exceptions=True)
 
         def remove() -> None:
             import docker
 
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except docker.errors.NotFound:
-                    pass
-            if self._own_client and self._client is not None:
-                self._client.close()
+            try:
+                if container is not None:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        container.remove(force=True)
+                if self._own_client and self._client is not None:
+                    self._client.close()
+            finally:
+                if self._disk is not None:  # after the container: its binds are gone; never raises
+                    self._disk.remove()
 
         await _blocking(remove)
 
@@ -497,15 +509,17 @@ class DockerRuntime:
         if self.limit_hit is None and self._cgroup is not None and (which := self._cgroup.hit()) is not None:
             why = "OOM kill" if which == "memory_mb" else "fork refused"
             await self._trip(which, f"docker --{'memory' if which == 'memory_mb' else 'pids-limit'} (cgroup)", why)
+        if self.limit_hit is None and self._disk is not None and (full := self._disk.full()) is not None:
+            await self._trip("disk_mb", self._disk.mechanism, full)
         if (self.limit_hit is None and self.spec.disk_mb is not None and self._container is not None
-                and time.monotonic() - self._last_disk >= DISK_CHECK_S):
+                and self._disk is None and time.monotonic() - self._last_disk >= DISK_CHECK_S):
             self._last_disk = time.monotonic()
             dirs = sorted({self.spec.workdir, "/tmp", "/root"})
             code, du_out, _ = await self._exec_raw(["du", "-skxc", *dirs], None, "/", demux=True, cap=MIB, user="0:0")
             lines = du_out.text().split()
             used_kib = int(lines[-2]) if code in (0, 1) and len(lines) >= 2 and lines[-2].isdigit() else 0
             if used_kib * 1024 > self.spec.disk_mb * MIB:
-                await self._trip("disk_mb", DISK_MECHANISM, f"{used_kib // 1024} MiB written")
+                await self._trip("disk_mb", f"{DISK_MECHANISM}; no tmpfs: {self._no_disk}", f"{used_kib // 1024} MiB written")
         return self.limit_hit
 
     async def _trip(self, limit: str, mechanism: str, why: str) -> None:
@@ -524,7 +538,7 @@ class DockerRuntime:
                 "limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
                 "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",
                                "memory_mb": "docker --memory, swap off (cgroup)" if spec.memory_mb else "none",
-                               "disk_mb": DISK_MECHANISM if spec.disk_mb else "none",
+                               "disk_mb": disk_mechanism(self._disk, self.spec.disk_mb, f"{DISK_MECHANISM}; no tmpfs: {self._no_disk}"),
                                "output_mb": "stream cap on docker exec", "patch_mb": "stream cap on diff()"},
                 "hit": self.limit_hit}
 

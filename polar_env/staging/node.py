@@ -272,7 +272,7 @@ class GatewayNode:
                 spec = await asyncio.to_thread(with_harness, spec, harness, self.harness_cache,
                                                install=self.config.install_harnesses)
         options: dict[str, Any] = {}
-        if self._incarnation is not None and spec.kind in ("sandbox", "apptainer"):
+        if self._incarnation is not None and spec.kind in ("sandbox", "apptainer", "docker"):
             options["root_dir"] = self._incarnation.path
         return await prepared(self.make_runtime(spec, session.session_id, **options))
 
