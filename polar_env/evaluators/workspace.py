@@ -34,8 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.errors import PolarError
+from polar_env.runtimes import walk as _walk
 from polar_env.runtimes.base import Runtime
-from polar_env.runtimes.walk import HASH_LIMIT, MAX_ENTRIES, walk
+from polar_env.runtimes.walk import HASH_LIMIT, walk
+
+MAX_ENTRIES = _walk.MAX_ENTRIES  # module-level, so a test can lower it
 
 DISPLAY_LIMIT = 400_000  # characters of the graded patch kept for people
 
@@ -99,7 +102,7 @@ async def snapshot(runtime: Runtime, inside: str | None = None, *, digests: bool
     host = _host_root(runtime, inside)
     if host is not None:
         try:
-            return _to_manifest(await asyncio.to_thread(walk, str(host), digests))
+            return _to_manifest(await asyncio.to_thread(walk, str(host), digests, MAX_ENTRIES))
         except OSError as exc:
             raise WorkspaceBroken(f"the grader cannot take the workspace: {exc}") from None
     res = await runtime.exec(["python3", "-I", "-S", "-c", _SCRIPT, inside, "1" if digests else "0", str(MAX_ENTRIES)],

@@ -123,3 +123,27 @@ async def test_no_fix_scores_zero(task: SweTask) -> None:
     broken = await _grade(task, _diff(Path(str(task.repo_dir)), {"moto/core/utils.py": "def camelcase_to_underscores(n):\n"
                                                                   "    return n\n"}))
     assert broken["reward"] == 0.0 and "FAIL_TO_PASS failed" in broken["reason"]
+
+
+async def test_a_workspace_the_grader_cannot_take_is_zero_not_a_grader_error(task: SweTask, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """More entries than the walk takes (lowered here from 300,000): the agent's doing, reward 0 with
+    the reason, COMPLETED (so unmasked), never an evaluator error."""
+    from polar_env.evaluators import workspace
+    from polar_env.records import Status
+
+    require_bwrap()
+    prefixes = sorted({sys.base_prefix, sys.prefix})
+    spec = RuntimeSpec(source_dir=task.repo_dir, network="none", binds=[(Path(p), p) for p in prefixes],
+                       env={"PATH": f"{Path(sys.executable).parent}:{DEFAULT_PATH}"})
+    agent = make_runtime(spec)
+    await agent.prepare()
+    try:
+        base = await workspace.snapshot(agent)
+        assert (await agent.exec("mkdir -p moto/junk && cd moto/junk && touch $(seq 1 200)")).exit_code == 0
+        monkeypatch.setattr(workspace, "MAX_ENTRIES", len(base) + 50)
+        ctx = EvalContext(task=task, runtime=agent, base=base, runtime_factory=lambda: make_runtime(spec))
+        result = await run_evaluator("swebench", ctx)
+    finally:
+        await agent.stop()
+    assert (result.status, result.reward) == (Status.COMPLETED, 0.0), result.report
+    assert "too many entries" in result.report["reason"]
