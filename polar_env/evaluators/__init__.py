@@ -67,6 +67,7 @@ __all__ = [
     "register_policy",
     "resolve_policy",
     "run_evaluator",
+    "wants_fresh_runtime",
 ]
 
 _log = logging.getLogger(__name__)
@@ -85,17 +86,25 @@ def get_evaluator(ref: str | Evaluator) -> Evaluator:
     return EVALUATORS.get(ref) if isinstance(ref, str) else ref
 
 
+def wants_fresh_runtime(evaluator: str | Evaluator, ctx: EvalContext) -> bool:
+    """Whether the evaluator grades in a fresh runtime for this context (so needs the agent's change
+    set and the pristine base). False for a bad spec too: its evaluation reports it."""
+    try:
+        wants = getattr(get_evaluator(evaluator), "wants_fresh_runtime", None)
+        return bool(wants is not None and wants(ctx))
+    except Exception:  # noqa: BLE001 - evaluate() reports the bad spec
+        return False
+
+
 async def prewarm(evaluator: str | Evaluator, ctx: EvalContext) -> Runtime | None:
     """Prepare the evaluator's fresh runtime ahead of time (while the agent runs); the later
     ``evaluate`` uses it. Returns None when the evaluator needs none. Never raises: a failed
     preparation is remembered and surfaces as the evaluation's ERROR, so this can run as a
     fire-and-forget task."""
+    if not wants_fresh_runtime(evaluator, ctx):
+        return None
     try:
-        ev = get_evaluator(evaluator)
-        wants = getattr(ev, "wants_fresh_runtime", None)
-        if wants is None or not wants(ctx):
-            return None
-        warm = getattr(ev, "prewarm", None)
+        warm = getattr(get_evaluator(evaluator), "prewarm", None)
         if warm is not None:
             await warm(ctx)
         return await ctx.fresh_runtime()

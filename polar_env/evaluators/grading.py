@@ -28,7 +28,7 @@ from polar_env.evaluators.integrity import (
     resolve_policy,
 )
 from polar_env.evaluators.results import PLUGIN_MODULE, Reporter, read_verdict, stage_reporter
-from polar_env.evaluators.workspace import Changes, agent_changes, changes_between, snapshot
+from polar_env.evaluators.workspace import Changes, Manifest, agent_changes, changes_between, snapshot
 from polar_env.runtimes.base import Runtime
 from polar_env.runtimes.limits import LimitExceeded
 
@@ -43,11 +43,12 @@ RESET_COMMAND = "git reset -q && git checkout -- . && git clean -fdq"
 PATCH_FILE = ".git/polar_model.patch"
 
 
-async def changes_from_patch(runtime: Runtime, patch: str, *, timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]]]:
+async def changes_from_patch(runtime: Runtime, patch: str, base: Manifest, *,
+                             timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]]]:
     """The change a text patch makes, read off the files: applied with SWE-bench's fallback chain in
     a scratch copy of the fresh runtime's pristine workspace (the grader's own ``.git``), then the
-    copy is compared with the workspace. ``Changes.source`` is ``"patch (does not apply)"`` when no
-    method applies."""
+    copy is compared with ``base``, that workspace's manifest. ``Changes.source`` is ``"patch (does
+    not apply)"`` when no method applies."""
     cap = getattr(runtime.spec, "patch_mb", None)
     if cap is not None and len(patch) > cap * 1024 * 1024:
         raise LimitExceeded("patch_mb", f"the patch is {len(patch) / 2**20:.1f} MiB, over patch_mb={cap:g}")
@@ -74,7 +75,6 @@ async def changes_from_patch(runtime: Runtime, patch: str, *, timeout_s: float =
                 raise RuntimeError(f"cannot reset the scratch copy after a failed apply: {reset.output[-2000:]}")
         if applied is None:
             return Changes(source="patch (does not apply)"), logs
-        base = await snapshot(runtime)
         changes = await changes_between(runtime, base, await snapshot(runtime, scratch), root=scratch)
         changes.source = f"patch ({applied})"
         return changes, logs
@@ -82,39 +82,48 @@ async def changes_from_patch(runtime: Runtime, patch: str, *, timeout_s: float =
         await runtime.exec(f"rm -rf {scratch}", cwd="/", timeout_s=timeout_s)
 
 
-async def context_changes(ctx: EvalContext, runtime: Runtime, *, timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]]]:
-    """The change set to grade: the node's, a text patch's, or the agent runtime's now."""
+async def context_changes(ctx: EvalContext, runtime: Runtime, *,
+                          timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]], Manifest | None]:
+    """The change set to grade (the node's, a text patch's, or the agent runtime's now), the apply
+    logs, and the fresh ``runtime``'s manifest when it took one (admission reuses it)."""
     if ctx.changes is not None:
-        return ctx.changes, []
+        return ctx.changes, [], None
+    if ctx.patch is not None and not ctx.patch.strip():
+        return Changes(source="patch"), [], None
+    if ctx.patch is None and ctx.runtime is None:
+        return Changes(source="none"), [], None
+    if ctx.patch is None and ctx.runtime is not None and ctx.base is not None:
+        return await agent_changes(ctx.runtime, ctx.base), [], None
+    fresh = await snapshot(runtime)
     if ctx.patch is not None:
-        if not ctx.patch.strip():
-            return Changes(source="patch"), []
-        return await changes_from_patch(runtime, ctx.patch, timeout_s=timeout_s)
-    if ctx.runtime is not None:
-        base = ctx.base if ctx.base is not None else await snapshot(runtime)
-        return await agent_changes(ctx.runtime, base), []
-    return Changes(source="none"), []
+        return *(await changes_from_patch(runtime, ctx.patch, fresh, timeout_s=timeout_s)), fresh
+    assert ctx.runtime is not None
+    return await agent_changes(ctx.runtime, fresh), [], fresh
 
 
 async def graded_runtime(ctx: EvalContext, policy: IntegrityPolicy, *, test_files: Sequence[str] = (),
                          timeout_s: float = 120.0) -> tuple[Runtime, Graded]:
     """The context's fresh runtime with the admitted change written in, and what was graded."""
     runtime = await ctx.fresh_runtime()
-    changes, logs = await context_changes(ctx, runtime, timeout_s=timeout_s)
-    graded = await grade_changes(runtime, changes, policy, test_files=test_files)
+    changes, logs, fresh = await context_changes(ctx, runtime, timeout_s=timeout_s)
+    graded = await grade_changes(runtime, changes, policy, test_files=test_files, base=fresh)
     graded.apply_logs = logs
     await prepare_grading_home(runtime, policy)
     return runtime, graded
 
 
-async def check_env(runtime: Runtime, policy: IntegrityPolicy) -> tuple[dict[str, str], Reporter | None]:
-    """The environment for a check that may run pytest (``output`` commands, Harbor verifiers): the
-    grader's plugin rides along, so its canaries gate the reward whatever else decides it."""
+async def check_env(runtime: Runtime, policy: IntegrityPolicy, *, files: Sequence[str] = (),
+                    safe_path: bool = False) -> tuple[dict[str, str], Reporter | None]:
+    """The environment for a check that runs (or may run) pytest, with the grader's plugin staged:
+    its report and canaries gate the reward whatever else decides it (``swebench``: the verdict
+    itself; ``output`` commands, Harbor verifiers: tampering). ``files``: test modules the canaries
+    prefer; ``safe_path``: see ``grading_env``."""
     workdir = runtime.spec.workdir
     if not policy.enabled:
         return grading_env(policy, workdir), None
-    reporter = await stage_reporter(runtime, canaries=policy.canaries)
-    return grading_env(policy, workdir, {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}), reporter
+    reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files)
+    env = grading_env(policy, workdir, {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}, safe_path=safe_path)
+    return env, reporter
 
 
 async def tamper_evidence(runtime: Runtime, reporter: Reporter | None) -> dict[str, Any] | None:

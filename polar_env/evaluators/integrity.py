@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.errors import ConfigError
-from polar_env.evaluators.workspace import Change, Changes, Manifest, is_text, snapshot, unified
+from polar_env.evaluators.workspace import Change, Changes, Manifest, is_text, read, snapshot, unified
 from polar_env.runtimes.base import Runtime
 
 # Repos copied into a runtime may belong to another uid; git then refuses them as "dubious".
@@ -313,8 +313,9 @@ class Graded:
 
 async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPolicy, *,
                         test_files: Sequence[str] = (), base: Manifest | None = None) -> Graded:
-    """Admit ``changes`` under ``policy`` against the fresh ``runtime``'s pristine workspace and write
-    what passes into it. Nothing is written for a broken change set."""
+    """Admit ``changes`` under ``policy`` against the fresh ``runtime``'s pristine workspace (``base``,
+    its manifest, when the caller already took one) and write what passes into it. Nothing is
+    written for a broken change set."""
     graded = Graded(policy, changes)
     if changes.broken is not None or not changes.items:
         return graded
@@ -327,8 +328,7 @@ async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPol
     for c in graded.kept:
         if c.old is not None:
             try:
-                data = await runtime.read_file(posixpath.join(runtime.spec.workdir, c.path))
-                originals[c.path] = data.decode("utf-8")
+                originals[c.path] = (await read(runtime, posixpath.join(runtime.spec.workdir, c.path))).decode("utf-8")
             except (OSError, ConfigError, UnicodeDecodeError):
                 originals[c.path] = None
     graded.patch = unified(graded.kept, originals.get)

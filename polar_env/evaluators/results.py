@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polar_env.errors import ConfigError
 from polar_env.runtimes.base import Runtime
 
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_grader.py")
@@ -143,8 +144,6 @@ def _status(reps: list[dict[str, Any]]) -> str:
 
 async def read_verdict(runtime: Runtime, reporter: Reporter) -> Verdict:
     """The reporter's verdict after the run (an absent report reads as an unfinished run)."""
-    from polar_env.errors import ConfigError
-
     try:
         raw: bytes | None = await runtime.read_file(reporter.report)
     except (OSError, ConfigError):

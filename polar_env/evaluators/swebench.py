@@ -30,12 +30,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, graded_runtime
-from polar_env.evaluators.integrity import IntegrityParams, grading_env, resolve_policy
+from polar_env.evaluators.grading import broken_result, check_env, graded_runtime
+from polar_env.evaluators.integrity import IntegrityParams, resolve_policy
 from polar_env.evaluators.results import (
-    PLUGIN_MODULE,
     read_verdict,
-    stage_reporter,
     synthetic_log,
 )
 from polar_env.records import Status
@@ -115,16 +113,11 @@ class SweBenchEvaluator:
 
         started = time.monotonic()
         workdir = runtime.spec.workdir
-        reporter = None
-        extra: dict[str, str] = {}
-        if policy.enabled:
-            files = sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS})
-            reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files)
-            extra = {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}
+        env, reporter = await check_env(runtime, policy, files=sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS}),
+                                        safe_path=True)
         script = f"{reporter.directory if reporter else '/tmp'}/eval-{secrets.token_hex(6)}.sh"
         await runtime.write_file(script, spec.eval_script.encode())
-        run = await runtime.exec(f"bash {script}", env=grading_env(policy, workdir, extra, safe_path=True), cwd=workdir,
-                                 timeout_s=params.timeout_s)
+        run = await runtime.exec(f"bash {script}", env=env, cwd=workdir, timeout_s=params.timeout_s)
         timings["eval"] = _since(started)
         report["eval_exit_code"] = run.exit_code
         report["log_tail"] = run.output[-params.log_tail_chars :]

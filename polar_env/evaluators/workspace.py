@@ -234,7 +234,7 @@ async def changes_between(runtime: Runtime, base: Manifest, after: Manifest, *, 
 
 async def agent_changes(runtime: Runtime, base: Manifest) -> Changes:
     """The agent's change set, taken from its live runtime; WorkspaceBroken becomes ``broken``."""
-    cap = int(float(getattr(runtime.spec, "patch_mb", 32)) * 1024 * 1024)
+    cap = int(runtime.spec.patch_mb * 1024 * 1024)
     try:
         return await changes_between(runtime, base, await snapshot(runtime), cap_bytes=cap)
     except WorkspaceBroken as exc:

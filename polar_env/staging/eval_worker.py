@@ -36,6 +36,7 @@ from polar_env.evaluators import (
     get_evaluator,
     prewarm,
     run_evaluator,
+    wants_fresh_runtime,
 )
 from polar_env.evaluators.base import NoAgentRuntime, error_report
 from polar_env.evaluators.workspace import Changes
@@ -67,13 +68,9 @@ class EvalJob:
 def offloadable(name: str, ctx: EvalContext) -> str | None | bool:
     """The module a worker must import to find evaluator ``name`` (None: a built-in or an import
     path), or False when the evaluation stays in the node (see the module docstring)."""
-    try:
-        ev = get_evaluator(name)
-        wants = getattr(ev, "wants_fresh_runtime", None)
-        if wants is None or not wants(ctx):
-            return False
-    except Exception:  # noqa: BLE001 - a bad spec: the in-node path reports it
+    if not wants_fresh_runtime(name, ctx):  # nor does a bad spec: the in-node path reports it
         return False
+    ev = get_evaluator(name)
     if name not in EVALUATORS:
         return None  # an import path: the worker imports it the same way
     if type(ev).__module__.startswith("polar_env.evaluators."):

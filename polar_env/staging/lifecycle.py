@@ -28,11 +28,11 @@ from polar_env.evaluators import (
     EvalContext,
     EvalResult,
     EvaluatorSpec,
-    get_evaluator,
     prewarm,
     run_evaluator,
+    wants_fresh_runtime,
 )
-from polar_env.evaluators.workspace import Manifest, agent_changes, base_manifest
+from polar_env.evaluators.workspace import agent_changes, base_manifest
 from polar_env.harnesses import loop
 from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
@@ -66,7 +66,6 @@ class Run:
     offload: EvalJob | None = None  # the evaluation runs in an evaluation worker process
     exit_code: int | None = None
     final_answer: str | None = None
-    base: Manifest | None = None  # the workspace's pristine manifest, taken before the agent ran
 
     def fail(self, status: SessionStatus, kind: FailureKind, detail: str) -> None:
         """End the run as ``status`` for ``kind``; a later failure replaces an earlier one (a limit
@@ -147,8 +146,10 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
                 async with asyncio.timeout(req.init_timeout_s):
                     await node.open_session(spec, session_metadata(spec, node.node_id))
                     run.runtime = await node.prepare_runtime(spec)
-                    if _grades_changes(req.evaluator, req.task):  # the grader's pristine base, before the agent runs
-                        run.base = await base_manifest(run.runtime)
+                    run.eval_ctx = _eval_context(req.evaluator, req.task, req.runtime, run)
+                    ctx = run.eval_ctx
+                    if ctx is not None and req.evaluator is not None and wants_fresh_runtime(req.evaluator.name, ctx):
+                        ctx.base = await base_manifest(run.runtime)  # pristine: before the agent runs
             except TimeoutError:
                 run.fail(SessionStatus.TIMEOUT, FailureKind.INIT_ERROR, f"INIT exceeded {req.init_timeout_s} s")
                 return
@@ -160,7 +161,6 @@ async def _until_postrun(node: GatewayNode, run: Run) -> None:
             pools.prepared.release()
             holds_place = False
             _enter(node, run, Stage.RUNNING)
-            run.eval_ctx = _eval_context(req.evaluator, req.task, req.runtime, run)
             if run.eval_ctx is not None and req.evaluator is not None:
                 run.offload = _eval_job(req.evaluator, req.task, req.runtime, run.eval_ctx)
                 warm = (node.evaluations.prewarm(spec.session_id, run.offload) if run.offload is not None
@@ -224,22 +224,11 @@ def _explain_failure(node: GatewayNode, run: Run) -> None:
                      f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
 
 
-def _grades_changes(evaluator: EvaluatorSpec | None, task: dict[str, Any]) -> bool:
-    """Whether the evaluator grades the agent's change (in a fresh runtime), so needs its base."""
-    if evaluator is None:
-        return False
-    try:
-        wants = getattr(get_evaluator(evaluator.name), "wants_fresh_runtime", None)
-        return bool(wants is not None and wants(EvalContext(task=task, params=dict(evaluator.params))))
-    except Exception:  # noqa: BLE001 - a bad spec: POSTRUN's evaluation reports it
-        return False
-
-
 def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime: RuntimeSpec, run: Run) -> EvalContext | None:
     if evaluator is None:
         return None
     fresh = evaluation_runtime_spec(runtime)
-    return EvalContext(task=task, params=dict(evaluator.params), runtime=run.runtime, base=run.base,
+    return EvalContext(task=task, params=dict(evaluator.params), runtime=run.runtime,
                        runtime_factory=lambda: make_runtime(fresh))
 
 
@@ -261,9 +250,9 @@ async def _evaluate(node: GatewayNode, run: Run, evaluator: EvaluatorSpec) -> Ev
     ctx.final_answer, ctx.exit_code = run.final_answer, run.exit_code
     if run.prewarm_task is not None:
         await asyncio.gather(run.prewarm_task, return_exceptions=True)
-    if run.runtime is not None and run.base is not None:
+    if run.runtime is not None and ctx.base is not None:
         try:
-            ctx.changes = await agent_changes(run.runtime, run.base)
+            ctx.changes = await agent_changes(run.runtime, ctx.base)
         except LimitExceeded as exc:  # the agent changed more than patch_mb: its own doing
             return EvalResult(reward=0.0, report={"reason": str(exc), "limit": exc.limit})
     if job is not None:
