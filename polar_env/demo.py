@@ -24,7 +24,7 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.engines.embedded.server import build_app as build_engine_app
 from polar_env.engines.vllm import VLLMClient
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.trajectory.fidelity import verify
 from polar_env.trajectory.per_request import build_per_request
@@ -62,7 +62,7 @@ def _read_stream(text: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def fresh_session_id(store: CaptureStore) -> str:
+def fresh_session_id(store: JournalStore) -> str:
     """``demo``, or ``demo-2``, ``demo-3``… when earlier runs left theirs in the same store: a
     rerun must not append its calls to an old session (its trajectory would be two episodes)."""
     taken = set(store.session_ids())
@@ -73,7 +73,7 @@ async def run_demo(store_dir: str | None = None) -> int:
     started = time.perf_counter()
     engine = EmbeddedEngine(policy=ScriptedPolicy())
     engine_runner, engine_url = await _serve(build_engine_app(engine))
-    store = CaptureStore(Path(store_dir or tempfile.mkdtemp(prefix="polar-demo-")))
+    store = JournalStore(Path(store_dir or tempfile.mkdtemp(prefix="polar-demo-")))
     session_id = fresh_session_id(store)
     gateway = await Gateway(VLLMClient(engine_url, engine.model_name), store, GatewayConfig(engine_model=engine.model_name)).start()
     gateway_url = gateway.url

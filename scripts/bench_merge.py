@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.journal.reader import read_with_refs
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.records import (
     AssistantMessage,
     ChatRequest,
@@ -84,7 +84,7 @@ def timed(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
 def ref_path(records: list[CompletionRecord]) -> tuple[float, float]:
     """(compare ms, refs ms) for the session read back from a v2 journal; the trajectories must agree."""
     with tempfile.TemporaryDirectory() as tmp:
-        store = CaptureStore(Path(tmp))
+        store = JournalStore(Path(tmp))
         for record in records:
             store.append(record)
         store.close()

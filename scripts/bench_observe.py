@@ -4,7 +4,7 @@ over large stores.
 1. Gateway: the real app in process, in front of a zero-latency engine double (4k prompt ids, 1k
    sampled ids per call), journaling to disk; 2,000 calls at concurrency 1 and 50, once with the
    metrics middleware and observation and once with both removed (the baseline), side by side.
-2. Dashboard: a capture store of N sessions written through CaptureStore and the outcome writer;
+2. Dashboard: a capture store of N sessions written through JournalStore and the outcome writer;
    time to index it (first request), a sorted page, the next page (cached) and one session page.
 
     python scripts/bench_observe.py [--calls 2000] [--sessions 1000 5000]
@@ -22,11 +22,10 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 
 from polar_env.dashboard.server import Dashboard, build_dashboard
+from polar_env.journal.store import JournalStore, SessionMeta
 from polar_env.observe.metrics import METRICS
-from polar_env.proxy.capture import CaptureStore, SessionMeta
 from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
-from polar_env.trajectory.outcome import write_outcome
 
 PROMPT = list(range(1000, 5096))
 RESPONSE = list(range(2000, 3023)) + [248046]
@@ -47,7 +46,7 @@ class BenchEngine:
 
 async def gateway_run(calls: int, concurrency: int, with_metrics: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
-        gateway = Gateway(BenchEngine(), CaptureStore(Path(tmp)), GatewayConfig(engine_model="m"))  # type: ignore[arg-type]
+        gateway = Gateway(BenchEngine(), JournalStore(Path(tmp)), GatewayConfig(engine_model="m"))  # type: ignore[arg-type]
         app = gateway.app
         if not with_metrics:
             app.middlewares.pop()  # the metrics middleware is the last one installed
@@ -74,7 +73,7 @@ async def gateway_run(calls: int, concurrency: int, with_metrics: bool) -> list[
 
 
 def write_store(root: Path, n: int) -> None:
-    store = CaptureStore(root / "capture" / "node-0")
+    store = JournalStore(root / "capture" / "node-0")
     messages = [{"role": "user", "content": "hi"}]
     for i in range(n):
         sid = f"task{i % 250:03d}-g-{i // 250}"
@@ -85,7 +84,7 @@ def write_store(root: Path, n: int) -> None:
                                       session_id=sid, seq=0, provider_api=ProviderAPI.OPENAI_CHAT,
                                       provider_request={"messages": messages}, chat_request=ChatRequest(messages=messages),
                                       timings=Timings(received_at=0.0)))
-        write_outcome(store.root, sid, {"session_id": sid, "task_id": f"task{i % 250:03d}", "status": "completed",
+        store.write_outcome(sid, {"session_id": sid, "task_id": f"task{i % 250:03d}", "status": "completed",
                                         "reward": float(i % 3 == 0), "records": 1,
                                         "stage_times": {"queued": 0.0, "done": 1.0}, "metadata": {"harness": "pi"}})
     store.close()

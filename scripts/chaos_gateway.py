@@ -275,7 +275,7 @@ async def killer(gw: GatewayProcess, stop: asyncio.Event, rng: random.Random, bi
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
 
     work = Path(tempfile.mkdtemp(prefix="polar-chaos-"))
     store = work / "store"
@@ -335,7 +335,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
     # Read everything back the way a trainer would, after the last restart.
     t = time.monotonic()
-    reread = CaptureStore(store)
+    reread = JournalStore(store)
     lost, records, unreadable, duplicate_seq = 0, 0, 0, 0
     for sid, markers in tally.answered.items():
         try:

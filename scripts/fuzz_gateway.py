@@ -30,7 +30,7 @@ def main() -> int:
 
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from tests.proxy.fuzz_bodies import Case, FuzzGateway, Tally, cases
 
     store = Path(tempfile.mkdtemp(prefix="polar-fuzz-"))
@@ -51,7 +51,7 @@ def main() -> int:
         gw.close()
     elapsed = time.perf_counter() - started
     # after the run: every journal in the store reads back whole
-    reread = CaptureStore(store)
+    reread = JournalStore(store)
     records = sum(len(reread.read(sid)) for sid in reread.session_ids())
     by_route: dict[str, Counter[str]] = {}
     for (route, status), n in tally.by_route.items():

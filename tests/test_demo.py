@@ -29,9 +29,9 @@ def two_demo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_rerunning_the_demo_on_one_store(two_demo_runs: Path) -> None:
     assert sorted(p.name for p in two_demo_runs.glob("*.jsonl")) == ["demo-2.jsonl", "demo.jsonl"]
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
 
-    store = CaptureStore(two_demo_runs)
+    store = JournalStore(two_demo_runs)
     for sid in ("demo", "demo-2"):
         assert len(store.read(sid)) == 2 and len(BUILDERS["prefix_merge"](store.read(sid)).traces) == 1
 

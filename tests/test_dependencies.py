@@ -61,7 +61,7 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         import polar_env
         from polar_env.engines.config import VLLMEngineConfig
         from polar_env.evaluators import EvalContext, run_evaluator
-        from polar_env.proxy.capture import CaptureStore
+        from polar_env.journal.store import JournalStore
         from polar_env.proxy.gateway import Gateway, GatewayConfig
         from polar_env.runtimes import RuntimeSpec, make_runtime
         from polar_env.tasks import toy
@@ -70,7 +70,7 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         async def main():
             engine_server = TestServer(fake_vllm_app())
             await engine_server.start_server()
-            store = CaptureStore(Path({str(tmp_path / "capture")!r}))
+            store = JournalStore(Path({str(tmp_path / "capture")!r}))
             engine = VLLMEngineConfig(url=str(engine_server.make_url("/v1")), model=MODEL).build()
             gw = Gateway(engine, store, GatewayConfig(engine_model=MODEL))
             admin = {{"Authorization": f"Bearer {{gw.config.admin_token}}"}}

@@ -131,13 +131,13 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
+    from polar_env.journal.store import JournalStore
     from polar_env.proxy.admin import load_or_create_admin_token
-    from polar_env.proxy.capture import CaptureStore
     from polar_env.proxy.gateway import Gateway, GatewayConfig, Sampling
 
     started = time.perf_counter()
     engine, model, engine_text = await _gateway_engine(args, kind)
-    store = CaptureStore(store_root, fsync=args.fsync)
+    store = JournalStore(store_root, fsync=args.fsync)
     token, token_path = load_or_create_admin_token(store.root, args.admin_token)
     config = GatewayConfig(
         engine_model=model,

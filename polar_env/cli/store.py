@@ -12,14 +12,14 @@ from polar_env.errors import ConfigError
 
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from polar_env.staging.runs import store_roots
     from polar_env.trajectory.reader import all_session_ids, build_trajectories
 
     hint = "pass a run folder (OUT/<run id>, OUT/latest) or the folder polar-env gateway --store wrote"
     roots = store_roots(existing_dir(args.store, "--store", hint))
     # journals, and rollout sessions that ended before their first call (an outcome file only)
-    where = {sid: root for root in roots for sid in all_session_ids(CaptureStore(root))}
+    where = {sid: root for root in roots for sid in all_session_ids(JournalStore(root))}
     known = sorted(where)
     if not known:
         raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); {hint}")

@@ -3,7 +3,7 @@
 A *run* is a folder ``polar-env rollout``/``eval`` wrote (``OUT/<run id>/``: ``plan.json``,
 ``report.json``, ``sessions.jsonl``, ``live.json`` while it runs, ``capture/<node>/`` journals) or a
 bare capture store (what ``polar-env gateway --store`` wrote). Sessions are listed from the stores' public API
-(``CaptureStore.session_metas``/``session_ids``, ``read_outcome``), overlaid with the finished
+(``JournalStore.session_metas``/``session_ids``, ``read_outcome``), overlaid with the finished
 run's ``sessions.jsonl`` and report rows; nothing here parses a journal line. The index is cached
 and rebuilt when a folder changes (a new journal, outcome or report), so a page of a 1,000-session
 run is a slice of a list in memory, not a scan.
@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
+from polar_env.journal.protocols import JournalSource
+from polar_env.journal.store import RESULT_SUFFIX, JournalStore
 from polar_env.observe.live import read_live
-from polar_env.proxy.capture import CaptureStore
 from polar_env.staging.job import pass_at_k
 from polar_env.staging.runs import is_run_folder, runs_in
-from polar_env.trajectory.outcome import RESULT_SUFFIX, read_outcome
 
 FINISHED = ("completed", "timeout", "error", "cancelled")
 COLUMNS = ("session_id", "task_id", "repo", "sample_index", "harness", "status", "failure_kind", "reward", "calls",
@@ -96,10 +96,10 @@ class Run:
         self.path = Path(path)
         self.name = name
         self._rows: list[dict[str, Any]] = []
-        self._where: dict[str, CaptureStore] = {}
+        self._where: dict[str, JournalSource] = {}
         self._signature: tuple[Any, ...] | None = None
         self._built_at = 0.0
-        self._stores: dict[Path, CaptureStore] = {}
+        self._stores: dict[Path, JournalStore] = {}
         self._history: tuple[tuple[Any, ...] | None, list[list[Any]]] = (None, [])
 
     # -- folders ------------------------------------------------------------------------------
@@ -110,9 +110,9 @@ class Run:
             dirs += sorted(d for d in root.iterdir() if d.is_dir() and d.name != "sessions" and _is_store(d))
         return dirs
 
-    def store(self, folder: Path) -> CaptureStore:
+    def store(self, folder: Path) -> JournalStore:
         if folder not in self._stores:
-            self._stores[folder] = CaptureStore(folder)
+            self._stores[folder] = JournalStore(folder)
         return self._stores[folder]
 
     def _signature_now(self) -> tuple[Any, ...]:
@@ -143,16 +143,17 @@ class Run:
             self._signature, self._built_at = signature, time.monotonic()
         return self._rows
 
-    def _build_rows(self) -> tuple[list[dict[str, Any]], dict[str, CaptureStore]]:
+    def _build_rows(self) -> tuple[list[dict[str, Any]], dict[str, JournalSource]]:
         finished = {r["session_id"]: r for r in _read_lines(self.path / "sessions.jsonl") if "session_id" in r}
         report_rows = {r["session_id"]: r for r in self.report().get("session_rows", [])}
-        rows, where = [], {}
+        rows: list[dict[str, Any]] = []
+        where: dict[str, JournalSource] = {}
         for folder in self.store_dirs():
             store = self.store(folder)
             metas = {m.session_id: m for m in store.session_metas()}
-            ids = set(metas) | set(store.session_ids()) | {p.name[: -len(RESULT_SUFFIX)] for p in folder.glob("*" + RESULT_SUFFIX)}
+            ids = set(metas) | set(store.session_ids()) | set(store.outcome_ids())
             for sid in sorted(ids):
-                outcome = finished.get(sid) or read_outcome(folder, sid) or {}
+                outcome = finished.get(sid) or store.read_outcome(sid) or {}
                 meta = dict(outcome.get("metadata") or {})
                 if sid in metas:
                     meta = {**metas[sid].metadata, **meta}
@@ -161,7 +162,7 @@ class Run:
         return rows, where
 
     @staticmethod
-    def _row(sid: str, store: CaptureStore, outcome: dict[str, Any], meta: dict[str, Any], report_row: dict[str, Any],
+    def _row(sid: str, store: JournalSource, outcome: dict[str, Any], meta: dict[str, Any], report_row: dict[str, Any],
              session_meta: Any) -> dict[str, Any]:
         status = outcome.get("status") or ("closed" if session_meta is not None and session_meta.closed else "running")
         task_id = str(outcome.get("task_id") or meta.get("task_id") or sid)
@@ -180,15 +181,15 @@ class Run:
             "failure_detail": outcome.get("failure_detail") or outcome.get("error"),  # "error": outcomes before kinds
         }
 
-    def locate(self, session_id: str) -> tuple[CaptureStore, dict[str, Any]] | None:
+    def locate(self, session_id: str) -> tuple[JournalSource, dict[str, Any]] | None:
         rows = self.rows()
         store = self._where.get(session_id)
         if store is None:
             return None
         return store, next(r for r in rows if r["session_id"] == session_id)
 
-    def outcome(self, store: CaptureStore, session_id: str) -> dict[str, Any]:
-        return read_outcome(store.root, session_id) or next(
+    def outcome(self, store: JournalSource, session_id: str) -> dict[str, Any]:
+        return store.read_outcome(session_id) or next(
             (r for r in _read_lines(self.path / "sessions.jsonl") if r.get("session_id") == session_id), {})
 
     # -- figures -------------------------------------------------------------------------------

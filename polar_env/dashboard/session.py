@@ -1,7 +1,7 @@
 """One session, page by page: the transcript as the harness saw it, the merged traces token by
 token (loss mask, logprob, call starts, drift points), and the raw journal records.
 
-Records come from ``CaptureStore.read`` and trajectories from ``trajectory.reader.build_session``
+Records come from ``JournalStore.read`` and trajectories from ``trajectory.reader.build_session``
 (the same reader ``polar-env build`` uses), cached per session until its journal changes. Every
 answer is one page: a 100k-token trace or a 100-call journal never travels to the browser whole.
 Token text is decoded id by id for display only; nothing decoded here is ever re-encoded.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.protocols import JournalSource
 from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.trajectory.builders import BUILDERS
@@ -27,14 +27,14 @@ class SessionCache:
         self._items: OrderedDict[tuple[str, str], tuple[tuple[int, int], list[CompletionRecord], Trajectory]]
         self._items = OrderedDict()
 
-    def get(self, store: CaptureStore, session_id: str, builder: str) -> tuple[list[CompletionRecord], Trajectory]:
+    def get(self, store: JournalSource, session_id: str, builder: str) -> tuple[list[CompletionRecord], Trajectory]:
         path = store.path(session_id)
         try:
             stat = path.stat()
             version = (stat.st_size, stat.st_mtime_ns)
         except FileNotFoundError:
             version = (0, 0)
-        key = (str(store.root), session_id)
+        key = (str(path.parent), session_id)
         hit = self._items.get(key)
         if hit is not None and hit[0] == version:
             self._items.move_to_end(key)

@@ -202,17 +202,17 @@ def export_job(out_dir: Path, repo_of: Mapping[str, str], *, min_reward: float =
                credit: CreditScheme = CreditScheme.SESSION) -> SftSummary:
     """``export`` over what ``polar-env rollout``'s job wrote to ``out_dir``: ``sessions.jsonl``
     (every attempt), ``trajectories.jsonl`` and the capture journals under ``capture/<node>/``."""
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from polar_env.trajectory.export import read_jsonl
 
     sessions = [orjson.loads(line) for line in (out_dir / "sessions.jsonl").read_bytes().splitlines() if line.strip()]
     trajs = {t.session_id: t for t in read_jsonl(out_dir / "trajectories.jsonl")}
-    stores: dict[str, CaptureStore] = {}
+    stores: dict[str, JournalStore] = {}
 
     def records_of(traj: Trajectory) -> list[CompletionRecord]:
         node = str(traj.metadata.get("node_id") or "")
         if node not in stores:
-            stores[node] = CaptureStore(out_dir / "capture" / node)
+            stores[node] = JournalStore(out_dir / "capture" / node)
         return stores[node].read(traj.session_id)
 
     rows = ((failure_kind_of(s, Status(s["status"])), float(s.get("reward", 0.0)), s.get("evaluation") or {},

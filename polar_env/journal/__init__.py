@@ -1,2 +1,3 @@
-"""The capture journal, readable without the gateway: the v2 line format (``format``), the
-ordered off-loop writer (``writer``) and the streaming reader (``reader``) for v1 and v2."""
+"""The capture journal and its storage, usable without the gateway: the v2 line format
+(``format``), the ordered off-loop writer (``writer``), the streaming reader (``reader``), the
+file store (``store``) and the two seams a store implements (``protocols``: sink and source)."""

@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path
 
 from polar_env.errors import ConfigError
-from polar_env.proxy.capture import key_digest
+from polar_env.journal.store import key_digest
 
 TOKEN_FILE = "admin_token"
 

@@ -18,8 +18,8 @@ import orjson
 from aiohttp import web
 
 from polar_env.errors import RequestError
+from polar_env.journal.reader import JournalError
 from polar_env.proxy.admin import bearer_token, token_matches
-from polar_env.proxy.capture import JournalError
 from polar_env.proxy.gateway import GATEWAY
 from polar_env.proxy.pipeline import json_response, read_json
 from polar_env.proxy.sessions import Session, request_keys

@@ -32,9 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
 from polar_env.journal.format import PromptRef
+from polar_env.journal.protocols import JournalSink
+from polar_env.journal.store import CaptureError
 from polar_env.journal.writer import JournalWriter
 from polar_env.proxy.admin import new_admin_token
-from polar_env.proxy.capture import CaptureError, CaptureStore
 from polar_env.proxy.continuation import Continuation
 from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.sessions import Session, SessionRegistry
@@ -119,7 +120,7 @@ class GatewayEvents:
 class Gateway:
     """See the module docstring. ``engine`` is closed by ``aclose``; ``store`` too."""
 
-    def __init__(self, engine: EngineClient, store: CaptureStore, config: GatewayConfig) -> None:
+    def __init__(self, engine: EngineClient, store: JournalSink, config: GatewayConfig) -> None:
         if not config.admin_token:
             config = config.model_copy(update={"admin_token": new_admin_token()})
         self.engine = engine

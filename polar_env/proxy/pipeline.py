@@ -40,7 +40,7 @@ from polar_env.errors import (
     RequestError,
 )
 from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef
-from polar_env.proxy.capture import CaptureError
+from polar_env.journal.store import CaptureError
 from polar_env.proxy.continuation import Plan
 from polar_env.proxy.gateway import GATEWAY, Gateway, GatewayConfig
 from polar_env.proxy.providers import PROVIDERS

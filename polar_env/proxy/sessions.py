@@ -25,7 +25,8 @@ from typing import Any
 import orjson
 
 from polar_env.errors import RequestError
-from polar_env.proxy.capture import CaptureStore, SessionMeta, check_session_id, key_digest
+from polar_env.journal.protocols import JournalSink
+from polar_env.journal.store import SessionMeta, check_session_id, key_digest
 from polar_env.proxy.continuation import Continuation
 
 log = logging.getLogger("polar_env.gateway")
@@ -79,7 +80,7 @@ def check_metadata(metadata: Any) -> dict[str, Any]:
 
 
 class SessionRegistry:
-    def __init__(self, store: CaptureStore, continuation_factory: Callable[[], Continuation] | None = None) -> None:
+    def __init__(self, store: JournalSink, continuation_factory: Callable[[], Continuation] | None = None) -> None:
         self.store = store
         self._continuation_factory = continuation_factory
         self._by_id: dict[str, Session] = {}

@@ -39,7 +39,7 @@ from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
 from polar_env.runtimes.limits import LimitExceeded
 from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, offloadable
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
-from polar_env.trajectory.outcome import with_outcome, write_outcome
+from polar_env.trajectory.outcome import with_outcome
 
 if TYPE_CHECKING:
     from polar_env.staging.node import GatewayNode
@@ -301,7 +301,7 @@ async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> S
         await _cleanup(node, run)
         _enter(node, run, Stage.DONE)
         outcome = _outcome(run, reward, evaluation, built.weight_versions, node)
-        await asyncio.to_thread(write_outcome, node.store.root, spec.session_id, outcome)
+        await asyncio.to_thread(node.store.write_outcome, spec.session_id, outcome)
         trajectory = with_outcome(built.trajectory or Trajectory(session_id=spec.session_id, traces=[]), outcome)
     node.pools.occupancy.move(Stage.DONE, None)
     return SessionResult(

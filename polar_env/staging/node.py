@@ -151,7 +151,7 @@ class GatewayNode:
 
     # -- lifetime -----------------------------------------------------------------------------
     async def start(self) -> None:
-        from polar_env.proxy.capture import CaptureStore
+        from polar_env.journal.store import JournalStore
         from polar_env.proxy.gateway import Gateway
         from polar_env.runtimes import leftovers
 
@@ -166,7 +166,7 @@ class GatewayNode:
         if isinstance(model, str) and model:
             self.model = model
         self.meter = MeteredEngine(self.engine)
-        store = CaptureStore(Path(self.config.store) / self.node_id, fsync=self.config.fsync)
+        store = JournalStore(Path(self.config.store) / self.node_id, fsync=self.config.fsync)
         self.gateway = Gateway(self.meter, store, self.config.gateway_config(self.model, own_engine=own_engine))
         # The unix socket is what sandboxes reach (through their relay): it serves the provider
         # routes only, never the control plane (Gateway.provider_app). Unix socket paths are

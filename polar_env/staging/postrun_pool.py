@@ -36,13 +36,12 @@ class Built:
 
 def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
     """Runs in a worker process (or inline): read the journal, build the trajectory."""
-    from polar_env.journal.reader import read_with_refs
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from polar_env.trajectory.builders import BUILDERS, build
 
-    store = CaptureStore(Path(store_root))
+    store = JournalStore(Path(store_root))
     try:
-        records, refs = read_with_refs(store.path(session_id))
+        records, refs = store.read_with_refs(session_id)
     except PolarError as exc:  # a journal line that is not a record: nothing trustworthy to build
         return Built(None, 0, error=f"journal unreadable: {exc}", journal_ok=False)
     if not records:
@@ -71,7 +70,7 @@ def _warm() -> None:
 
     os.nice(POSTRUN_NICE)
     import polar_env.journal.reader
-    import polar_env.proxy.capture
+    import polar_env.journal.store
     import polar_env.trajectory.builders  # noqa: F401
 
 

@@ -221,23 +221,21 @@ def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, Sessio
     were never written (the process was killed: a second signal, SIGKILL, the OOM killer): their
     outcome files and journals give the same result and rewarded trajectory ``polar-env build``
     rebuilds. Cancelled ones are left to run again."""
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from polar_env.trajectory.builders import BUILDERS
-    from polar_env.trajectory.outcome import read_outcome
     from polar_env.trajectory.reader import build_session
 
     skip, out = set(known), {}
     capture = run_dir / "capture"
-    nodes = sorted(p for p in capture.iterdir() if p.is_dir()) if capture.is_dir() else []
+    nodes = [JournalStore(p) for p in sorted(capture.iterdir()) if p.is_dir()] if capture.is_dir() else []
     for req, group in zip(plan.requests, plan.groups, strict=True):
         for index, sid in enumerate(group.session_ids):
             if sid in skip:
                 continue
-            for node in nodes:
-                outcome = read_outcome(node, sid)
+            for store in nodes:
+                outcome = store.read_outcome(sid)
                 if outcome is None or outcome.get("status") in (None, SessionStatus.CANCELLED.value):
                     continue
-                store = CaptureStore(node)
                 try:  # a table name or a pkg.module:attr import path, as validation accepted
                     build = BUILDERS.get(req.builder)
                 except ConfigError:
@@ -248,7 +246,7 @@ def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, Sessio
                           if outcome.get(k) is not None}
                 out[sid] = SessionResult.model_validate({
                     **fields, "session_id": sid, "task_id": req.task_id, "group_id": group.group_id,
-                    "sample_index": index, "node_id": node.name, "records": _records(store, sid), "trajectory": trajectory})
+                    "sample_index": index, "node_id": store.root.name, "records": _records(store, sid), "trajectory": trajectory})
                 break
     return out
 
@@ -328,15 +326,16 @@ def not_started(req: TaskRequest, session_id: str, sample_index: int, signal_nam
 
 def mark_outcome_files(run_dir: Path, results: Iterable[SessionResult]) -> None:
     """Carry the interruption marks into the outcome files, so a later ``polar-env build`` agrees."""
-    from polar_env.trajectory.outcome import read_outcome, write_outcome
+    from polar_env.journal.store import JournalStore
 
     for r in results:
-        if r.failure_kind is not FailureKind.INTERRUPTED or not r.node_id:
+        root = run_dir / "capture" / (r.node_id or "")
+        if r.failure_kind is not FailureKind.INTERRUPTED or not r.node_id or not root.is_dir():
             continue
-        root = run_dir / "capture" / r.node_id
-        outcome = read_outcome(root, r.session_id)
+        store = JournalStore(root)
+        outcome = store.read_outcome(r.session_id)
         if outcome is not None:
-            write_outcome(root, r.session_id, {**outcome, "failure_kind": FailureKind.INTERRUPTED.value,
+            store.write_outcome(r.session_id, {**outcome, "failure_kind": FailureKind.INTERRUPTED.value,
                                                 "failure_detail": r.failure_detail, "mask": True})
 
 

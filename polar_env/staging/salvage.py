@@ -19,7 +19,7 @@ from polar_env.records import FailureKind, Trajectory
 from polar_env.staging.lifecycle import session_metadata
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus
 from polar_env.trajectory.builders import BUILDERS
-from polar_env.trajectory.outcome import with_outcome, write_outcome
+from polar_env.trajectory.outcome import with_outcome
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +27,10 @@ log = logging.getLogger(__name__)
 def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> SessionResult:
     """``result`` (the ERROR the server made) as ``node_lost``, with the partial trajectory and an
     outcome on disk."""
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
 
     try:
-        records = CaptureStore(store_root).read(spec.session_id) if store_root.is_dir() else []
+        records = JournalStore(store_root).read(spec.session_id) if store_root.is_dir() else []
     except (PolarError, OSError) as exc:
         log.warning("session %s: its journal is unreadable after its node died: %s", spec.session_id, exc)
         records = []
@@ -52,9 +52,8 @@ def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> Sessi
             log.warning("session %s: building its partial trajectory failed: %s", spec.session_id, exc)
     trajectory = with_outcome(built, outcome)
     try:
-        store_root.mkdir(parents=True, exist_ok=True)
-        write_outcome(store_root, spec.session_id, outcome)
-    except OSError as exc:
+        JournalStore(store_root).write_outcome(spec.session_id, outcome)
+    except (OSError, ConfigError) as exc:
         log.warning("session %s: cannot write its outcome: %s", spec.session_id, exc)
     return result.model_copy(update={"status": SessionStatus.ERROR, "failure_kind": FailureKind.NODE_LOST,
                                      "failure_detail": detail, "trajectory": trajectory, "records": len(records),

@@ -267,7 +267,7 @@ def _kill_group(pid: int) -> None:
 async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, continuation: bool = False) -> CheckResult:
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.policy import ScriptedPolicy
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from polar_env.proxy.continuation import Continuation
     from polar_env.proxy.gateway import Gateway, GatewayConfig
     from polar_env.proxy.providers import PROVIDERS
@@ -278,7 +278,7 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     if spec.api not in PROVIDERS:
         result.problems.append(f"the gateway has no provider registered for {spec.api.value}")
     engine = EmbeddedEngine(policy=policy_for(spec, ScriptedPolicy()))
-    store = CaptureStore(workdir / "capture")
+    store = JournalStore(workdir / "capture")
     gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name))
     gateway.app.middlewares.append(http_logger(result))
     tracker = Continuation(load_tokenizer(), engine.quirks) if continuation else False

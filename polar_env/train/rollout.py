@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.env import PolarEnv
 from polar_env.evaluators import EvalContext, EvaluatorSpec, run_evaluator
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Gateway, GatewayConfig, Sampling
 from polar_env.records import Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS
@@ -90,7 +90,7 @@ class LocalGateway:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.builder = BUILDERS[builder]
-        self.store = CaptureStore(store_dir or Path(tempfile.mkdtemp(prefix="polar-train-")))
+        self.store = JournalStore(store_dir or Path(tempfile.mkdtemp(prefix="polar-train-")))
         self.gateway: Gateway | None = None
         self._http: aiohttp.ClientSession | None = None
         self.url = ""

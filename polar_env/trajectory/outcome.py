@@ -1,7 +1,7 @@
 """A session's outcome on its trajectory: reward, status, failure and provenance, so files are
 self-describing.
 
-The rollout pipeline writes the outcome next to the session's journal (``<session>.result.json``)
+The rollout pipeline stores the outcome with the session's journal (``JournalStore.write_outcome``)
 and applies it to the trajectory it builds; ``build_trajectories`` applies the same file when it
 rebuilds a store later, so both give the same rewarded trajectory with the same ``status``,
 ``failure_kind``, ``failure_detail`` and ``mask`` (``polar_env.records.masked``).
@@ -10,14 +10,10 @@ rebuilds a store later, so both give the same rewarded trajectory with the same 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-import orjson
 
 from polar_env.records import FailureKind, Status, Trajectory, masked
 
-RESULT_SUFFIX = ".result.json"
 _TYPED = ("status", "reward", "failure_kind", "failure_detail", "error")  # fields of the trajectory, not metadata
 _LEGACY = (("INIT", FailureKind.INIT_ERROR), ("limit exceeded", FailureKind.LIMIT_EXCEEDED),
            ("evaluation", FailureKind.EVALUATOR_ERROR), ("builder", FailureKind.BUILD_ERROR),
@@ -69,19 +65,3 @@ def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
         "traces": traces, "reward": reward, "status": status, "metadata": meta, "failure_kind": kind,
         "failure_detail": detail, "mask": masked(kind, sum(sum(t.loss_mask) for t in traces if t.trainable)),
         "group_id": group_id, "sample_index": provenance.get("sample_index")})
-
-
-def write_outcome(store_root: Path, session_id: str, outcome: dict[str, Any]) -> None:
-    path = Path(store_root) / f"{session_id}{RESULT_SUFFIX}"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(outcome, default=str))
-    tmp.replace(path)  # readers never see half a file
-
-
-def read_outcome(store_root: Path, session_id: str) -> dict[str, Any] | None:
-    path = Path(store_root) / f"{session_id}{RESULT_SUFFIX}"
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None

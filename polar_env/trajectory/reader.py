@@ -11,21 +11,22 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.protocols import JournalSource
+from polar_env.journal.store import JournalStore
 from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS, Builder
 from polar_env.trajectory.checks import error_trajectory
-from polar_env.trajectory.outcome import RESULT_SUFFIX, read_outcome, with_outcome
+from polar_env.trajectory.outcome import with_outcome
 
 
-def build_session(store: CaptureStore, session_id: str, build: Builder) -> Trajectory:
+def build_session(store: JournalSource, session_id: str, build: Builder) -> Trajectory:
     """One session's trajectory, with the session's metadata (from its persisted state) attached
     as ``metadata["session"]`` when the store has it, and its outcome applied when it has one."""
     try:
         meta = store.read_session_meta(session_id)
     except PolarError:
         meta = None
-    outcome = read_outcome(store.root, session_id)
+    outcome = store.read_outcome(session_id)
     if outcome is None and meta is not None and "group_id" in (meta.get("metadata") or {}):
         # a rollout-pipeline session with no outcome: its node died before POSTRUN. Never COMPLETED.
         outcome = {"session_id": session_id, "status": "error", "reward": 0.0, "metadata": meta["metadata"],
@@ -49,14 +50,13 @@ def unbuilt(traj: Trajectory) -> bool:
     return traj.failure_kind is FailureKind.BUILD_ERROR or (traj.status is Status.ERROR and traj.failure_kind is None)
 
 
-def all_session_ids(store: CaptureStore) -> list[str]:
+def all_session_ids(store: JournalSource) -> list[str]:
     """Every session of the store: those with a journal, and those that made no call but have an
     outcome (a session that timed out or failed INIT before its first call still has its row)."""
-    outcomes = (p.name.removesuffix(RESULT_SUFFIX) for p in store.root.glob(f"*{RESULT_SUFFIX}"))
-    return sorted({*store.session_ids(), *outcomes})
+    return sorted({*store.session_ids(), *store.outcome_ids()})
 
 
-def build_store(store: CaptureStore, build: Builder, session_ids: Iterable[str] | None = None) -> list[Trajectory]:
+def build_store(store: JournalSource, build: Builder, session_ids: Iterable[str] | None = None) -> list[Trajectory]:
     return [build_session(store, sid, build) for sid in (all_session_ids(store) if session_ids is None else session_ids)]
 
 
@@ -67,4 +67,4 @@ def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
     root = Path(store_dir)
     if not root.is_dir():
         raise ConfigError(f"capture store {root} does not exist")
-    return build_store(CaptureStore(root), build, sessions or None)
+    return build_store(JournalStore(root), build, sessions or None)

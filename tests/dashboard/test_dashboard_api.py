@@ -1,6 +1,6 @@
 """The dashboard's JSON API without a browser: a 1,000-session store is paged, filtered and sorted
 server-side (each answer is one bounded page), session pages are bounded too, and a dashboard
-bound off loopback demands its token. The store is written through CaptureStore and the outcome
+bound off loopback demands its token. The store is written through JournalStore and the outcome
 writer, the same APIs the rollout pipeline uses."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from polar_env.cli import main
 from polar_env.dashboard.command import is_loopback
 from polar_env.dashboard.server import Dashboard, build_dashboard
-from polar_env.proxy.capture import CaptureStore, SessionMeta
+from polar_env.journal.store import JournalStore, SessionMeta
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
-from polar_env.trajectory.outcome import write_outcome
 
 N = 1000
 
@@ -33,7 +32,7 @@ def record(sid: str, seq: int, prompt: list[int], response: list[int]) -> Comple
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("big") / "capture" / "node-0"
-    store = CaptureStore(root)
+    store = JournalStore(root)
     for i in range(N):
         sid = f"task{i % 250:03d}-g-{i // 250}"
         store.write_session_meta(SessionMeta(session_id=sid, key_sha256="0" * 64, created_at=0.0, closed=True,
@@ -44,7 +43,7 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             store.append(record(sid, 1, [1, 2, 3, 10, 11, 12, 20, 21], [13, 14, 12]))
             store.append(record(sid, 2, [1, 2, 3, 10, 11, 12, 20, 21, 13, 14, 12, 22], [15, 12]))
         status = "timeout" if i % 10 == 0 else "completed"
-        write_outcome(root, sid, {"session_id": sid, "task_id": f"task{i % 250:03d}", "sample_index": i // 250,
+        store.write_outcome(sid, {"session_id": sid, "task_id": f"task{i % 250:03d}", "sample_index": i // 250,
                                   "status": status, "reward": float(i % 4 == 0), "records": 1,
                                   "stage_times": {"queued": 0.0, "running": 1.0, "done": 1.0 + i / 100},
                                   "evaluation": {"reason": f"case {i}"}, "metadata": {"harness": "pi" if i % 2 else "loop"}})
@@ -183,13 +182,13 @@ async def test_a_folder_of_run_folders_lists_each_run_once(tmp_path: Path) -> No
     ids = ["20261201-170000-rollout-aaaaaa", "20261201-171500-eval-bbbbbb"]
     for n, run_id in enumerate(ids):
         root = out / run_id / "capture" / "node-0"
-        store = CaptureStore(root)
+        store = JournalStore(root)
         for i in range(n + 2):
             sid = f"t-{run_id[-6:]}-{i}"
             store.write_session_meta(SessionMeta(session_id=sid, key_sha256="0" * 64, created_at=0.0, closed=True,
                                                  metadata={"task_id": "t", "sample_index": i}))
             store.append(record(sid, 0, [1, 2, 3], [10, 11, 12]))
-            write_outcome(root, sid, {"session_id": sid, "status": "completed", "reward": 1.0, "records": 1})
+            store.write_outcome(sid, {"session_id": sid, "status": "completed", "reward": 1.0, "records": 1})
         store.close()
         (out / run_id / "plan.json").write_text("{}")
     (out / "latest").symlink_to(ids[-1], target_is_directory=True)

@@ -99,12 +99,12 @@ class Gateway:
 @contextlib.asynccontextmanager
 async def gateway(policy: ScriptedPolicy, capture_dir: Path) -> AsyncIterator[Gateway]:
     from polar_env.engines.embedded.engine import EmbeddedEngine
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
     from polar_env.proxy.gateway import Gateway as LiveGateway
     from polar_env.proxy.gateway import GatewayConfig
 
     engine = EmbeddedEngine(policy=policy)
-    store = CaptureStore(capture_dir)
+    store = JournalStore(capture_dir)
     gw = LiveGateway(engine, store, GatewayConfig(engine_model=engine.model_name))
     session = gw.open_session(metadata={"test": "e2e"})
     # unix socket paths are limited to ~107 bytes: pytest's tmp_path can be longer

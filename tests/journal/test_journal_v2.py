@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from polar_env.journal.format import PromptRef, common_prefix
+from polar_env.journal.reader import JournalError
+from polar_env.journal.store import JournalStore
 from polar_env.journal.writer import JournalWriter
-from polar_env.proxy.capture import CaptureStore, JournalError
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
 from polar_env.trajectory.prefix_merge import build_prefix_merged
 
@@ -45,7 +46,7 @@ def dump(r: CompletionRecord) -> dict:
 
 def test_v2_round_trips_exactly_and_is_linear(tmp_path: Path) -> None:
     records = session_records(40)
-    v1, v2 = CaptureStore(tmp_path / "v1", version=1), CaptureStore(tmp_path / "v2")
+    v1, v2 = JournalStore(tmp_path / "v1", version=1), JournalStore(tmp_path / "v2")
     for r in records:
         v1.append(r)
         v2.append(r)
@@ -64,16 +65,16 @@ def test_v2_round_trips_exactly_and_is_linear(tmp_path: Path) -> None:
 
 def test_a_v1_journal_still_reads_and_builds_and_may_continue_in_v2(tmp_path: Path) -> None:
     records = session_records(6)
-    old = CaptureStore(tmp_path, version=1)
+    old = JournalStore(tmp_path, version=1)
     for r in records[:3]:
         old.append(r)
     old.close()
-    new = CaptureStore(tmp_path)  # a gateway restarted on the new format appends v2 lines
+    new = JournalStore(tmp_path)  # a gateway restarted on the new format appends v2 lines
     for r in records[3:]:
         new.append(r)
     lines = (tmp_path / "s.jsonl").read_bytes().splitlines()
     assert ["v" in orjson.loads(x) for x in lines] == [False] * 3 + [True] * 3
-    got = CaptureStore(tmp_path).read("s")
+    got = JournalStore(tmp_path).read("s")
     assert [dump(r) for r in got] == [dump(r) for r in records]
     trajectory = build_prefix_merged(got)
     assert trajectory.metadata["stats"]["chains"] == 1 and trajectory.metadata["stats"]["drift_boundaries"] == 0
@@ -85,7 +86,7 @@ def test_rewritten_history_is_stored_whole_and_exact(tmp_path: Path) -> None:
         "prompt_ids": [7, 8, 9],
         "provider_request": {**records[2].provider_request, "messages": [{"role": "user", "content": "summary"}]},
     })
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     for r in (*records[:2], compacted):
         store.append(r)
     last = orjson.loads((tmp_path / "s.jsonl").read_bytes().splitlines()[-1])
@@ -96,7 +97,7 @@ def test_rewritten_history_is_stored_whole_and_exact(tmp_path: Path) -> None:
 
 def test_continuation_reference_is_used_only_when_it_matches(tmp_path: Path) -> None:
     records = session_records(3)
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     store.append(records[0])
     store.append(records[1])
     keep = len(records[0].prompt_ids) + 2
@@ -104,7 +105,7 @@ def test_continuation_reference_is_used_only_when_it_matches(tmp_path: Path) -> 
     third = orjson.loads((tmp_path / "s.jsonl").read_bytes().splitlines()[-1])
     assert third["prompt"]["parent"] == 1  # so the reference is not trusted: prefix check instead
     assert [dump(r) for r in store.read("s")] == [dump(r) for r in records]
-    honest = CaptureStore(tmp_path / "h")
+    honest = JournalStore(tmp_path / "h")
     honest.append(records[0])
     honest.append(records[1], PromptRef(0, keep, records[1].prompt_ids))
     second = orjson.loads((tmp_path / "h" / "s.jsonl").read_bytes().splitlines()[-1])
@@ -112,32 +113,32 @@ def test_continuation_reference_is_used_only_when_it_matches(tmp_path: Path) -> 
 
 
 def test_a_dangling_reference_is_a_journal_error(tmp_path: Path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     for r in session_records(3):
         store.append(r)
     lines = (tmp_path / "s.jsonl").read_bytes().splitlines(keepends=True)
     (tmp_path / "s.jsonl").write_bytes(lines[0] + lines[2])  # the record line 2 refers to is gone
     with pytest.raises(JournalError, match="line 2"):
-        CaptureStore(tmp_path).read("s")
+        JournalStore(tmp_path).read("s")
 
 
 def test_a_torn_v2_tail_is_skipped_and_repaired(tmp_path: Path) -> None:
     records = session_records(4)
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     for r in records[:3]:
         store.append(r)
     store.close()
     with open(tmp_path / "s.jsonl", "ab") as f:
         f.write(b'{"v":2,"session_id":"s","seq":3,"prompt":{"par')  # kill -9 mid-write
-    assert [r.seq for r in CaptureStore(tmp_path).read("s")] == [0, 1, 2]
-    again = CaptureStore(tmp_path)
+    assert [r.seq for r in JournalStore(tmp_path).read("s")] == [0, 1, 2]
+    again = JournalStore(tmp_path)
     again.append(records[3])
     assert [dump(r) for r in again.read("s")] == [dump(r) for r in records]
     assert (tmp_path / "s.jsonl.torn").exists()
 
 
 def test_streamed_reading_from_an_offset(tmp_path: Path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     records = session_records(10)
     for r in records:
         store.append(r)

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Gateway as LiveGateway
 from polar_env.proxy.gateway import GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, Generation
@@ -57,7 +57,7 @@ def live(client: TestClient) -> LiveGateway:
 class Gateway:
     """A live gateway (aiohttp TestServer on 127.0.0.1) plus helpers to open sessions and post."""
 
-    def __init__(self, client: TestClient, store: CaptureStore) -> None:
+    def __init__(self, client: TestClient, store: JournalStore) -> None:
         self.client = client
         self.store = store
         self.admin = admin_headers(client)
@@ -73,8 +73,8 @@ class Gateway:
         return await self.client.post(path, data=data, headers=hdrs)
 
 
-async def start_gateway(engine: object, tmp_path: Path, **config: object) -> tuple[TestClient, CaptureStore]:
-    store = CaptureStore(tmp_path / "capture")
+async def start_gateway(engine: object, tmp_path: Path, **config: object) -> tuple[TestClient, JournalStore]:
+    store = JournalStore(tmp_path / "capture")
     gateway = LiveGateway(engine, store, GatewayConfig(engine_model="polar-tiny-qwen3", **config))  # type: ignore[arg-type]
     client = TestClient(TestServer(gateway.app))
     await client.start_server()

@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from hypothesis import strategies as st
 
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.qwen.template import render
 from polar_env.qwen.tokenizer import load_tokenizer
@@ -319,7 +319,7 @@ class FuzzGateway:
 
     def __init__(self, root: Path) -> None:
         self.engine = RenderingFakeEngine()
-        self.store = CaptureStore(root)
+        self.store = JournalStore(root)
         self.gateway = Gateway(self.engine, self.store, GatewayConfig(engine_model="fuzz", session_idle_s=None))
         self.app = self.gateway.app
         self.admin = self.gateway.config.admin_token or ""

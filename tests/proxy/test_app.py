@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Sampling
 from polar_env.qwen.tokenizer import IM_END_ID
 from tests.conftest import SHELL_TOOL
@@ -121,13 +121,13 @@ async def test_completions_endpoint_delete_and_reopen(scripted_gateway: Gateway,
     assert resp.status == 200 and (await resp.json())["closed"] is True
     resp = await scripted_gateway.post(CHAT, chat_body(), bearer(s))
     assert resp.status == 401
-    reopened = CaptureStore(tmp_path / "capture")
+    reopened = JournalStore(tmp_path / "capture")
     assert [r.seq for r in reopened.read("keep")] == [0, 1] and reopened.session_ids() == ["keep"]
     assert (await scripted_gateway.client.get("/sessions/nope", headers=scripted_gateway.admin)).status == 404
 
 
 async def test_torn_final_line_is_skipped(tmp_path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     path = store.path("s")
     path.write_bytes(b'{"truncated": ')
     assert store.read("s") == []

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from polar_env.engines.sglang import SGLangClient
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Gateway, GatewayConfig, GatewayEvent
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine
@@ -24,7 +24,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "Run it."}], "too
 
 async def test_start_serves_tcp_and_the_sandbox_socket_and_emits_events(tmp_path: Path) -> None:
     events: list[GatewayEvent] = []
-    gw = Gateway(FakeEngine(), CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
+    gw = Gateway(FakeEngine(), JournalStore(tmp_path), GatewayConfig(engine_model="m"))
     unsubscribe = gw.events.subscribe(events.append)
     gw.events.subscribe(lambda e: 1 / 0)  # a broken subscriber never fails a request
     sock_dir = Path(tempfile.mkdtemp(prefix="pgw-"))
@@ -54,7 +54,7 @@ async def test_start_serves_tcp_and_the_sandbox_socket_and_emits_events(tmp_path
 
 async def test_aclose_drains_a_capture_whose_client_left(tmp_path: Path) -> None:
     engine = FakeEngine(delay_s=0.5)
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     gw = await Gateway(engine, store, GatewayConfig(engine_model="m")).start()
     session = gw.open_session("s")
     async with aiohttp.ClientSession() as http:
@@ -66,7 +66,7 @@ async def test_aclose_drains_a_capture_whose_client_left(tmp_path: Path) -> None
     assert len(gw.in_flight) == 1  # the generation goes on without its client
     await gw.aclose()
     assert not gw.in_flight
-    assert [r.seq for r in CaptureStore(tmp_path).read("s")] == [0]  # written before the store closed
+    assert [r.seq for r in JournalStore(tmp_path).read("s")] == [0]  # written before the store closed
 
 
 async def test_closing_a_session_aborts_its_engine_call_and_marks_the_journal(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ async def test_closing_a_session_aborts_its_engine_call_and_marks_the_journal(tm
                 raise
             raise AssertionError("not reached")
 
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     gw = await Gateway(SlowEngine(), store, GatewayConfig(engine_model="m")).start()
     try:
         session = gw.open_session("s")
@@ -122,7 +122,7 @@ async def test_sglang_call_is_aborted_with_its_rid(tmp_path: Path) -> None:
     await server.start_server()
     engine = SGLangClient([str(server.make_url("")).rstrip("/")], "m", mode="generate")
     engine._render = lambda request: asyncio.sleep(0, [1, 2, 3])  # type: ignore[method-assign]
-    gw = await Gateway(engine, CaptureStore(tmp_path), GatewayConfig(engine_model="m")).start()
+    gw = await Gateway(engine, JournalStore(tmp_path), GatewayConfig(engine_model="m")).start()
     try:
         session = gw.open_session("s")
         async with aiohttp.ClientSession() as http:

@@ -1,7 +1,7 @@
 """Issue 9's findings, one test (or a few) each: each failed on the gateway before the fix.
 
 1 control plane auth · 2 non-finite logprobs · 3 torn/short journal writes (gateway side; the store
-side is in test_capture.py) · 4 restart · 5 bounded fds and idle expiry · 6 validation before the
+side is in tests/journal/test_store.py) · 4 restart · 5 bounded fds and idle expiry · 6 validation before the
 engine · 7 engine timeout and pause · 8 the smaller ones.
 """
 
@@ -19,9 +19,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
-from polar_env.proxy import capture
+from polar_env.journal import store as journal_store
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.admin import load_or_create_admin_token
-from polar_env.proxy.capture import CaptureStore
 from polar_env.proxy.gateway import Gateway as LiveGateway
 from polar_env.proxy.gateway import GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, Generation
@@ -70,12 +70,12 @@ async def test_control_plane_needs_the_admin_token_or_the_sessions_own_key(fake_
 
 
 async def test_gateway_always_has_an_admin_token(tmp_path: Path) -> None:
-    gw = LiveGateway(FakeEngine(), CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
+    gw = LiveGateway(FakeEngine(), JournalStore(tmp_path), GatewayConfig(engine_model="m"))
     token = gw.config.admin_token
     assert token and len(token) >= 32
-    other = LiveGateway(FakeEngine(), CaptureStore(tmp_path / "2"), GatewayConfig(engine_model="m"))
+    other = LiveGateway(FakeEngine(), JournalStore(tmp_path / "2"), GatewayConfig(engine_model="m"))
     assert other.config.admin_token != token
-    given = LiveGateway(FakeEngine(), CaptureStore(tmp_path / "3"), GatewayConfig(engine_model="m", admin_token="t0p"))
+    given = LiveGateway(FakeEngine(), JournalStore(tmp_path / "3"), GatewayConfig(engine_model="m", admin_token="t0p"))
     assert given.config.admin_token == "t0p"
 
 
@@ -98,7 +98,7 @@ async def test_keys_never_stored_in_clear(fake_gateway: Gateway, tmp_path: Path)
 
 async def test_provider_app_serves_no_control_plane(fake_engine: FakeEngine, tmp_path: Path) -> None:
     """What a sandbox reaches: provider routes for its own key, nothing else, whatever it sends."""
-    gw = LiveGateway(fake_engine, CaptureStore(tmp_path), GatewayConfig(engine_model="m"))
+    gw = LiveGateway(fake_engine, JournalStore(tmp_path), GatewayConfig(engine_model="m"))
     session = gw.open_session("mine")
     other = gw.open_session("theirs")
     admin = bearer(gw.config.admin_token or "")
@@ -157,7 +157,7 @@ async def test_non_finite_logprob_is_refused_not_recorded(fake_gateway: Gateway,
 
 async def test_short_journal_write_is_a_500_and_leaves_nothing(fake_gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk that takes only part of the record (the fake write below is the test double for a
-    full disk; the real RLIMIT_FSIZE case is in test_capture.py)."""
+    full disk; the real RLIMIT_FSIZE case is in tests/journal/test_store.py)."""
     s = await fake_gateway.session(session_id="full")
     assert (await fake_gateway.post(CHAT, chat_body(), bearer(s["key"]))).status == 200
     real_write = os.write
@@ -166,11 +166,11 @@ async def test_short_journal_write_is_a_500_and_leaves_nothing(fake_gateway: Gat
     def short_write(fd: int, data: bytes) -> int:
         return real_write(fd, data[: len(data) // 2]) if fd in journal_fds.values() else real_write(fd, data)
 
-    monkeypatch.setattr(capture.os, "write", short_write)
+    monkeypatch.setattr(journal_store.os, "write", short_write)
     resp = await fake_gateway.post(CHAT, chat_body(), bearer(s["key"]))
     body = await resp.json()
     assert resp.status == 500 and "could not record" in body["error"]["message"]
-    monkeypatch.setattr(capture.os, "write", real_write)
+    monkeypatch.setattr(journal_store.os, "write", real_write)
     assert (await fake_gateway.post(CHAT, chat_body(), bearer(s["key"]))).status == 200
     records = fake_gateway.store.read("full")
     assert [r.seq for r in records] == [0, 1]  # the failed call left no bytes and no gap

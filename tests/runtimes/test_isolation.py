@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.gateway import Gateway, GatewayConfig
 from polar_env.runtimes import RuntimeSpec, make_runtime
 from tests.conftest import require_bwrap
@@ -58,7 +58,7 @@ print("PROBE " + json.dumps(out))
 async def test_sandboxed_process_reaches_only_its_own_provider_routes(tmp_path: Path) -> None:
     require_bwrap()
     engine = FakeEngine()
-    gw = Gateway(engine, CaptureStore(tmp_path / "capture"), GatewayConfig(engine_model="m"))
+    gw = Gateway(engine, JournalStore(tmp_path / "capture"), GatewayConfig(engine_model="m"))
     mine = gw.open_session("mine")
     theirs = gw.open_session("theirs")
     # the admin token is handed in only to prove it does not help: sandboxes never get it

@@ -157,9 +157,9 @@ async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_
 
 
 async def test_a_reply_that_could_not_be_delivered_is_marked_by_an_event_line(tmp_path: Path) -> None:
-    from polar_env.proxy.capture import CaptureStore
+    from polar_env.journal.store import JournalStore
 
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     engine = simulated("x")
     records = []
     for seq in range(2):

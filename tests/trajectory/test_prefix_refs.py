@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from polar_env.journal.reader import read_with_refs
-from polar_env.proxy.capture import CaptureStore
+from polar_env.journal.store import JournalStore
 from polar_env.trajectory.builders import build
 from polar_env.trajectory.prefix_merge import build_prefix_merged
 
@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 from bench_merge import session
 
 
-def _stores(tmp_path: Path, calls: int) -> tuple[CaptureStore, CaptureStore]:
-    v1, v2 = CaptureStore(tmp_path / "v1", version=1), CaptureStore(tmp_path / "v2")
+def _stores(tmp_path: Path, calls: int) -> tuple[JournalStore, JournalStore]:
+    v1, v2 = JournalStore(tmp_path / "v1", version=1), JournalStore(tmp_path / "v2")
     for record in session(calls, seed=3):
         v1.append(record)
         v2.append(record)

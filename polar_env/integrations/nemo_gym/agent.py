@@ -158,10 +158,10 @@ class PolarGymAgent:
         if not session_id or folder is None or not folder.is_dir():
             return []
         from polar_env.errors import PolarError
-        from polar_env.proxy.capture import CaptureStore
+        from polar_env.journal.store import JournalStore
 
         try:
-            return CaptureStore(folder).read(session_id)
+            return JournalStore(folder).read(session_id)
         except (PolarError, OSError, ValueError):
             return []
 

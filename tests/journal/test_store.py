@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from polar_env.proxy.capture import CaptureError, CaptureStore, JournalError, SessionMeta
+from polar_env.journal.reader import JournalError
+from polar_env.journal.store import CaptureError, JournalStore, SessionMeta
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
 from tests.conftest import REPO_ROOT
 
@@ -27,14 +28,14 @@ def record(session_id: str, seq: int, pad: int = 0) -> CompletionRecord:
 
 def test_torn_tail_is_cut_off_before_the_next_append(tmp_path: Path) -> None:
     """kill -9 in the middle of a large write leaves a fragment; the next record must not glue onto it."""
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     store.append(record("s", 0))
     store.close()
     whole = store.path("s").read_bytes()
     torn = record("s", 1, pad=8 << 20).to_json()[: 5 << 20]  # 5 MB of an 8 MB record
     store.path("s").write_bytes(whole + torn)
-    assert [r.seq for r in CaptureStore(tmp_path).read("s")] == [0]
-    again = CaptureStore(tmp_path)
+    assert [r.seq for r in JournalStore(tmp_path).read("s")] == [0]
+    again = JournalStore(tmp_path)
     assert again.next_seq("s") == 1
     again.append(record("s", 1))
     assert [r.seq for r in again.read("s")] == [0, 1]
@@ -42,7 +43,7 @@ def test_torn_tail_is_cut_off_before_the_next_append(tmp_path: Path) -> None:
 
 
 def test_next_seq_reads_the_last_whole_record(tmp_path: Path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     assert store.next_seq("s") == 0
     for seq in (0, 1, 5):
         store.append(record("s", seq, pad=100_000))
@@ -50,7 +51,7 @@ def test_next_seq_reads_the_last_whole_record(tmp_path: Path) -> None:
 
 
 def test_bad_middle_line_names_file_and_line(tmp_path: Path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     store.append(record("s", 0))
     good = store.path("s").read_bytes()
     bad = good.replace(b"-0.5", b"null")  # what a NaN logprob used to be written as
@@ -60,7 +61,7 @@ def test_bad_middle_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_session_meta_round_trip(tmp_path: Path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     assert store.read_session_meta("s") is None
     store.write_session_meta(SessionMeta(session_id="s", key_sha256="00" * 32, created_at=1.0, metadata={"a": 1}))
     assert store.read_session_meta("s") == {"session_id": "s", "key_sha256": "00" * 32, "created_at": 1.0,
@@ -69,7 +70,7 @@ def test_session_meta_round_trip(tmp_path: Path) -> None:
 
 
 def test_unserializable_record_is_a_capture_error(tmp_path: Path) -> None:
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     deep: object = "x"
     for _ in range(300):
         deep = {"a": deep}
@@ -83,7 +84,7 @@ CHILD = textwrap.dedent("""
     import resource, sys
     sys.path.insert(0, {root!r})
     from pathlib import Path
-    from polar_env.proxy.capture import CaptureError, CaptureStore
+    from polar_env.journal.store import CaptureError, JournalStore
     from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, Timings
 
     def record(session_id, seq, pad=0):  # as record() in the test module (which imports torch via conftest)
@@ -94,7 +95,7 @@ CHILD = textwrap.dedent("""
             timings=Timings(received_at=0.0),
         )
     mode = sys.argv[1]
-    store = CaptureStore(Path(sys.argv[2]))
+    store = JournalStore(Path(sys.argv[2]))
     if mode == "fsize":
         resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))  # the disk is full at 300 kB
         ok = failed = 0
@@ -131,14 +132,14 @@ def test_write_past_a_file_size_limit_fails_whole(tmp_path: Path) -> None:
     assert int(ok) > 0 and int(failed) > 0, reason
     data = (tmp_path / "s.jsonl").read_bytes()
     assert data.endswith(b"\n") and data.count(b"\n") == int(ok)
-    assert [r.seq for r in CaptureStore(tmp_path).read("s")] == list(range(int(ok)))
+    assert [r.seq for r in JournalStore(tmp_path).read("s")] == list(range(int(ok)))
     assert "cut short" in reason or "File too large" in reason
 
 
 def test_3000_sessions_under_a_1024_fd_limit(tmp_path: Path) -> None:
     fds, open_journals = map(int, run_child("nofile", tmp_path).split())
     assert open_journals <= 64 and fds < 100
-    store = CaptureStore(tmp_path)
+    store = JournalStore(tmp_path)
     assert len(store.session_ids()) == 3000
     assert [r.seq for r in store.read("s7")] == [0, 1] and [r.seq for r in store.read("s8")] == [0]
     assert orjson.loads(store.path("s0").read_bytes().splitlines()[0])["seq"] == 0

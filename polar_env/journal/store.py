@@ -1,7 +1,11 @@
-"""Durable capture: one JSON-lines journal per session, appended before the reply is sent, plus
+"""The journal store: one JSON-lines journal per session, appended before the reply is sent, plus
 each session's persisted state (``sessions/<id>.json``) so a restarted gateway knows its sessions.
 Lines are journal v2 (``polar_env/journal/format.py``: linear in tokens); ``version=1`` writes
-the earlier whole-record lines (kept for comparisons); readers take both, streamed.
+the earlier whole-record lines (kept for comparisons); readers take both, streamed
+(``reader.py``). A session's outcome (reward, status, evaluation) is stored next to its journal
+(``<id>.result.json``). ``JournalStore`` is the file implementation of both seams in
+``protocols.py``: the gateway writes through ``JournalSink``, everything after reads through
+``JournalSource``.
 
 Threads. The gateway appends from its journal writer thread (``polar_env/journal/writer.py``)
 while the event loop opens and closes sessions: descriptors and the encoder state are guarded by
@@ -36,21 +40,19 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError, PolarError
-from polar_env.journal.format import Decoder, Encoder, FormatError, PromptRef, apply_events
+from polar_env.journal.format import Encoder, PromptRef, apply_events
+from polar_env.journal.reader import JournalError, PromptRefs, iter_journal, read_with_refs
 from polar_env.records import CompletionRecord
 
 log = logging.getLogger("polar_env.gateway")
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _TAIL_CHUNK = 64 * 1024
+RESULT_SUFFIX = ".result.json"  # a session's outcome, next to its journal
 
 
 class CaptureError(PolarError):
     """A record could not be written whole; nothing of it is left in the journal."""
-
-
-class JournalError(PolarError):
-    """A journal line (not the torn last one) is not a valid record."""
 
 
 def check_session_id(session_id: str) -> str:
@@ -77,9 +79,9 @@ class SessionMeta(BaseModel):
     closed: bool = False
 
 
-class CaptureStore:
-    """Per-session journals under ``root`` (``<session_id>.jsonl``) and session state under
-    ``root/sessions``."""
+class JournalStore:
+    """Per-session journals under ``root`` (``<session_id>.jsonl``), session state under
+    ``root/sessions`` and outcomes as ``root/<session_id>.result.json``."""
 
     def __init__(self, root: Path, *, fsync: bool = False, max_open: int = 64, version: int = 2) -> None:
         try:
@@ -197,6 +199,10 @@ class CaptureStore:
         with open(path, "rb") as f:
             yield from iter_journal(f, path, start)
 
+    def read_with_refs(self, session_id: str) -> tuple[list[CompletionRecord], PromptRefs]:
+        """``read`` plus the v2 prompt references (``reader.read_with_refs``)."""
+        return read_with_refs(self.path(session_id))
+
     def count(self, session_id: str) -> int:
         path = self.path(session_id)
         return path.read_bytes().count(b"\n") if path.exists() else 0
@@ -261,6 +267,27 @@ class CaptureStore:
                 log.error("skipping unreadable session state %s: %s", path, str(exc).splitlines()[0])
         return metas
 
+    # -- outcomes ---------------------------------------------------------------------------------
+    def _outcome_path(self, session_id: str) -> Path:
+        return self.root / f"{check_session_id(session_id)}{RESULT_SUFFIX}"
+
+    def write_outcome(self, session_id: str, outcome: dict[str, Any]) -> None:
+        """Atomically replace the session's outcome: readers never see half a file."""
+        path = self._outcome_path(session_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(outcome, default=str))
+        tmp.replace(path)
+
+    def read_outcome(self, session_id: str) -> dict[str, Any] | None:
+        try:
+            data = orjson.loads(self._outcome_path(session_id).read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def outcome_ids(self) -> list[str]:
+        return sorted(p.name.removesuffix(RESULT_SUFFIX) for p in self.root.glob(f"*{RESULT_SUFFIX}"))
+
     # -- descriptors ------------------------------------------------------------------------------
     def open_fds(self) -> int:
         return len(self._fds)
@@ -282,52 +309,6 @@ class CaptureStore:
         with self._lock:
             for session_id in list(self._fds):
                 self.close_session(session_id)
-
-
-def iter_journal(f: Any, path: Path, start: int = 0, events: list[dict[str, Any]] | None = None,
-                 decoder: Decoder | None = None) -> Iterator[CompletionRecord]:
-    """Records from an open journal file, one line at a time (see ``CaptureStore.read``); the
-    ``start`` count and line numbers in errors are over record lines (event lines are skipped,
-    or collected into ``events``). ``decoder``: one that also keeps what it saw (prompt refs)."""
-    decoder = decoder or Decoder()
-    number = 0  # records seen
-    line_no = 0
-    pending: bytes | None = None
-    for raw in f:
-        if pending is not None:
-            line_no += 1
-            record = _decode(decoder, pending, path, line_no, events)
-            if record is not None:
-                number += 1
-                if number > start:
-                    yield record
-        pending = raw
-    if pending is None:
-        return
-    line_no += 1
-    if pending.endswith(b"\n"):
-        record = _decode(decoder, pending, path, line_no, events)
-    else:  # no trailing newline: the write was cut short (a torn tail) unless it parses whole
-        try:
-            record = _decode(decoder, pending, path, line_no, events)
-        except JournalError:
-            return
-    if record is not None and number + 1 > start:
-        yield record
-
-
-def _decode(decoder: Decoder, line: bytes, path: Path, number: int,
-            events: list[dict[str, Any]] | None = None) -> CompletionRecord | None:
-    try:
-        raw = orjson.loads(line)
-        if isinstance(raw, dict) and "event" in raw:
-            if events is not None:
-                events.append(raw)
-            return None
-        return decoder.decode(raw)
-    except (orjson.JSONDecodeError, ValidationError, ValueError, KeyError, TypeError, AttributeError, FormatError) as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise JournalError(f"{path} line {number} is not a valid record: {first}") from exc
 
 
 def repair_tail(fd: int, path: Path) -> None:
