@@ -25,7 +25,8 @@ from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.engines.embedded.server import build_app as build_engine_app
 from polar_env.engines.vllm import VLLMClient
 from polar_env.journal.store import JournalStore
-from polar_env.proxy.gateway import Gateway, GatewayConfig
+from polar_env.proxy.config import GatewayConfig
+from polar_env.proxy.gateway import Gateway
 from polar_env.trajectory.fidelity import verify
 from polar_env.trajectory.per_request import build_per_request
 from polar_env.trajectory.prefix_merge import build_prefix_merged

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.proxy.gateway import Sampling
+from polar_env.proxy.config import Sampling
 from polar_env.records import ProviderAPI, Trajectory
 from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes.base import RuntimeSpec

@@ -24,7 +24,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from polar_env.dashboard.server import Dashboard, build_dashboard
 from polar_env.journal.store import JournalStore, SessionMeta
 from polar_env.observe.metrics import METRICS
-from polar_env.proxy.gateway import Gateway, GatewayConfig
+from polar_env.proxy.config import GatewayConfig
+from polar_env.proxy.gateway import Gateway
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
 
 PROMPT = list(range(1000, 5096))

@@ -62,7 +62,8 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         from polar_env.engines.config import VLLMEngineConfig
         from polar_env.evaluators import EvalContext, run_evaluator
         from polar_env.journal.store import JournalStore
-        from polar_env.proxy.gateway import Gateway, GatewayConfig
+        from polar_env.proxy.config import GatewayConfig
+        from polar_env.proxy.gateway import Gateway
         from polar_env.runtimes import RuntimeSpec, make_runtime
         from polar_env.tasks import toy
         from polar_env.trajectory.builders import BUILDERS

@@ -20,7 +20,7 @@ from polar_env.env import PolarEnv, PolarEnvConfig
 from polar_env.errors import ConfigError
 from polar_env.evaluators import EVALUATORS, EvaluatorSpec
 from polar_env.harnesses import HARNESSES, check_harness
-from polar_env.proxy.gateway import GatewayConfig, Sampling
+from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.registry import NAMES_CHECKED, Registry, validation_line
 from polar_env.runtimes import RUNTIMES, RuntimeSpec

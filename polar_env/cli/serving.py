@@ -133,7 +133,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
     from polar_env.journal.store import JournalStore
     from polar_env.proxy.admin import load_or_create_admin_token
-    from polar_env.proxy.gateway import Gateway, GatewayConfig, Sampling
+    from polar_env.proxy.config import GatewayConfig, Sampling
+    from polar_env.proxy.gateway import Gateway
 
     started = time.perf_counter()
     engine, model, engine_text = await _gateway_engine(args, kind)

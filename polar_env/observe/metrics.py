@@ -11,13 +11,11 @@ labels are listed in the README ("Metrics"); a label is never a session id (unbo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-from polar_env.proxy.providers import PROVIDERS
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Added latency is the gateway's own cost (parse, translate, journal): sub-millisecond to tens of ms.
@@ -36,26 +34,17 @@ class _Gate(Protocol):
 
 
 class _Gateway(Protocol):
-    """What the metrics read of a ``polar_env.proxy.gateway.Gateway``: its gate and its events."""
+    """What the metrics read of a gateway: its gate and its events."""
 
     gate: Any
     events: Any
-
-
-def _provider_paths() -> dict[str, str]:
-    """Route pattern → provider name, for both the plain and the ``/s/{session_id}`` prefix."""
-    out: dict[str, str] = {}
-    for provider in PROVIDERS.values():
-        for route in provider.ROUTES:
-            out[route.path] = out["/s/{session_id}" + route.path] = provider.API.value
-    return out
 
 
 class GatewayMetrics:
     """The gateway's series. ``provider`` is the wire format (``anthropic``, ``openai_chat``,
     ``openai_responses``, ``gemini``; ``none`` for control-plane and unmatched routes)."""
 
-    def __init__(self, gate: _Gate) -> None:
+    def __init__(self, gate: _Gate, provider_paths: Mapping[str, str]) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("polar_gateway_requests", "HTTP requests answered, by provider and status code",
                                 ["provider", "status"], registry=r)
@@ -75,7 +64,7 @@ class GatewayMetrics:
             lambda: float(gate.in_flight))
         Gauge("polar_gateway_paused", "1 while engine calls are paused for a weight sync", registry=r).set_function(
             lambda: float(gate.paused))
-        self._paths = _provider_paths()
+        self._paths = dict(provider_paths)  # route pattern → provider name
         self.unsubscribe: Callable[[], None] = lambda: None  # set when subscribed to a gateway's events
 
     def provider_of(self, request: web.Request) -> str:
@@ -124,11 +113,12 @@ def metrics_response(registry: CollectorRegistry) -> web.Response:
 
 
 def install_gateway_metrics(app: web.Application, gateway: _Gateway,
-                            authorized: Callable[[web.Request], bool]) -> GatewayMetrics:
+                            authorized: Callable[[web.Request], bool], provider_paths: Mapping[str, str]) -> GatewayMetrics:
     """Count every request of ``app``, subscribe to ``gateway``'s events for the call series, and
     serve ``GET /metrics`` to callers ``authorized`` admits (the gateway's admin token: Prometheus
-    sends it as ``authorization: {credentials: ...}``). Call before the catch-all route is added."""
-    metrics = GatewayMetrics(gateway.gate)
+    sends it as ``authorization: {credentials: ...}``). ``provider_paths``: route pattern →
+    provider label. Call before the catch-all route is added."""
+    metrics = GatewayMetrics(gateway.gate, provider_paths)
     metrics.unsubscribe = gateway.events.subscribe(metrics.on_event)
     app[METRICS] = metrics
     app.middlewares.append(_middleware(metrics))

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from pydantic import ValidationError
 
 from polar_env.errors import (
@@ -41,8 +42,9 @@ from polar_env.errors import (
 )
 from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef
 from polar_env.journal.store import CaptureError
+from polar_env.proxy.config import GatewayConfig
 from polar_env.proxy.continuation import Plan
-from polar_env.proxy.gateway import GATEWAY, Gateway, GatewayConfig
+from polar_env.proxy.core import GatewayCore
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
@@ -54,6 +56,8 @@ log = logging.getLogger("polar_env.gateway")
 
 _SAMPLING_EXTRAS = frozenset({"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"})
 _JSON_TYPES = ("application/json", "text/json", "application/x-ndjson", "")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
@@ -108,14 +112,14 @@ def check_recordable(body: dict[str, Any]) -> None:
         raise RequestError(f"request body cannot be recorded ({exc}); JSON may nest at most {254 - _NEST_MARGIN} levels") from exc
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
     ctype = request.content_type.lower() if request.headers.get("Content-Type") else ""
     if ctype not in _JSON_TYPES:
         raise RequestError(f"Content-Type must be application/json, got {ctype!r}", status=415)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestError(f"request body exceeds {request.app[GATEWAY].config.max_body_bytes} bytes", status=413) from exc
+        raise RequestError(f"request body exceeds {max_body_bytes} bytes", status=413) from exc
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -124,33 +128,6 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raise RequestError("request body must be a JSON object")
     check_recordable(body)
     return body
-
-
-def provider_handler(provider: Provider) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handle(request: web.Request) -> web.StreamResponse:
-        try:
-            return await complete(request, provider)
-        except RequestError as exc:
-            return json_response(provider.error_body(exc.status, exc.message), exc.status)
-        except EngineError as exc:
-            status = engine_status(exc)
-            request.app[GATEWAY].stats["engine_errors"] += 1
-            request.app[GATEWAY].events.emit("call_failed", None, provider=provider.API.value,
-                                             error=type(exc).__name__, status=status)
-            log.warning("engine error (%d to the harness): %s", status, exc)
-            return json_response(provider.error_body(status, engine_message(exc, status)), status)
-        except CaptureError as exc:
-            request.app[GATEWAY].stats["capture_errors"] += 1
-            request.app[GATEWAY].events.emit("call_failed", None, provider=provider.API.value,
-                                             error=type(exc).__name__, status=500)
-            log.error("capture failed, answered 500: %s", exc)
-            return json_response(provider.error_body(500, f"the gateway could not record this call ({exc}); retry"), 500)
-        except CallAborted as exc:
-            return json_response(provider.error_body(503, str(exc)), 503)
-        except ClientGone:
-            return web.Response(status=499)  # nobody reads it
-
-    return handle
 
 
 def client_gone(request: web.Request) -> bool:
@@ -166,97 +143,6 @@ def check_finite(generation: Generation) -> None:
             f"engine returned a non-finite logprob ({generation.response_logprobs[bad]}) at response token {bad}",
             engine=generation.engine,
         )
-
-
-async def call_engine(gw: Gateway, chat: ChatRequest) -> Generation:
-    """One engine call under the gateway's deadline; foreign exceptions become EngineErrors."""
-    timeout_s = gw.config.engine_timeout_s
-    engine = gw.engine
-    try:
-        async with asyncio.timeout(timeout_s):
-            generation = await engine.generate(chat)
-    except TimeoutError as exc:
-        raise EngineTimeout(f"no answer within {timeout_s:g}s (engine timeout)", engine=engine.name) from exc
-    except (PolarError, asyncio.CancelledError):
-        raise
-    except Exception as exc:  # an engine client bug must not become a plain-text 500
-        log.exception("engine client %s raised %s", engine.name, type(exc).__name__)
-        raise EngineProtocolError(f"engine client raised {type(exc).__name__}: {exc}", engine=engine.name) from exc
-    if not isinstance(generation, Generation):
-        raise EngineProtocolError(f"engine client returned {type(generation).__name__}", engine=engine.name)
-    check_finite(generation)
-    return generation
-
-
-async def generate_and_record(
-    request: web.Request,
-    session: Session,
-    provider: Provider,
-    body: dict[str, Any],
-    chat: ChatRequest,
-    engine_chat: ChatRequest,
-    notes: list[str],
-    received: float,
-    started: float,
-    plan: Plan | None = None,
-) -> tuple[Generation, int]:
-    """Call the engine through the pause gate and journal the completion before returning it with
-    its seq. The gate is held until the record is durable, so a drained pause has nothing half-recorded."""
-    gw = request.app[GATEWAY]
-    async with gw.gate.call(session.id) as weight_version:
-        if client_gone(request):  # gave up while queued behind a pause: spend nothing on it
-            gw.stats["abandoned"] += 1
-            raise ClientGone(session.id)
-        engine_started = time.perf_counter()  # after the gate: pause time is not engine time
-        engine_call = gw.start_engine_call(session.id, call_engine(gw, engine_chat))
-        try:
-            generation = await engine_call
-        except EngineError:
-            session.errors += 1
-            raise
-        except asyncio.CancelledError:
-            reason = gw.aborted.pop(engine_call, None)
-            current = asyncio.current_task()
-            if reason is None or (current is not None and current.cancelling()):
-                raise  # our own cancellation (shutdown), not an abort
-            session.errors += 1
-            await gw.mark_aborted(session.id, {
-                "provider_api": provider.API.value, "received_at": received, "reason": reason,
-                "engine_ms": round((time.perf_counter() - engine_started) * 1000, 3),
-                "prompt_tokens": len(engine_chat.prompt_ids) if engine_chat.prompt_ids is not None else None,
-            })
-            raise CallAborted(f"call aborted: session {reason}") from None
-        gw.aborted.pop(engine_call, None)
-        engine_ms = (time.perf_counter() - engine_started) * 1000
-        if client_gone(request):  # the harness gave up during the generation: nobody reads this reply
-            gw.stats["client_gone"] += 1
-            notes.append(CLIENT_GONE)
-        # Generation and ChatRequest are validated already; construct without re-validating the
-        # (possibly 100k-long) token lists on the hot path.
-        seq = session.take_seq()
-        record = CompletionRecord.model_construct(
-            **{name: getattr(generation, name) for name in type(generation).model_fields},
-            session_id=session.id,
-            seq=seq,
-            provider_api=provider.API,
-            provider_request=body,
-            chat_request=chat,
-            timings=Timings(received_at=received, engine_ms=engine_ms, total_ms=(time.perf_counter() - started) * 1000),
-            notes=notes,
-        )
-        if record.weight_version is None:
-            record.weight_version = weight_version  # engines that do not report one: the gate's version
-        try:
-            ref = PromptRef(plan.parent.seq, plan.keep, plan.ids) if plan is not None else None
-            await gw.record(record, ref, request.content_length)  # before the reply: an answered call is never lost
-        except CaptureError:
-            session.errors += 1
-            if session.next_seq == seq + 1:
-                session.next_seq = seq  # nothing was written: the number is free again
-            raise
-    if session.continuation is not None:
-        session.continuation.remember(chat, generation, seq, plan)
-    return generation, seq
 
 
 def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]) -> dict[str, Any]:
@@ -296,104 +182,12 @@ def translate(provider: Provider, body: dict[str, Any], match_info: Any) -> Any:
         raise RequestError(f"invalid request: ill-typed field ({type(exc).__name__}: {str(exc)[:200]})") from exc
 
 
-async def complete(request: web.Request, provider: Provider) -> web.StreamResponse:
-    received = time.time()
-    started = time.perf_counter()
-    gw = request.app[GATEWAY]
-    config = gw.config
-    body = await read_json(request)
-    session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
-    inbound = translate(provider, body, request.match_info)
-    notes = inbound.notes
-    updates = trainer_overrides(inbound.chat, config, notes)
-    chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
-    check_messages(chat.messages)  # what the template would refuse, refused before the engine
-    # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
-    engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
-    plan = None
-    if session.continuation is not None:
-        plan, note = session.continuation.plan(chat)
-        notes.append(note)
-        if plan is not None:
-            engine_update["prompt_ids"] = plan.ids
-    engine_chat = chat.model_copy(update=engine_update)
-
-    # The engine call and the capture run as their own task, shielded: a harness that disconnects
-    # (which cancels this handler) must not cancel a generation that is already paid for, nor
-    # lose its record.
-    capture = asyncio.ensure_future(
-        generate_and_record(request, session, provider, body, chat, engine_chat, notes, received, started, plan)
-    )
-    gw.track(capture)
-    generation, seq = await asyncio.shield(capture)
-
-    reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
-    if not inbound.stream:
-        return json_response(provider.from_chat(reply))
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    try:
-        await resp.prepare(request)
-        await resp.write(b"".join(provider.stream_events(reply)))
-        await resp.write_eof()
-    except (ConnectionResetError, ConnectionError):  # the client went away; the record is already on disk
-        if CLIENT_GONE in notes:  # gone before the record was written: the record says so already
-            return resp
-        gw.stats["client_gone"] += 1
-        try:
-            await gw.journal_event(session.id, {"event": CLIENT_GONE_EVENT, "seq": seq})
-        except CaptureError as exc:  # the record stands; builders then see it as delivered
-            log.error("cannot journal that seq %d of %s was not delivered: %s", seq, session.id, exc)
-    return resp
-
-
 # -- side endpoints harnesses call -------------------------------------------------------------
 
 
 async def root(request: web.Request) -> web.Response:
     """Claude Code preconnects with ``HEAD /``."""
     return json_response({"status": "ok", "service": "polar-env gateway"})
-
-
-async def models(request: web.Request) -> web.Response:
-    """One listing that satisfies both the OpenAI and the Anthropic model-list clients."""
-    name = request.app[GATEWAY].config.engine_model
-    card = {"id": name, "object": "model", "type": "model", "display_name": name, "created": 0,
-            "created_at": "1970-01-01T00:00:00Z", "owned_by": "polar_env"}
-    return json_response({"object": "list", "data": [card], "has_more": False, "first_id": name, "last_id": name})
-
-
-async def gemini_models(request: web.Request) -> web.Response:
-    name = request.app[GATEWAY].config.engine_model
-    return json_response({"models": [{"name": f"models/{name}", "displayName": name,
-                                      "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}]})
-
-
-async def count_tokens(request: web.Request) -> web.Response:
-    """Anthropic ``/v1/messages/count_tokens``: the engine-side prompt length via our Qwen3.5 render."""
-    from polar_env.proxy.providers import anthropic
-    from polar_env.qwen.template import render
-    from polar_env.qwen.tokenizer import load_tokenizer
-
-    provider = PROVIDERS[ProviderAPI.ANTHROPIC]
-    try:
-        body = await read_json(request)
-        request.app[GATEWAY].sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
-        try:
-            chat = anthropic.count_tokens_chat(body)
-        except (ValidationError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-            raise RequestError(f"invalid request: ill-typed field ({type(exc).__name__})") from exc
-        notes: list[str] = []
-        chat = apply_quirks(chat, notes)
-        thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
-        quirks = request.app[GATEWAY].config.template
-
-        def count() -> int:  # a whole history's render + tokenization: not on the event loop
-            return len(load_tokenizer().encode(render(chat.messages, chat.tools, enable_thinking=thinking, quirks=quirks)))
-
-        n = await asyncio.to_thread(count)
-    except RequestError as exc:
-        return json_response(provider.error_body(exc.status, exc.message), exc.status)
-    return json_response({"input_tokens": n})
 
 
 async def refuse_websocket(request: web.Request) -> web.Response:
@@ -422,16 +216,233 @@ async def not_found(request: web.Request) -> web.Response:
     return json_response(provider.error_body(404, message), 404)
 
 
-@web.middleware
-async def last_resort(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    """An exception no handler expected is logged and answered as provider-shaped JSON (500),
-    never as aiohttp's plain-text page."""
-    try:
-        return await handler(request)
-    except (web.HTTPException, asyncio.CancelledError):
-        raise
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        request.app[GATEWAY].stats["unexpected"] += 1
-        return json_response(guess_provider(request).error_body(500, "internal gateway error (logged)"), 500)
 
+def last_resort(gw: GatewayCore) -> Middleware:
+    """The middleware that answers an exception no handler expected as provider-shaped JSON
+    (500, logged and counted), never as aiohttp's plain-text page."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (web.HTTPException, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("unexpected error on %s %s", request.method, request.path)
+            gw.stats.unexpected += 1
+            return json_response(guess_provider(request).error_body(500, "internal gateway error (logged)"), 500)
+
+    return middleware
+
+
+class CallPipeline:
+    """The provider routes' handlers over one gateway core (``gw``): bound methods, so a handler
+    never looks its gateway up in the app."""
+
+    def __init__(self, gw: GatewayCore) -> None:
+        self.gw = gw
+
+    root = staticmethod(root)
+    refuse_websocket = staticmethod(refuse_websocket)
+
+    def provider_handler(self, provider: Provider) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                return await self.complete(request, provider)
+            except RequestError as exc:
+                return json_response(provider.error_body(exc.status, exc.message), exc.status)
+            except EngineError as exc:
+                status = engine_status(exc)
+                self.gw.stats.engine_errors += 1
+                self.gw.events.emit("call_failed", None, provider=provider.API.value, error=type(exc).__name__, status=status)
+                log.warning("engine error (%d to the harness): %s", status, exc)
+                return json_response(provider.error_body(status, engine_message(exc, status)), status)
+            except CaptureError as exc:
+                self.gw.stats.capture_errors += 1
+                self.gw.events.emit("call_failed", None, provider=provider.API.value, error=type(exc).__name__, status=500)
+                log.error("capture failed, answered 500: %s", exc)
+                return json_response(provider.error_body(500, f"the gateway could not record this call ({exc}); retry"), 500)
+            except CallAborted as exc:
+                return json_response(provider.error_body(503, str(exc)), 503)
+            except ClientGone:
+                return web.Response(status=499)  # nobody reads it
+
+        return handle
+
+    async def call_engine(self, chat: ChatRequest) -> Generation:
+        """One engine call under the gateway's deadline; foreign exceptions become EngineErrors."""
+        timeout_s = self.gw.config.engine_timeout_s
+        engine = self.gw.engine
+        try:
+            async with asyncio.timeout(timeout_s):
+                generation = await engine.generate(chat)
+        except TimeoutError as exc:
+            raise EngineTimeout(f"no answer within {timeout_s:g}s (engine timeout)", engine=engine.name) from exc
+        except (PolarError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # an engine client bug must not become a plain-text 500
+            log.exception("engine client %s raised %s", engine.name, type(exc).__name__)
+            raise EngineProtocolError(f"engine client raised {type(exc).__name__}: {exc}", engine=engine.name) from exc
+        if not isinstance(generation, Generation):
+            raise EngineProtocolError(f"engine client returned {type(generation).__name__}", engine=engine.name)
+        check_finite(generation)
+        return generation
+
+    async def generate_and_record(
+        self,
+        request: web.Request,
+        session: Session,
+        provider: Provider,
+        body: dict[str, Any],
+        chat: ChatRequest,
+        engine_chat: ChatRequest,
+        notes: list[str],
+        received: float,
+        started: float,
+        plan: Plan | None = None,
+    ) -> tuple[Generation, int]:
+        """Call the engine through the pause gate and journal the completion before returning it with
+        its seq. The gate is held until the record is durable, so a drained pause has nothing half-recorded."""
+        gw = self.gw
+        async with gw.gate.call(session.id) as weight_version:
+            if client_gone(request):  # gave up while queued behind a pause: spend nothing on it
+                gw.stats.abandoned += 1
+                raise ClientGone(session.id)
+            engine_started = time.perf_counter()  # after the gate: pause time is not engine time
+            engine_call = gw.start_engine_call(session.id, self.call_engine(engine_chat))
+            try:
+                generation = await engine_call
+            except EngineError:
+                session.errors += 1
+                raise
+            except asyncio.CancelledError:
+                reason = gw.aborted.pop(engine_call, None)
+                current = asyncio.current_task()
+                if reason is None or (current is not None and current.cancelling()):
+                    raise  # our own cancellation (shutdown), not an abort
+                session.errors += 1
+                await gw.mark_aborted(session.id, {
+                    "provider_api": provider.API.value, "received_at": received, "reason": reason,
+                    "engine_ms": round((time.perf_counter() - engine_started) * 1000, 3),
+                    "prompt_tokens": len(engine_chat.prompt_ids) if engine_chat.prompt_ids is not None else None,
+                })
+                raise CallAborted(f"call aborted: session {reason}") from None
+            gw.aborted.pop(engine_call, None)
+            engine_ms = (time.perf_counter() - engine_started) * 1000
+            if client_gone(request):  # the harness gave up during the generation: nobody reads this reply
+                gw.stats.client_gone += 1
+                notes.append(CLIENT_GONE)
+            # Generation and ChatRequest are validated already; construct without re-validating the
+            # (possibly 100k-long) token lists on the hot path.
+            seq = session.take_seq()
+            record = CompletionRecord.model_construct(
+                **{name: getattr(generation, name) for name in type(generation).model_fields},
+                session_id=session.id,
+                seq=seq,
+                provider_api=provider.API,
+                provider_request=body,
+                chat_request=chat,
+                timings=Timings(received_at=received, engine_ms=engine_ms, total_ms=(time.perf_counter() - started) * 1000),
+                notes=notes,
+            )
+            if record.weight_version is None:
+                record.weight_version = weight_version  # engines that do not report one: the gate's version
+            try:
+                ref = PromptRef(plan.parent.seq, plan.keep, plan.ids) if plan is not None else None
+                await gw.record(record, ref, request.content_length)  # before the reply: an answered call is never lost
+            except CaptureError:
+                session.errors += 1
+                if session.next_seq == seq + 1:
+                    session.next_seq = seq  # nothing was written: the number is free again
+                raise
+        if session.continuation is not None:
+            session.continuation.remember(chat, generation, seq, plan)
+        return generation, seq
+
+    async def complete(self, request: web.Request, provider: Provider) -> web.StreamResponse:
+        received = time.time()
+        started = time.perf_counter()
+        gw = self.gw
+        config = gw.config
+        body = await read_json(request, config.max_body_bytes)
+        session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
+        inbound = translate(provider, body, request.match_info)
+        notes = inbound.notes
+        updates = trainer_overrides(inbound.chat, config, notes)
+        chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
+        check_messages(chat.messages)  # what the template would refuse, refused before the engine
+        # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
+        engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
+        plan = None
+        if session.continuation is not None:
+            plan, note = session.continuation.plan(chat)
+            notes.append(note)
+            if plan is not None:
+                engine_update["prompt_ids"] = plan.ids
+        engine_chat = chat.model_copy(update=engine_update)
+
+        # The engine call and the capture run as their own task, shielded: a harness that disconnects
+        # (which cancels this handler) must not cancel a generation that is already paid for, nor
+        # lose its record.
+        capture = asyncio.ensure_future(
+            self.generate_and_record(request, session, provider, body, chat, engine_chat, notes, received, started, plan)
+        )
+        gw.track(capture)
+        generation, seq = await asyncio.shield(capture)
+
+        reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
+        if not inbound.stream:
+            return json_response(provider.from_chat(reply))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await resp.prepare(request)
+            await resp.write(b"".join(provider.stream_events(reply)))
+            await resp.write_eof()
+        except (ConnectionResetError, ConnectionError):  # the client went away; the record is already on disk
+            if CLIENT_GONE in notes:  # gone before the record was written: the record says so already
+                return resp
+            gw.stats.client_gone += 1
+            try:
+                await gw.journal_event(session.id, {"event": CLIENT_GONE_EVENT, "seq": seq})
+            except CaptureError as exc:  # the record stands; builders then see it as delivered
+                log.error("cannot journal that seq %d of %s was not delivered: %s", seq, session.id, exc)
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        """One listing that satisfies both the OpenAI and the Anthropic model-list clients."""
+        name = self.gw.config.engine_model
+        card = {"id": name, "object": "model", "type": "model", "display_name": name, "created": 0,
+                "created_at": "1970-01-01T00:00:00Z", "owned_by": "polar_env"}
+        return json_response({"object": "list", "data": [card], "has_more": False, "first_id": name, "last_id": name})
+
+    async def gemini_models(self, request: web.Request) -> web.Response:
+        name = self.gw.config.engine_model
+        return json_response({"models": [{"name": f"models/{name}", "displayName": name,
+                                          "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}]})
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic ``/v1/messages/count_tokens``: the engine-side prompt length via our Qwen3.5 render."""
+        from polar_env.proxy.providers import anthropic
+        from polar_env.qwen.template import render
+        from polar_env.qwen.tokenizer import load_tokenizer
+
+        provider = PROVIDERS[ProviderAPI.ANTHROPIC]
+        try:
+            body = await read_json(request, self.gw.config.max_body_bytes)
+            self.gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
+            try:
+                chat = anthropic.count_tokens_chat(body)
+            except (ValidationError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+                raise RequestError(f"invalid request: ill-typed field ({type(exc).__name__})") from exc
+            notes: list[str] = []
+            chat = apply_quirks(chat, notes)
+            thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
+            quirks = self.gw.config.template
+
+            def count() -> int:  # a whole history's render + tokenization: not on the event loop
+                return len(load_tokenizer().encode(render(chat.messages, chat.tools, enable_thinking=thinking, quirks=quirks)))
+
+            n = await asyncio.to_thread(count)
+        except RequestError as exc:
+            return json_response(provider.error_body(exc.status, exc.message), exc.status)
+        return json_response({"input_tokens": n})

@@ -23,7 +23,7 @@ from polar_env.engines.base import EngineClient
 from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
-from polar_env.proxy.gateway import GatewayConfig, Sampling
+from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.records import ChatRequest, Generation
 from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes import Runtime, make_runtime

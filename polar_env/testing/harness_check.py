@@ -268,8 +268,9 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.policy import ScriptedPolicy
     from polar_env.journal.store import JournalStore
+    from polar_env.proxy.config import GatewayConfig
     from polar_env.proxy.continuation import Continuation
-    from polar_env.proxy.gateway import Gateway, GatewayConfig
+    from polar_env.proxy.gateway import Gateway
     from polar_env.proxy.providers import PROVIDERS
     from polar_env.qwen.tokenizer import load_tokenizer
     from polar_env.trajectory.prefix_merge import build_prefix_merged

@@ -30,7 +30,8 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.env import PolarEnv
 from polar_env.evaluators import EvalContext, EvaluatorSpec, run_evaluator
 from polar_env.journal.store import JournalStore
-from polar_env.proxy.gateway import Gateway, GatewayConfig, Sampling
+from polar_env.proxy.config import GatewayConfig, Sampling
+from polar_env.proxy.gateway import Gateway
 from polar_env.records import Status, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 

@@ -100,8 +100,8 @@ class Gateway:
 async def gateway(policy: ScriptedPolicy, capture_dir: Path) -> AsyncIterator[Gateway]:
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.journal.store import JournalStore
+    from polar_env.proxy.config import GatewayConfig
     from polar_env.proxy.gateway import Gateway as LiveGateway
-    from polar_env.proxy.gateway import GatewayConfig
 
     engine = EmbeddedEngine(policy=policy)
     store = JournalStore(capture_dir)

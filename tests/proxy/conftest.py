@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.journal.store import JournalStore
+from polar_env.proxy.config import GatewayConfig
 from polar_env.proxy.gateway import Gateway as LiveGateway
-from polar_env.proxy.gateway import GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 

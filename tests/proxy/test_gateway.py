@@ -14,7 +14,9 @@ from aiohttp.test_utils import TestServer
 
 from polar_env.engines.sglang import SGLangClient
 from polar_env.journal.store import JournalStore
-from polar_env.proxy.gateway import Gateway, GatewayConfig, GatewayEvent
+from polar_env.proxy.config import GatewayConfig
+from polar_env.proxy.core import GatewayEvent
+from polar_env.proxy.gateway import Gateway
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine
 
@@ -98,7 +100,7 @@ async def test_closing_a_session_aborts_its_engine_call_and_marks_the_journal(tm
     assert store.read("s") == []
     (mark,) = store.events("s")
     assert mark["event"] == "aborted" and mark["reason"] == "cancelled" and mark["provider_api"] == "openai_chat"
-    assert gw.stats["aborted"] == 1
+    assert gw.stats.aborted == 1
 
 
 async def test_sglang_call_is_aborted_with_its_rid(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.journal import store as journal_store
 from polar_env.journal.store import JournalStore
 from polar_env.proxy.admin import load_or_create_admin_token
+from polar_env.proxy.config import GatewayConfig
 from polar_env.proxy.gateway import Gateway as LiveGateway
-from polar_env.proxy.gateway import GatewayConfig
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
@@ -429,7 +429,7 @@ async def test_call_abandoned_behind_a_pause_is_not_generated(fake_gateway: Gate
     await fake_gateway.client.post("/admin/resume", headers=fake_gateway.admin)
     await asyncio.sleep(0.2)
     assert fake_engine.seen == [] and fake_gateway.store.read(s["session_id"]) == []
-    assert live_gateway(fake_gateway.client).stats["abandoned"] == 1
+    assert live_gateway(fake_gateway.client).stats.abandoned == 1
 
 
 async def test_session_that_cannot_be_persisted_is_not_issued(fake_gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:

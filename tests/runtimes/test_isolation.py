@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 
 from polar_env.journal.store import JournalStore
-from polar_env.proxy.gateway import Gateway, GatewayConfig
+from polar_env.proxy.config import GatewayConfig
+from polar_env.proxy.gateway import Gateway
 from polar_env.runtimes import RuntimeSpec, make_runtime
 from tests.conftest import require_bwrap
 from tests.proxy.conftest import FakeEngine

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.journal.test_store import record
-
 from polar_env.journal.store import JournalStore, SessionMeta
 from polar_env.records import Status
 from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.reader import build_store
+from tests.journal.test_store import record
 
 
 def test_bad_line_is_an_error_trajectory_for_that_session_only(tmp_path: Path) -> None:

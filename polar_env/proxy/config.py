@@ -1,0 +1,35 @@
+"""The gateway's settings: what every request is checked and overridden against (the served
+model, trainer-owned sampling, body limits, timeouts, the engine's template)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.qwen.template import QWEN35, TemplateQuirks
+
+
+class Sampling(BaseModel):
+    """Trainer-owned sampling: each value that is set overrides what every harness request says,
+    whatever the engine (``PolarEnvConfig.sampling``, the node's and the gateway's are this one
+    model; the CLI's ``--temperature``/``--top-p``/``--max-tokens`` are views of it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)  # cap on the tokens sampled per call
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine_model: str
+    public_url: str | None = None  # what harnesses should use; defaults to the request's Host
+    max_body_bytes: int = 32 * 1024 * 1024  # a 100k-token Claude Code history is ~1-2 MB
+    sampling: Sampling = Sampling()
+    admin_token: str | None = None  # None: the Gateway generates one (gateway.config.admin_token)
+    template: TemplateQuirks = QWEN35  # the engine's chat template; continuation mode renders with it
+    continuation: bool = False  # default for new sessions (POST /sessions may override)
+    engine_timeout_s: float = 1800.0  # per engine call; past it the harness gets a 504
+    session_idle_s: float | None = 24 * 3600.0  # open sessions unused this long are closed; None: never
+    drain_s: float = 30.0  # aclose waits this long for in-flight captures before closing the journal
