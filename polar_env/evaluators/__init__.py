@@ -16,12 +16,12 @@ import time
 from typing import Any
 
 from polar_env.evaluators.base import (
+    EVALUATORS,
     EvalContext,
     EvalResult,
     Evaluator,
     EvaluatorSpec,
     FunctionEvaluator,
-    as_evaluator,
     error_report,
 )
 from polar_env.evaluators.completion import SessionCompletion
@@ -41,7 +41,6 @@ from polar_env.evaluators.output import OutputEvaluator
 from polar_env.evaluators.swebench import SweBenchEvaluator
 from polar_env.evaluators.workspace import Changes, WorkspaceBroken
 from polar_env.records import Status
-from polar_env.registry import Registry
 from polar_env.runtimes.base import Runtime
 
 __all__ = [
@@ -72,9 +71,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# an evaluator class (built without arguments), instance, or ``async def (ctx)``; its params model is
-# ``params=`` or the evaluator's own ``params_model`` attribute (None: params are not checked)
-EVALUATORS: Registry[Evaluator] = Registry("evaluator", load=as_evaluator, coerce=as_evaluator, dotted=True)
 for _evaluator in (SessionCompletion(), OutputEvaluator(), SweBenchEvaluator(), HarborEvaluator()):
     EVALUATORS.register(_evaluator.name, _evaluator)
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from polar_env.errors import ConfigError
 from polar_env.evaluators.workspace import Changes, Manifest
 from polar_env.records import Status
+from polar_env.registry import Registry
 from polar_env.runtimes.base import Runtime, prepared
 
 EVAL_STATUSES = (Status.COMPLETED, Status.TIMEOUT, Status.ERROR)
@@ -78,14 +79,11 @@ class EvaluatorSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _known_name(cls, value: str, info: ValidationInfo) -> str:
-        from polar_env.evaluators import EVALUATORS  # the table imports this module
-
         return EVALUATORS.check(value, info)
 
     @model_validator(mode="after")
     def _params_fit(self, info: ValidationInfo) -> Self:
         """The params checked by the evaluator's own params model, now rather than at POSTRUN."""
-        from polar_env.evaluators import EVALUATORS
         from polar_env.registry import names_checked
 
         if not names_checked(info):
@@ -210,3 +208,10 @@ def error_report(exc: BaseException) -> dict[str, Any]:
         "exception_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "traceback": "".join(traceback.format_exception(exc)),
     }
+
+
+# The table (filled by ``polar_env/evaluators/__init__.py``): an evaluator class (built without
+# arguments), instance, or ``async def (ctx)``; its params model is ``params=`` or the evaluator's
+# own ``params_model`` attribute (None: params are not checked). Declared here, below the package,
+# so the spec's validators read it without importing the package that imports them.
+EVALUATORS: Registry[Evaluator] = Registry("evaluator", load=as_evaluator, coerce=as_evaluator, dotted=True)

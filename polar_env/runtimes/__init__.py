@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar_env.registry import Registry
 from polar_env.runtimes.apptainer import ApptainerRuntime
-from polar_env.runtimes.base import ExecResult, Runtime, RuntimeSpec, Timings
+from polar_env.runtimes.base import RUNTIMES, ExecResult, Runtime, RuntimeSpec, Timings
 from polar_env.runtimes.docker import DockerRuntime
 from polar_env.runtimes.sandbox import SandboxRuntime
 
-RUNTIMES: Registry[type[Any]] = Registry("runtime")  # params: RuntimeSpec (checked when a spec is built)
 RUNTIMES.register("sandbox", SandboxRuntime, params=RuntimeSpec)
 RUNTIMES.register("docker", DockerRuntime, params=RuntimeSpec)
 RUNTIMES.register("apptainer", ApptainerRuntime, params=RuntimeSpec)

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from polar_env.errors import ConfigError
+from polar_env.runtimes.argv import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.runtimes.hostworkspace import HOME, HostWorkspaceRuntime, _inside
-from polar_env.runtimes.sandbox import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 
 APPTAINER_INSTALL = "install Apptainer (https://apptainer.org/docs/admin/main/installation.html); Debian 12 has no package"
 URI_SCHEMES = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")

@@ -12,9 +12,11 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from polar_env.registry import Registry
 
 
 class RuntimeSpec(BaseModel):
@@ -46,8 +48,6 @@ class RuntimeSpec(BaseModel):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, value: str, info: ValidationInfo) -> str:
-        from polar_env.runtimes import RUNTIMES  # the table imports this module
-
         return RUNTIMES.check(value, info)
 
 
@@ -109,3 +109,9 @@ async def prepared(runtime: Runtime) -> Runtime:
         await runtime.stop()
         raise
     return runtime
+
+
+# The table of runtime classes (each built as ``cls(spec, **options)``; params: RuntimeSpec), filled
+# by ``polar_env/runtimes/__init__.py``; declared here so ``RuntimeSpec`` checks kinds without
+# importing the package that imports it.
+RUNTIMES: Registry[type[Any]] = Registry("runtime")

@@ -91,17 +91,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
+from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
-from polar_env.runtimes.sandbox import (
-    GATEWAY_SOCKET,
-    POLAR_RUN_DIR,
-    RELAY_PATH,
-    RELAY_SOURCE,
-    shell_argv,
-)
 
 log = logging.getLogger(__name__)
 

@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes import diskfs
+from polar_env.runtimes.argv import relay_argv, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
 
@@ -357,8 +358,6 @@ class HostWorkspaceRuntime(abc.ABC):
         self, command: str | list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, timeout_s: float = 600.0
     ) -> ExecResult:
         _ = self.root  # ConfigError unless prepared and not stopped
-        from polar_env.runtimes.sandbox import relay_argv, shell_argv
-
         if self.limit_hit is not None:  # the session is over; its processes were killed
             return ExecResult(LIMIT_EXIT_CODE, f"[polar_env: {self.limit_hit}]", False, 0.0, limit=self.limit_hit)
         argv = shell_argv(command)

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from polar_env.errors import ConfigError
+from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the runtimes' shared names
     ARGS_FD,
@@ -80,28 +81,11 @@ from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the 
 
 log = logging.getLogger(__name__)
 
-RELAY_SOURCE = Path(__file__).with_name("relay.py")
-POLAR_RUN_DIR = "/run/polar"
-GATEWAY_SOCKET = "/run/polar/gw.sock"
-RELAY_PATH = "/run/polar/relay.py"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BWRAP_INSTALL = "apt-get install -y bubblewrap"
 HOST_SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ROOTFS_SKIP = frozenset({"proc", "dev", "sys", "tmp", "run", "root"})
 
-
-
-def relay_argv(port: int, command: Sequence[str]) -> list[str]:
-    """The in-runtime launcher: bind 127.0.0.1:port, relay to the gateway socket, exec ``command``."""
-    return ["python3", RELAY_PATH, "--listen", f"127.0.0.1:{port}", "--socket", GATEWAY_SOCKET, "--", *command]
-
-
-def shell_argv(command: str | Sequence[str]) -> list[str]:
-    """A string runs under ``/bin/sh -c``; a list is the argv itself."""
-    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else [str(a) for a in command]
-    if not argv:
-        raise ConfigError("empty command")
-    return argv
 
 
 # The host /etc entries a sandbox on the host's root filesystem sees (``minimal_etc``): what the

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import ClientSession, web
 
 from polar_env.runtimes import relay
-from polar_env.runtimes.sandbox import RELAY_SOURCE
+from polar_env.runtimes.argv import RELAY_SOURCE
 
 
 def free_port() -> int:

@@ -21,14 +21,9 @@ from polar_env.runtimes import (
     make_runtime,
 )
 from polar_env.runtimes.apptainer import apptainer_argv, apptainer_env
+from polar_env.runtimes.argv import RELAY_SOURCE, relay_argv, shell_argv
 from polar_env.runtimes.docker import timeout_argv, unix_daemon_problem
-from polar_env.runtimes.sandbox import (
-    RELAY_SOURCE,
-    bwrap_argv,
-    relay_argv,
-    shell_argv,
-    system_mounts,
-)
+from polar_env.runtimes.sandbox import bwrap_argv, system_mounts
 from polar_env.tasks.images import swebench_image, swegym_image
 
 
