@@ -8,7 +8,7 @@ trajectory with an explicit status: it builds with the session's builder (in a w
 evaluates (only a session whose agent finished; one that grades in a fresh runtime in an
 evaluation worker process, ``eval_worker.py``, which also pre-warms that runtime), attaches
 reward and provenance, and stops every runtime.
-Failures are data here: ``run_session`` returns a ``SessionResult`` and never raises, except when
+Failures are data here: ``SessionRunner.run`` returns a ``SessionResult`` and never raises, except when
 the node itself is shutting down. Every exit path names its ``FailureKind`` (``Run.fail``), and the
 result always carries a trajectory, empty when nothing was captured, so groups stay whole.
 """
@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from polar_env.errors import PolarError
 from polar_env.evaluators import (
@@ -34,15 +34,17 @@ from polar_env.evaluators import (
 )
 from polar_env.evaluators.workspace import agent_changes, base_manifest
 from polar_env.harnesses import loop
+from polar_env.harnesses.spec import HarnessSpec
+from polar_env.journal.store import JournalStore
+from polar_env.proxy.sessions import Session
 from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
 from polar_env.runtimes.limits import LimitExceeded
-from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, offloadable
+from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, EvalWorkers, offloadable
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
+from polar_env.staging.pools import StagePools
+from polar_env.staging.postrun_pool import PostrunPool
 from polar_env.trajectory.outcome import with_outcome
-
-if TYPE_CHECKING:
-    from polar_env.staging.node import GatewayNode
 
 _log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -102,128 +104,6 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
-async def run_session(node: GatewayNode, spec: SessionSpec) -> SessionResult:
-    run = Run(spec)
-    node.runs[spec.session_id] = run
-    try:
-        work = asyncio.ensure_future(_until_postrun(node, run))
-        node.work[spec.session_id] = work
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            if not work.done():  # the node itself is being cancelled: stop the work, still clean up
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-                await asyncio.shield(_postrun(node, run, cancelled=True))
-                raise
-        if work.cancelled():
-            if node.stopping:
-                run.fail(SessionStatus.CANCELLED, FailureKind.INTERRUPTED, "the node stopped before the session finished")
-            else:
-                run.fail(SessionStatus.CANCELLED, FailureKind.CANCELLED, "cancelled")
-        return await asyncio.shield(_postrun(node, run))
-    finally:
-        node.runs.pop(spec.session_id, None)
-        node.work.pop(spec.session_id, None)
-
-
-def _enter(node: GatewayNode, run: Run, stage: Stage) -> None:
-    node.pools.occupancy.move(run.stage, stage)
-    run.stage = stage
-    run.stage_times[stage.value] = time.time()
-
-
-async def _until_postrun(node: GatewayNode, run: Run) -> None:
-    """QUEUED → INIT → READY → RUNNING. Errors and timeouts become the run's status."""
-    spec, req, pools = run.spec, run.spec.request, node.pools
-    _enter(node, run, Stage.QUEUED)
-    await pools.prepared.acquire(req.priority)
-    holds_place = True
-    try:
-        async with pools.init:
-            _enter(node, run, Stage.INIT)
-            try:
-                async with asyncio.timeout(req.init_timeout_s):
-                    await node.open_session(spec, session_metadata(spec, node.node_id))
-                    run.runtime = await node.prepare_runtime(spec)
-                    run.eval_ctx = _eval_context(req.evaluator, req.task, req.runtime, run)
-                    ctx = run.eval_ctx
-                    if ctx is not None and req.evaluator is not None and wants_fresh_runtime(req.evaluator.name, ctx):
-                        ctx.base = await base_manifest(run.runtime)  # pristine: before the agent runs
-            except TimeoutError:
-                run.fail(SessionStatus.TIMEOUT, FailureKind.INIT_ERROR, f"INIT exceeded {req.init_timeout_s} s")
-                return
-            except Exception as exc:  # noqa: BLE001 - the task boundary: a failed INIT is an ERROR result
-                run.fail(SessionStatus.ERROR, FailureKind.INIT_ERROR, f"INIT failed: {_one_line(exc)}")
-                return
-        _enter(node, run, Stage.READY)
-        async with pools.running:
-            pools.prepared.release()
-            holds_place = False
-            _enter(node, run, Stage.RUNNING)
-            if run.eval_ctx is not None and req.evaluator is not None:
-                run.offload = _eval_job(req.evaluator, req.task, req.runtime, run.eval_ctx)
-                warm = (node.evaluations.prewarm(spec.session_id, run.offload) if run.offload is not None
-                        else prewarm(req.evaluator.name, run.eval_ctx))
-                run.prewarm_task = asyncio.create_task(warm)
-            try:
-                async with asyncio.timeout(req.timeout_s):
-                    await _run_agent(node, run)
-            except TimeoutError:
-                run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
-            except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
-                run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"harness failed: {_one_line(exc)}")
-            finally:
-                _explain_failure(node, run)
-                _enter(node, run, Stage.POSTRUN)  # off the engine: the RUNNING slot frees now
-    finally:
-        if holds_place:
-            pools.prepared.release()
-
-
-async def _run_agent(node: GatewayNode, run: Run) -> None:
-    req = run.spec.request
-    session = node.session(run.spec.session_id)
-    assert run.runtime is not None
-    if req.agent.harness == loop.NAME:
-        outcome = await loop.run_loop_agent(
-            run.runtime, socket=node.socket, base_url="http://gateway", key=session.key, model=node.model,
-            prompt=req.instruction, settings=loop.LoopSettings.from_dict(req.agent.settings))
-        run.exit_code, run.final_answer = outcome.exit_code, outcome.final_answer
-        if outcome.exit_code == 1:
-            run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"loop agent stopped: {outcome.output[-300:]}")
-        return
-    from polar_env.harnesses.launch import run_harness
-
-    harness = node.harness(req.agent.harness)
-    result = await run_harness(run.runtime, harness, key=session.key, model=node.model, prompt=req.instruction,
-                               api=req.agent.api, env=req.agent.env, timeout_s=req.timeout_s + 5,
-                               cache_dir=node.harness_cache)
-    run.exit_code = result.exit_code
-    if result.timed_out:
-        run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
-    elif result.exit_code != 0:
-        run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR,
-                 f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}")
-
-
-def _explain_failure(node: GatewayNode, run: Run) -> None:
-    """At the end of RUNNING: a limit the runtime enforced explains whatever else happened; a harness
-    that failed or timed out while the gateway was answering it errors failed because of the engine."""
-    hit = getattr(run.runtime, "limit_hit", None)
-    if hit is not None:
-        run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
-        return
-    if run.failure_kind in (FailureKind.HARNESS_ERROR, FailureKind.AGENT_TIMEOUT):
-        try:
-            errors = int(node.session(run.spec.session_id).errors)  # engine errors (and aborts) it was answered
-        except PolarError:  # not registered (cannot happen after INIT): nothing to explain
-            errors = 0
-        if errors:
-            run.fail(SessionStatus.ERROR, FailureKind.ENGINE_ERROR,
-                     f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
-
-
 def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime: RuntimeSpec, run: Run) -> EvalContext | None:
     if evaluator is None:
         return None
@@ -241,106 +121,273 @@ def _eval_job(evaluator: EvaluatorSpec, task: dict[str, Any], runtime: RuntimeSp
                    timeout_s=evaluator.timeout_s or EVAL_TIMEOUT_S)
 
 
-async def _evaluate(node: GatewayNode, run: Run, evaluator: EvaluatorSpec) -> EvalResult:
-    """In the evaluation worker when the run has a job there, else (or when the worker cannot
-    run this evaluator) in this process. The agent's change set is taken here by the grader (its
-    workspace against the pristine base, never through its git), while its runtime lives."""
-    ctx, job, timeout_s = run.eval_ctx, run.offload, evaluator.timeout_s or EVAL_TIMEOUT_S
-    assert ctx is not None
-    ctx.final_answer, ctx.exit_code = run.final_answer, run.exit_code
-    if run.prewarm_task is not None:
-        await asyncio.gather(run.prewarm_task, return_exceptions=True)
-    if run.runtime is not None and ctx.base is not None:
+class NodeServices(Protocol):
+    """What a session's lifecycle uses of its gateway node, and nothing else: who it is and what it
+    serves, where sandboxes reach its gateway, its stage and worker pools, its journal store, and
+    its session, harness and runtime operations. ``GatewayNode`` implements it; a test can too."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def socket(self) -> Path | None: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def harness_cache(self) -> Path | None: ...
+
+    @property
+    def pools(self) -> StagePools: ...
+
+    @property
+    def postrun(self) -> PostrunPool: ...
+
+    @property
+    def evaluations(self) -> EvalWorkers: ...
+
+    @property
+    def store(self) -> JournalStore: ...
+
+    async def open_session(self, spec: SessionSpec, metadata: dict[str, Any]) -> None: ...
+
+    def close_session(self, session_id: str) -> None: ...
+
+    def session(self, session_id: str) -> Session: ...
+
+    def harness(self, name: str) -> HarnessSpec: ...
+
+    async def prepare_runtime(self, session: SessionSpec) -> Runtime: ...
+
+
+class SessionRunner:
+    """Takes each session of one node through its stages (the module docstring). It owns the
+    sessions in flight (``runs``: their state; ``work``: the task to cancel) and reaches the node
+    only through ``NodeServices``."""
+
+    def __init__(self, node: NodeServices) -> None:
+        self.node = node
+        self.runs: dict[str, Run] = {}
+        self.work: dict[str, asyncio.Future[None]] = {}
+
+    async def run(self, spec: SessionSpec) -> SessionResult:
+        """One session from QUEUED to DONE; never raises except when the node itself is cancelled."""
+        run = Run(spec)
+        self.runs[spec.session_id] = run
         try:
-            ctx.changes = await agent_changes(run.runtime, ctx.base)
-        except LimitExceeded as exc:  # the agent changed more than patch_mb: its own doing
-            return EvalResult(reward=0.0, report={"reason": str(exc), "limit": exc.limit})
-    if job is not None:
-        job.final_answer, job.exit_code, job.timed_out, job.changes = ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.changes
-        result = await node.evaluations.evaluate(run.spec.session_id, job, timeout_s + WORKER_GRACE_S)
-        if result is not None and result.report.get("exception_type") != NEEDS_AGENT_RUNTIME:
-            return result.model_copy(update={"report": {**result.report, "evaluated_in": "worker"}})
-        _log.info("session %s: evaluator %s runs in the node (%s)", run.spec.session_id, evaluator.name,
-                  "not found in the worker" if result is None else "it asked for the agent runtime")
-    result = await run_evaluator(evaluator.name, ctx, timeout_s=timeout_s)
-    return result.model_copy(update={"report": {**result.report, "evaluated_in": "node"}})
+            work = asyncio.ensure_future(self._until_postrun(run))
+            self.work[spec.session_id] = work
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                if not work.done():  # the node itself is being cancelled: stop the work, still clean up
+                    work.cancel()
+                    await asyncio.gather(work, return_exceptions=True)
+                    await asyncio.shield(self._postrun(run, cancelled=True))
+                    raise
+            if work.cancelled():
+                if self.node.stopping:
+                    run.fail(SessionStatus.CANCELLED, FailureKind.INTERRUPTED, "the node stopped before the session finished")
+                else:
+                    run.fail(SessionStatus.CANCELLED, FailureKind.CANCELLED, "cancelled")
+            return await asyncio.shield(self._postrun(run))
+        finally:
+            self.runs.pop(spec.session_id, None)
+            self.work.pop(spec.session_id, None)
 
+    def _enter(self, run: Run, stage: Stage) -> None:
+        self.node.pools.occupancy.move(run.stage, stage)
+        run.stage = stage
+        run.stage_times[stage.value] = time.time()
 
-async def _postrun(node: GatewayNode, run: Run, *, cancelled: bool = False) -> SessionResult:
-    spec, req = run.spec, run.spec.request
-    if cancelled:
-        run.fail(SessionStatus.CANCELLED, FailureKind.INTERRUPTED, "node shutting down")
-    if run.stage is not Stage.POSTRUN:
-        _enter(node, run, Stage.POSTRUN)
-    async with node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
-        # read + build in a worker process (postrun_pool.py): never on the gateway's GIL
-        built = await node.postrun.build(node.store.root, spec.session_id, req.builder)
-        if built.error is not None:
-            run.fail(SessionStatus.ERROR, FailureKind.BUILD_ERROR, built.error)
-        if run.final_answer is None and built.records:
-            run.final_answer = built.final_answer
-        reward, evaluation = 0.0, {}
-        if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
-            result = await _evaluate(node, run, req.evaluator)
-            evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
-            evaluation["status"] = result.status.value
-            reward = result.reward
-            hit = getattr(run.runtime, "limit_hit", None) or result.report.get("limit") and result.report["reason"]
-            if hit:  # the agent's change ran past patch_mb: the policy's doing, not the grader's
-                run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
-                reward = 0.0
-            elif result.report.get("tampered"):  # the grader's canaries or report say the run was tampered with
-                run.fail(SessionStatus.ERROR, FailureKind.TAMPERED, f"evaluation: {result.report.get('reason')}")
-                reward = 0.0
-            elif result.status is Status.TIMEOUT:
-                run.fail(SessionStatus.TIMEOUT, FailureKind.EVALUATION_TIMEOUT, f"evaluation: {result.report.get('reason')}")
-            elif result.status is Status.ERROR:
-                run.fail(SessionStatus.ERROR, FailureKind.EVALUATOR_ERROR, f"evaluation failed: {result.report.get('error')}")
-        elif req.evaluator is not None:
-            evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.failure_detail}"}
-        await _cleanup(node, run)
-        _enter(node, run, Stage.DONE)
-        outcome = _outcome(run, reward, evaluation, built.weight_versions, node)
-        await asyncio.to_thread(node.store.write_outcome, spec.session_id, outcome)
-        trajectory = with_outcome(built.trajectory or Trajectory(session_id=spec.session_id, traces=[]), outcome)
-    node.pools.occupancy.move(Stage.DONE, None)
-    return SessionResult(
-        session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
-        node_id=node.node_id, status=run.status, reward=reward, evaluation=evaluation, trajectory=trajectory,
-        stage_times=run.stage_times, records=built.records, harness_exit_code=run.exit_code,
-        limits=outcome["limits"], failure_kind=run.failure_kind, failure_detail=run.failure_detail,
-        mask=trajectory.mask)
-
-
-def _outcome(run: Run, reward: float, evaluation: dict[str, Any], weight_versions: list[str], node: GatewayNode) -> dict[str, Any]:
-    limits = getattr(run.runtime, "limits_report", None)
-    return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, node.node_id),
-            "status": run.status.value, "reward": reward, "evaluation": evaluation,
-            "limits": limits() if limits is not None else {},
-            "weight_versions": weight_versions,
-            "stage_times": run.stage_times, "harness_exit_code": run.exit_code,
-            "failure_kind": run.failure_kind.value if run.failure_kind is not None else None,
-            "failure_detail": run.failure_detail}
-
-
-async def _cleanup(node: GatewayNode, run: Run) -> None:
-    if run.prewarm_task is not None and not run.prewarm_task.done():
-        run.prewarm_task.cancel()
-        await asyncio.gather(run.prewarm_task, return_exceptions=True)
-    if run.offload is not None:  # a pre-warmed runtime in the worker that no evaluation used
+    async def _until_postrun(self, run: Run) -> None:
+        """QUEUED → INIT → READY → RUNNING. Errors and timeouts become the run's status."""
+        spec, req, pools = run.spec, run.spec.request, self.node.pools
+        self._enter(run, Stage.QUEUED)
+        await pools.prepared.acquire(req.priority)
+        holds_place = True
         try:
-            await node.evaluations.cancel(run.spec.session_id)
-        except Exception as exc:  # noqa: BLE001
-            _log.warning("session %s: releasing the worker's grading runtime failed: %s", run.spec.session_id, exc)
-    if run.eval_ctx is not None:
-        try:
-            await run.eval_ctx.aclose()
-        except Exception as exc:  # noqa: BLE001 - cleanup must reach the agent runtime too
-            _log.warning("session %s: stopping the grading runtime failed: %s", run.spec.session_id, exc)
-    if run.runtime is not None:
-        try:
-            await run.runtime.stop()
-        except Exception as exc:  # noqa: BLE001
-            _log.warning("session %s: stopping the runtime failed: %s", run.spec.session_id, exc)
-    node.close_session(run.spec.session_id)
+            async with pools.init:
+                self._enter(run, Stage.INIT)
+                try:
+                    async with asyncio.timeout(req.init_timeout_s):
+                        await self.node.open_session(spec, session_metadata(spec, self.node.node_id))
+                        run.runtime = await self.node.prepare_runtime(spec)
+                        run.eval_ctx = _eval_context(req.evaluator, req.task, req.runtime, run)
+                        ctx = run.eval_ctx
+                        if ctx is not None and req.evaluator is not None and wants_fresh_runtime(req.evaluator.name, ctx):
+                            ctx.base = await base_manifest(run.runtime)  # pristine: before the agent runs
+                except TimeoutError:
+                    run.fail(SessionStatus.TIMEOUT, FailureKind.INIT_ERROR, f"INIT exceeded {req.init_timeout_s} s")
+                    return
+                except Exception as exc:  # noqa: BLE001 - the task boundary: a failed INIT is an ERROR result
+                    run.fail(SessionStatus.ERROR, FailureKind.INIT_ERROR, f"INIT failed: {_one_line(exc)}")
+                    return
+            self._enter(run, Stage.READY)
+            async with pools.running:
+                pools.prepared.release()
+                holds_place = False
+                self._enter(run, Stage.RUNNING)
+                if run.eval_ctx is not None and req.evaluator is not None:
+                    run.offload = _eval_job(req.evaluator, req.task, req.runtime, run.eval_ctx)
+                    warm = (self.node.evaluations.prewarm(spec.session_id, run.offload) if run.offload is not None
+                            else prewarm(req.evaluator.name, run.eval_ctx))
+                    run.prewarm_task = asyncio.create_task(warm)
+                try:
+                    async with asyncio.timeout(req.timeout_s):
+                        await self._run_agent(run)
+                except TimeoutError:
+                    run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
+                except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
+                    run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"harness failed: {_one_line(exc)}")
+                finally:
+                    self._explain_failure(run)
+                    self._enter(run, Stage.POSTRUN)  # off the engine: the RUNNING slot frees now
+        finally:
+            if holds_place:
+                pools.prepared.release()
 
+    async def _run_agent(self, run: Run) -> None:
+        req = run.spec.request
+        session = self.node.session(run.spec.session_id)
+        assert run.runtime is not None and session.key is not None  # INIT opened both
+        if req.agent.harness == loop.NAME:
+            outcome = await loop.run_loop_agent(
+                run.runtime, socket=self.node.socket, base_url="http://gateway", key=session.key, model=self.node.model,
+                prompt=req.instruction, settings=loop.LoopSettings.from_dict(req.agent.settings))
+            run.exit_code, run.final_answer = outcome.exit_code, outcome.final_answer
+            if outcome.exit_code == 1:
+                run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"loop agent stopped: {outcome.output[-300:]}")
+            return
+        from polar_env.harnesses.launch import run_harness
+
+        harness = self.node.harness(req.agent.harness)
+        result = await run_harness(run.runtime, harness, key=session.key, model=self.node.model, prompt=req.instruction,
+                                   api=req.agent.api, env=req.agent.env, timeout_s=req.timeout_s + 5,
+                                   cache_dir=self.node.harness_cache)
+        run.exit_code = result.exit_code
+        if result.timed_out:
+            run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
+        elif result.exit_code != 0:
+            run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR,
+                     f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}")
+
+    def _explain_failure(self, run: Run) -> None:
+        """At the end of RUNNING: a limit the runtime enforced explains whatever else happened; a harness
+        that failed or timed out while the gateway was answering it errors failed because of the engine."""
+        hit = getattr(run.runtime, "limit_hit", None)
+        if hit is not None:
+            run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
+            return
+        if run.failure_kind in (FailureKind.HARNESS_ERROR, FailureKind.AGENT_TIMEOUT):
+            try:
+                errors = int(self.node.session(run.spec.session_id).errors)  # engine errors (and aborts) it was answered
+            except PolarError:  # not registered (cannot happen after INIT): nothing to explain
+                errors = 0
+            if errors:
+                run.fail(SessionStatus.ERROR, FailureKind.ENGINE_ERROR,
+                         f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
+
+    async def _evaluate(self, run: Run, evaluator: EvaluatorSpec) -> EvalResult:
+        """In the evaluation worker when the run has a job there, else (or when the worker cannot
+        run this evaluator) in this process. The agent's change set is taken here by the grader (its
+        workspace against the pristine base, never through its git), while its runtime lives."""
+        ctx, job, timeout_s = run.eval_ctx, run.offload, evaluator.timeout_s or EVAL_TIMEOUT_S
+        assert ctx is not None
+        ctx.final_answer, ctx.exit_code = run.final_answer, run.exit_code
+        if run.prewarm_task is not None:
+            await asyncio.gather(run.prewarm_task, return_exceptions=True)
+        if run.runtime is not None and ctx.base is not None:
+            try:
+                ctx.changes = await agent_changes(run.runtime, ctx.base)
+            except LimitExceeded as exc:  # the agent changed more than patch_mb: its own doing
+                return EvalResult(reward=0.0, report={"reason": str(exc), "limit": exc.limit})
+        if job is not None:
+            job.final_answer, job.exit_code, job.timed_out, job.changes = ctx.final_answer, ctx.exit_code, ctx.timed_out, ctx.changes
+            result = await self.node.evaluations.evaluate(run.spec.session_id, job, timeout_s + WORKER_GRACE_S)
+            if result is not None and result.report.get("exception_type") != NEEDS_AGENT_RUNTIME:
+                return result.model_copy(update={"report": {**result.report, "evaluated_in": "worker"}})
+            _log.info("session %s: evaluator %s runs in the node (%s)", run.spec.session_id, evaluator.name,
+                      "not found in the worker" if result is None else "it asked for the agent runtime")
+        result = await run_evaluator(evaluator.name, ctx, timeout_s=timeout_s)
+        return result.model_copy(update={"report": {**result.report, "evaluated_in": "node"}})
+
+    async def _postrun(self, run: Run, *, cancelled: bool = False) -> SessionResult:
+        spec, req = run.spec, run.spec.request
+        if cancelled:
+            run.fail(SessionStatus.CANCELLED, FailureKind.INTERRUPTED, "node shutting down")
+        if run.stage is not Stage.POSTRUN:
+            self._enter(run, Stage.POSTRUN)
+        async with self.node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
+            # read + build in a worker process (postrun_pool.py): never on the gateway's GIL
+            built = await self.node.postrun.build(self.node.store.root, spec.session_id, req.builder)
+            if built.error is not None:
+                run.fail(SessionStatus.ERROR, FailureKind.BUILD_ERROR, built.error)
+            if run.final_answer is None and built.records:
+                run.final_answer = built.final_answer
+            reward, evaluation = 0.0, {}
+            if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
+                result = await self._evaluate(run, req.evaluator)
+                evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
+                evaluation["status"] = result.status.value
+                reward = result.reward
+                hit = getattr(run.runtime, "limit_hit", None) or result.report.get("limit") and result.report["reason"]
+                if hit:  # the agent's change ran past patch_mb: the policy's doing, not the grader's
+                    run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
+                    reward = 0.0
+                elif result.report.get("tampered"):  # the grader's canaries or report say the run was tampered with
+                    run.fail(SessionStatus.ERROR, FailureKind.TAMPERED, f"evaluation: {result.report.get('reason')}")
+                    reward = 0.0
+                elif result.status is Status.TIMEOUT:
+                    run.fail(SessionStatus.TIMEOUT, FailureKind.EVALUATION_TIMEOUT, f"evaluation: {result.report.get('reason')}")
+                elif result.status is Status.ERROR:
+                    run.fail(SessionStatus.ERROR, FailureKind.EVALUATOR_ERROR, f"evaluation failed: {result.report.get('error')}")
+            elif req.evaluator is not None:
+                evaluation = {"status": "skipped", "reason": f"session {run.status.value}: {run.failure_detail}"}
+            await self._cleanup(run)
+            self._enter(run, Stage.DONE)
+            outcome = self._outcome(run, reward, evaluation, built.weight_versions)
+            await asyncio.to_thread(self.node.store.write_outcome, spec.session_id, outcome)
+            trajectory = with_outcome(built.trajectory or Trajectory(session_id=spec.session_id, traces=[]), outcome)
+        self.node.pools.occupancy.move(Stage.DONE, None)
+        return SessionResult(
+            session_id=spec.session_id, task_id=req.task_id, group_id=spec.group_id, sample_index=spec.sample_index,
+            node_id=self.node.node_id, status=run.status, reward=reward, evaluation=evaluation, trajectory=trajectory,
+            stage_times=run.stage_times, records=built.records, harness_exit_code=run.exit_code,
+            limits=outcome["limits"], failure_kind=run.failure_kind, failure_detail=run.failure_detail,
+            mask=trajectory.mask)
+
+    def _outcome(self, run: Run, reward: float, evaluation: dict[str, Any], weight_versions: list[str]) -> dict[str, Any]:
+        limits = getattr(run.runtime, "limits_report", None)
+        return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, self.node.node_id),
+                "status": run.status.value, "reward": reward, "evaluation": evaluation,
+                "limits": limits() if limits is not None else {},
+                "weight_versions": weight_versions,
+                "stage_times": run.stage_times, "harness_exit_code": run.exit_code,
+                "failure_kind": run.failure_kind.value if run.failure_kind is not None else None,
+                "failure_detail": run.failure_detail}
+
+    async def _cleanup(self, run: Run) -> None:
+        if run.prewarm_task is not None and not run.prewarm_task.done():
+            run.prewarm_task.cancel()
+            await asyncio.gather(run.prewarm_task, return_exceptions=True)
+        if run.offload is not None:  # a pre-warmed runtime in the worker that no evaluation used
+            try:
+                await self.node.evaluations.cancel(run.spec.session_id)
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("session %s: releasing the worker's grading runtime failed: %s", run.spec.session_id, exc)
+        if run.eval_ctx is not None:
+            try:
+                await run.eval_ctx.aclose()
+            except Exception as exc:  # noqa: BLE001 - cleanup must reach the agent runtime too
+                _log.warning("session %s: stopping the grading runtime failed: %s", run.spec.session_id, exc)
+        if run.runtime is not None:
+            try:
+                await run.runtime.stop()
+            except Exception as exc:  # noqa: BLE001
+                _log.warning("session %s: stopping the runtime failed: %s", run.spec.session_id, exc)
+        self.node.close_session(run.spec.session_id)

@@ -23,13 +23,15 @@ from polar_env.engines.base import EngineClient
 from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
+from polar_env.journal.store import JournalStore
 from polar_env.proxy.config import GatewayConfig, Sampling
+from polar_env.proxy.sessions import Session
 from polar_env.records import ChatRequest, Generation
 from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes import Runtime, make_runtime
 from polar_env.runtimes.base import prepared
-from polar_env.staging import lifecycle
 from polar_env.staging.eval_worker import EvalWorkers
+from polar_env.staging.lifecycle import SessionRunner
 from polar_env.staging.models import SessionResult, SessionSpec, Stage
 from polar_env.staging.pools import PoolLimits, StagePools
 from polar_env.staging.postrun_pool import PostrunPool
@@ -135,8 +137,7 @@ class GatewayNode:
         self.pools = StagePools(config.limits)
         self.postrun = PostrunPool(config.limits.max_postrun)  # read + build off this process
         self.evaluations = EvalWorkers(config.limits.max_postrun)  # fresh-runtime grading off this process
-        self.runs: dict[str, lifecycle.Run] = {}
-        self.work: dict[str, asyncio.Future[None]] = {}
+        self.runner = SessionRunner(self)  # the sessions in flight, each through its stages
         self.harness_cache = config.harness_cache
         self.socket: Path | None = None
         self.port: int | None = None
@@ -181,10 +182,10 @@ class GatewayNode:
     async def stop(self) -> None:
         """Cancel running sessions (each still goes through POSTRUN), then close the gateway."""
         self.stopping = True
-        for work in list(self.work.values()):
+        for work in list(self.runner.work.values()):
             work.cancel()
         deadline = time.monotonic() + 60
-        while self.runs and time.monotonic() < deadline:
+        while self.runner.runs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.gateway is not None:
             await self.gateway.aclose()  # drains in-flight captures, then closes the engine client and the store
@@ -199,13 +200,13 @@ class GatewayNode:
     # -- sessions -----------------------------------------------------------------------------
     async def run(self, spec: SessionSpec) -> SessionResult:
         self._gateway()  # refuses a node that is not started
-        result = await lifecycle.run_session(self, spec)
+        result = await self.runner.run(spec)
         self.completed += 1
         return result
 
     def cancel(self, session_id: str) -> bool:
         """Cancel a session at any stage; it still reaches POSTRUN and reports CANCELLED."""
-        work = self.work.get(session_id)
+        work = self.runner.work.get(session_id)
         if work is None or work.done():
             return False
         if self.gateway is not None:  # its in-flight generations stop now, not when they finish
@@ -214,11 +215,13 @@ class GatewayNode:
         return True
 
     def load(self) -> int:
-        return len(self.runs)
+        return len(self.runner.runs)
 
     @property
-    def store(self) -> Any:
-        return self._gateway().store
+    def store(self) -> JournalStore:
+        store = self._gateway().store
+        assert isinstance(store, JournalStore)  # a node journals to its own folder
+        return store
 
     def _gateway(self) -> Gateway:
         if self.gateway is None:
@@ -245,7 +248,7 @@ class GatewayNode:
             out.append({"session_id": sid, "key": session.key, "port": self.port, "socket": str(self.socket)})
         return out
 
-    def session(self, session_id: str) -> Any:
+    def session(self, session_id: str) -> Session:
         return self._gateway().sessions.get(session_id)
 
     def close_session(self, session_id: str) -> None:

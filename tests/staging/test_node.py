@@ -152,12 +152,12 @@ async def test_cancel_at_any_stage_reports_cancelled(node_config) -> None:  # ty
     try:
         tasks = [asyncio.create_task(node.run(s)) for s in (spec, ready, queued)]
         for _ in range(300):
-            stages = [getattr(node.runs.get(f"c-{i}"), "stage", None) for i in range(3)]
+            stages = [getattr(node.runner.runs.get(f"c-{i}"), "stage", None) for i in range(3)]
             if stages == [Stage.RUNNING, Stage.READY, Stage.QUEUED] and node.made[0].commands:
                 break
             await asyncio.sleep(0.01)
         # one RUNNING slot (c-0, its tool call hanging), one prepared place (c-1), c-2 waits for it
-        assert [node.runs[f"c-{i}"].stage for i in range(3)] == [Stage.RUNNING, Stage.READY, Stage.QUEUED]
+        assert [node.runner.runs[f"c-{i}"].stage for i in range(3)] == [Stage.RUNNING, Stage.READY, Stage.QUEUED]
         assert all(node.cancel(f"c-{i}") for i in range(3))
         results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     finally:

@@ -170,7 +170,7 @@ async def test_cancel_and_stop_are_cancelled_and_interrupted_and_a_rebuild_agree
         if len(node.made) == 2 and all(rt.commands for rt in node.made):
             break
         await asyncio.sleep(0.01)
-    assert all(node.runs[s.session_id].stage is Stage.RUNNING for s in specs)
+    assert all(node.runner.runs[s.session_id].stage is Stage.RUNNING for s in specs)
     assert node.cancel("x-0")
     cancelled = await asyncio.wait_for(tasks[0], 10)
     await node.stop()  # the job stops: what still runs is interrupted (--resume runs it again)

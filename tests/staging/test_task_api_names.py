@@ -36,6 +36,6 @@ async def test_submit_refuses_a_wrong_name_with_one_line(change: dict, line: str
             assert resp.status == 400 and "\n" not in message
             assert message.startswith(f"invalid TaskRequest: {line}"), message
             status = await (await client.get("/rollout/status", headers=AUTH)).json()
-            assert status["tasks"] == [] and node.runs == {}  # nothing was queued, nothing ran
+            assert status["tasks"] == [] and node.runner.runs == {}  # nothing was queued, nothing ran
     finally:
         await server.aclose()
