@@ -70,7 +70,7 @@ class _Scripted(_Engine):
         policy = _policy(self.script)
         if self.script_finish_command is None:
             return policy
-        from polar_env.harnesses.scripted import FinishingPolicy
+        from polar_env.engines.embedded.policy import FinishingPolicy
 
         return FinishingPolicy(steps=policy.steps, shell_tools=policy.shell_tools,
                                command_params=policy.command_params, finish_command=self.script_finish_command)
@@ -105,14 +105,14 @@ class EmbeddedEngineConfig(_Scripted):
 
 
 class SimulatedEngineConfig(_Scripted):
-    """A test double (polar_env/testing/simulated_engine.py): answers after ``latency_s``, samples nothing real."""
+    """A test double (polar_env/engines/simulated.py): answers after ``latency_s``, samples nothing real."""
 
     kind: Literal["simulated"] = "simulated"
     latency_s: float = Field(default=0.05, ge=0)
     jitter: float = Field(default=0.0, ge=0)
 
     def build(self, max_tokens: int | None = None) -> EngineClient:
-        from polar_env.testing.simulated_engine import SimulatedEngine
+        from polar_env.engines.simulated import SimulatedEngine
 
         return SimulatedEngine(latency_s=self.latency_s, jitter=self.jitter, policy=self.policy(),
                                model_name=self.model, seed=self.seed)

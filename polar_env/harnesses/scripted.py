@@ -10,30 +10,9 @@ the finish command; for every other harness the policy is returned unchanged.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+from polar_env.engines.embedded.policy import FinishingPolicy, ScriptedPolicy
 from polar_env.harnesses.spec import ClientSpec, HarnessSpec
-
-
-@dataclass(frozen=True, slots=True)
-class FinishingPolicy(ScriptedPolicy):
-    """``ScriptedPolicy`` whose text answers also run ``finish_command`` through the shell tool."""
-
-    finish_command: str | None = None
-
-    def next_turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        turn = ScriptedPolicy.next_turn(self, messages, tools)
-        if turn.get("tool_calls") or self.finish_command is None:
-            return turn
-        finisher = ScriptedPolicy(steps=(ScriptStep(command=self.finish_command),), shell_tools=self.shell_tools,
-                                  command_params=self.command_params)
-        finish = finisher.next_turn(messages, tools)
-        if not finish.get("tool_calls"):  # the harness declared no shell tool: nothing to finish with
-            return turn
-        return {**turn, "tool_calls": finish["tool_calls"]}
 
 
 def policy_for(harness: HarnessSpec | ClientSpec, policy: ScriptedPolicy | None = None) -> ScriptedPolicy:

@@ -15,9 +15,9 @@ from fake_sglang import FakeSGLangRouter
 from fake_vllm import MODEL
 
 from polar_env.engines.sglang import SGLangClient
+from polar_env.engines.simulated import SimulatedEngine
 from polar_env.engines.vllm import VLLMClient
 from polar_env.records import ChatRequest
-from polar_env.testing.simulated_engine import SimulatedEngine
 
 USER = [{"role": "user", "content": "hi"}]
 SESSIONS, TURNS = 8, 30

@@ -16,9 +16,9 @@ from typing import Any
 
 from polar_env import PolarEnv, PolarEnvConfig
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+from polar_env.engines.simulated import SimulatedEngine
 from polar_env.env import task_request
 from polar_env.tasks.toy import TOY_SOURCES, toy_tasks
-from polar_env.testing.simulated_engine import SimulatedEngine
 
 TOY = "toy__calc-1"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.engines.embedded.policy import ScriptedPolicy
+from polar_env.engines.embedded.policy import FinishingPolicy, ScriptedPolicy
 from polar_env.errors import ConfigError
 from polar_env.harnesses import (
     HARNESSES,
@@ -28,7 +28,7 @@ from polar_env.harnesses import (
 from polar_env.harnesses import install as install_mod
 from polar_env.harnesses.clients import CLIENTS, VERSIONS, get
 from polar_env.harnesses.launch import NODE_BIN_DIR, harness_mounts, with_harness
-from polar_env.harnesses.scripted import FinishingPolicy, is_finish_call, policy_for
+from polar_env.harnesses.scripted import is_finish_call, policy_for
 from polar_env.records import ProviderAPI
 from polar_env.runtimes.base import RuntimeSpec
 

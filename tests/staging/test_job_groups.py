@@ -15,11 +15,11 @@ import pytest
 
 from polar_env.cli import main
 from polar_env.engines.config import SimulatedEngineConfig
+from polar_env.engines.simulated import SimulatedEngine
 from polar_env.env import PolarEnvConfig
 from polar_env.errors import EngineUnavailable
 from polar_env.records import ChatRequest, FailureKind, Generation
 from polar_env.staging.job import RolloutJob, run_job
-from polar_env.testing.simulated_engine import SimulatedEngine
 from polar_env.trajectory.export import read_jsonl
 from tests.conftest import require_bwrap
 

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from polar_env.engines.simulated import SimulatedEngine
 from polar_env.errors import EngineUnavailable
 from polar_env.evaluators import EvalContext, EvalResult, register_evaluator
 from polar_env.evaluators.base import EvaluatorSpec
@@ -17,7 +18,6 @@ from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, 
 from polar_env.staging.postrun_pool import Built
 from polar_env.staging.salvage import salvage
 from polar_env.staging.server import LocalNode, RolloutServer
-from polar_env.testing.simulated_engine import SimulatedEngine
 from polar_env.trajectory.reader import build_trajectories
 from tests.staging.conftest import FakeRuntime, FakeRuntimeNode
 from tests.staging.test_node import loop_task, started

@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
+from polar_env.engines.simulated import SimulatedEngine
 from polar_env.harnesses import HARNESSES
 from polar_env.journal.format import CLIENT_GONE
 from polar_env.journal.reader import read_with_refs
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Trajectory
-from polar_env.testing.simulated_engine import SimulatedEngine
 from polar_env.trajectory.lineage import builtin_side_requests, side_request_of
 from polar_env.trajectory.outcome import with_outcome
 from polar_env.trajectory.per_request import build_per_request

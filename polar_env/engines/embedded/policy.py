@@ -103,3 +103,21 @@ def _last_tool_output(messages: Sequence[Mapping[str, Any]]) -> str:
         if msg.get("role") == "tool":
             return content_text(msg.get("content")).strip()[:_TOOL_OUTPUT_LIMIT]
     return ""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishingPolicy(ScriptedPolicy):
+    """``ScriptedPolicy`` whose text answers also run ``finish_command`` through the shell tool."""
+
+    finish_command: str | None = None
+
+    def next_turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        turn = ScriptedPolicy.next_turn(self, messages, tools)
+        if turn.get("tool_calls") or self.finish_command is None:
+            return turn
+        finisher = ScriptedPolicy(steps=(ScriptStep(command=self.finish_command),), shell_tools=self.shell_tools,
+                                  command_params=self.command_params)
+        finish = finisher.next_turn(messages, tools)
+        if not finish.get("tool_calls"):  # the harness declared no shell tool: nothing to finish with
+            return turn
+        return {**turn, "tool_calls": finish["tool_calls"]}
