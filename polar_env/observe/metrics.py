@@ -12,12 +12,17 @@ labels are listed in the README ("Metrics"); a label is never a session id (unbo
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from polar_env.proxy.providers import PROVIDERS
+
+if TYPE_CHECKING:
+    from polar_env.proxy.gateway import GatewayEvent
+    from polar_env.staging.models import SessionResult
+    from polar_env.staging.server import RolloutServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Added latency is the gateway's own cost (parse, translate, journal): sub-millisecond to tens of ms.
@@ -82,7 +87,7 @@ class GatewayMetrics:
         resource = request.match_info.route.resource
         return self._paths.get(resource.canonical, "none") if resource is not None else "none"
 
-    def on_event(self, event: Any) -> None:
+    def on_event(self, event: GatewayEvent) -> None:
         """A ``Gateway`` event subscriber: each recorded call moves the call series."""
         if event.kind != "call_recorded":
             return
@@ -177,7 +182,7 @@ class RolloutMetrics:
         self.node_tokens = Gauge("polar_rollout_sampled_tokens", "Tokens sampled for the node (cumulative)",
                                  ["node"], registry=r)
 
-    def observe_result(self, result: Any) -> None:
+    def observe_result(self, result: SessionResult) -> None:
         """One finished ``SessionResult``. ``failure_kind`` is read when the result carries one."""
         status = str(getattr(result.status, "value", result.status))
         self.sessions.labels(status).inc()
@@ -218,7 +223,7 @@ class RolloutMetrics:
             self.tasks.labels(state).set(states.get(state, 0))
 
 
-def install_server_metrics(app: web.Application, server: Any) -> None:
+def install_server_metrics(app: web.Application, server: RolloutServer) -> None:
     """``GET /metrics`` on the rollout server (behind its bearer-token middleware)."""
 
     async def scrape(request: web.Request) -> web.Response:

@@ -17,9 +17,12 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from polar_env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polar_env.train.loop import StepRecord
 
 
 class Tracker(Protocol):
@@ -139,7 +142,7 @@ def open_tracker(kind: str | None, out_dir: Path, config: Mapping[str, Any], nam
     return TRACKERS[kind](out_dir, config, name)
 
 
-def train_step_figures(record: Any) -> dict[str, float]:
+def train_step_figures(record: StepRecord) -> dict[str, float]:
     """One ``StepRecord`` of ``polar-env train`` as tracker figures."""
     rollout_s = record.rollout_s or 0.0
     return {"train/reward_mean": record.reward_mean, "train/loss": record.loss, "train/grad_norm": record.grad_norm,

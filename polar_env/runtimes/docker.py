@@ -88,7 +88,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
@@ -102,6 +102,9 @@ from polar_env.runtimes.sandbox import (
     RELAY_SOURCE,
     shell_argv,
 )
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +184,7 @@ def timeout_argv(argv: list[str], timeout_s: float) -> list[str]:
 _REMAP: dict[str, str] = {}
 
 
-def userns_state(client: Any) -> str:
+def userns_state(client: DockerClient) -> str:
     """What ``docker info`` says about user namespaces (once per daemon address)."""
     where = docker_host()
     if where not in _REMAP:
