@@ -95,13 +95,7 @@ from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
-from polar_env.runtimes.sandbox import (
-    GATEWAY_SOCKET,
-    POLAR_RUN_DIR,
-    RELAY_PATH,
-    RELAY_SOURCE,
-    shell_argv,
-)
+from polar_env.runtimes.sandbox import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
 
 if TYPE_CHECKING:
     from docker import DockerClient
