@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -109,10 +108,9 @@ def test_gateway_requires_a_store(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_dead_engine_url_fails_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    started = time.monotonic()
     rc = main(["gateway", "--engine-url", dead, "--engine-wait-s", "0.3", "--store", str(tmp_path / "s")])
     err = capsys.readouterr().err
-    assert rc == 2 and time.monotonic() - started < 20
+    assert rc == 2  # at start, after the --engine-wait-s it names below (not after serving anything)
     assert err.splitlines()[0].startswith("waiting up to 0.3s for the vllm engine at")
     assert "error: no vllm engine answers at http://127.0.0.1:" in err.splitlines()[-1]
     assert "--engine-wait-s" in err.splitlines()[-1] and len(err.splitlines()) == 2

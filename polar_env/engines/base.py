@@ -60,8 +60,8 @@ async def request_json(
     engine: str,
     timeout_s: float,
     method: str = "POST",
-    decode: Callable[[bytes], Any] = orjson.loads,
-) -> Any:
+    decode: Callable[[bytes], object] = orjson.loads,
+) -> object:
     """Send ``body`` as JSON (or nothing, for GET) and return the decoded JSON, or raise an
     EngineError. ``decode`` (raising orjson.JSONDecodeError on malformed JSON) may be a typed
     decoder for a hot response shape."""

@@ -185,14 +185,14 @@ EngineConfig = Annotated[AnyEngineConfig, Field(discriminator="kind"), BeforeVal
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(EngineConfig)
 
 
-def engine_config(data: Any) -> AnyEngineConfig:
+def engine_config(data: object) -> AnyEngineConfig:
     """The engine config for a mapping (``{"kind": "vllm", "url": ...}``; no kind: embedded)."""
     if isinstance(data, get_args(AnyEngineConfig)):
         return data  # type: ignore[no-any-return]
     return _ADAPTER.validate_python(data)  # type: ignore[no-any-return]
 
 
-def build_engine(config: Any, max_tokens: int | None = None) -> EngineClient:
+def build_engine(config: object, max_tokens: int | None = None) -> EngineClient:
     """The client for ``config``; the embedded engine loads its model here (in this process).
     ``max_tokens``: the per-call cap (default: the config's ``default_max_tokens``)."""
     return engine_config(config).build(max_tokens)

@@ -106,7 +106,7 @@ class VLLMClient:
                                   decode=decode_chat_body)
         return self.parse_decoded(data, request)
 
-    def parse_decoded(self, data: Any, request: ChatRequest) -> Generation:
+    def parse_decoded(self, data: object, request: ChatRequest) -> Generation:
         """``parse`` for what ``decode_chat_body`` returned: the same Generation, or the same error."""
         if isinstance(data, _Body):
             fast = self._parse_typed(data, request)
@@ -234,7 +234,7 @@ class _Body(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(_Body)
 
 
-def decode_chat_body(raw: bytes) -> Any:
+def decode_chat_body(raw: bytes) -> object:
     """A typed ``_Body`` when the response has the expected shape, else ``orjson.loads`` (whose
     JSONDecodeError reports malformed JSON; ``parse`` reports a wrong shape precisely)."""
     try:
@@ -243,7 +243,7 @@ def decode_chat_body(raw: bytes) -> Any:
         return orjson.loads(raw)
 
 
-def chat_logprobs(block: Any, bad: BadFactory, *, engine: str) -> list[float]:
+def chat_logprobs(block: object, bad: BadFactory, *, engine: str) -> list[float]:
     """The sampled-token logprobs of an OpenAI-style ``choices[].logprobs`` block."""
     content = block.get("content") if isinstance(block, dict) else None
     if not isinstance(content, list):
@@ -264,7 +264,7 @@ def chat_logprobs(block: Any, bad: BadFactory, *, engine: str) -> list[float]:
     raise bad(f"{engine} logprobs.content is malformed")
 
 
-def chat_message(msg: Any, bad: BadFactory, *, engine: str) -> AssistantMessage:
+def chat_message(msg: object, bad: BadFactory, *, engine: str) -> AssistantMessage:
     """An OpenAI-style response message; reasoning from ``reasoning`` or ``reasoning_content``."""
     if not isinstance(msg, dict):
         raise bad(f"{engine} choice has no message")

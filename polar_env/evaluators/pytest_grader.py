@@ -68,7 +68,7 @@ def _emit(record: dict[str, Any]) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> None:
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name in ("pytest.__main__", "pytest") and os.getcwd() not in sys.path:
@@ -83,7 +83,7 @@ def _module_of(item: Any) -> Any:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """After every other plugin (deselection included): add the canaries."""
     _collected[0] = len(items)
     if not _config or not items:
@@ -120,16 +120,16 @@ def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -
         items.insert(rng.randrange(len(items) + 1), item)
 
 
-def pytest_runtest_logreport(report: Any) -> None:
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _emit({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
            "xfail": bool(getattr(report, "wasxfail", None) is not None),
            "canary": _canaries.get(report.nodeid)})
 
 
-def pytest_collectreport(report: Any) -> None:
+def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.outcome == "failed":
         _emit({"nodeid": report.nodeid, "when": "collect", "outcome": "failed", "xfail": False, "canary": None})
 
 
-def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
     _emit({"finish": int(exitstatus), "canaries": _canaries, "collected": _collected[0]})

@@ -5,16 +5,27 @@ clusters. Shared by the slime generate function and the NeMo Gym agent."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
 
-class LazyEnv:
-    def __init__(self, env: Any) -> None:
+class AsyncContext(Protocol):
+    """What LazyEnv enters and exits: PolarEnv's async context."""
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc: object) -> object: ...
+
+
+E = TypeVar("E", bound=AsyncContext)
+
+
+class LazyEnv(Generic[E]):
+    def __init__(self, env: E) -> None:
         self.env = env
         self._started = False
         self._lock = asyncio.Lock()
 
-    async def start(self) -> Any:
+    async def start(self) -> E:
         async with self._lock:
             if not self._started:
                 await self.env.__aenter__()

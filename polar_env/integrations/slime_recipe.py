@@ -129,7 +129,7 @@ def flag_map(recipe: Recipe) -> dict[str, Any]:
     return flags
 
 
-def render_value(value: Any) -> str:
+def render_value(value: object) -> str:
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, (dict, list)):

@@ -33,6 +33,34 @@ class _Gate(Protocol):
     def in_flight(self) -> int: ...
 
 
+class _Event(Protocol):
+    """What the metrics read of a gateway event (``polar_env.proxy.core.GatewayEvent``)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+
+class _Result(Protocol):
+    """What the metrics read of a finished session (``polar_env.staging.models.SessionResult``)."""
+
+    @property
+    def status(self) -> object: ...
+
+    @property
+    def failure_kind(self) -> object: ...
+
+    @property
+    def evaluation(self) -> dict[str, Any]: ...
+
+    @property
+    def reward(self) -> float: ...
+
+    def stage_seconds(self) -> dict[str, float]: ...
+
+
 class _Gateway(Protocol):
     """What the metrics read of a gateway: its gate and its events."""
 
@@ -71,7 +99,7 @@ class GatewayMetrics:
         resource = request.match_info.route.resource
         return self._paths.get(resource.canonical, "none") if resource is not None else "none"
 
-    def on_event(self, event: Any) -> None:
+    def on_event(self, event: _Event) -> None:
         """A ``Gateway`` event subscriber: each recorded call moves the call series."""
         if event.kind != "call_recorded":
             return
@@ -167,7 +195,7 @@ class RolloutMetrics:
         self.node_tokens = Gauge("polar_rollout_sampled_tokens", "Tokens sampled for the node (cumulative)",
                                  ["node"], registry=r)
 
-    def observe_result(self, result: Any) -> None:
+    def observe_result(self, result: _Result) -> None:
         """One finished ``SessionResult``. ``failure_kind`` is read when the result carries one."""
         status = str(getattr(result.status, "value", result.status))
         self.sessions.labels(status).inc()
@@ -208,11 +236,14 @@ class RolloutMetrics:
             self.tasks.labels(state).set(states.get(state, 0))
 
 
-def install_server_metrics(app: web.Application, server: Any) -> None:
-    """``GET /metrics`` on the rollout server (behind its bearer-token middleware)."""
+def install_server_metrics(app: web.Application, metrics: RolloutMetrics,
+                           node_stats: Callable[[], Awaitable[Iterable[dict[str, Any]]]],
+                           task_states: Callable[[], Iterable[str]]) -> None:
+    """``GET /metrics`` on the rollout server (behind its bearer-token middleware); the per-stage
+    gauges are refreshed from ``node_stats()`` and ``task_states()`` when scraped."""
 
     async def scrape(request: web.Request) -> web.Response:
-        server.metrics.refresh(await server.node_stats(), [t.status.state.value for t in server.tasks.values()])
-        return metrics_response(server.metrics.registry)
+        metrics.refresh(await node_stats(), task_states())
+        return metrics_response(metrics.registry)
 
     app.router.add_get("/metrics", scrape)

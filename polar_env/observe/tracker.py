@@ -17,15 +17,18 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from polar_env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polar_env.train.loop import StepRecord
 
 
 class Tracker(Protocol):
     def log(self, figures: Mapping[str, float], step: int) -> None: ...
 
-    def summary(self, figures: Mapping[str, Any]) -> None: ...
+    def summary(self, figures: Mapping[str, object]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -36,14 +39,14 @@ class NoTracker:
     def log(self, figures: Mapping[str, float], step: int) -> None:
         return None
 
-    def summary(self, figures: Mapping[str, Any]) -> None:
+    def summary(self, figures: Mapping[str, object]) -> None:
         return None
 
     def close(self) -> None:
         return None
 
 
-def scalars(figures: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+def scalars(figures: Mapping[str, object], prefix: str = "") -> dict[str, float]:
     """The finite numbers of a (nested) figures dict, flattened to ``a/b/c`` names; bools,
     strings and lists are left out (trackers plot numbers)."""
     out: dict[str, float] = {}
@@ -60,7 +63,7 @@ class TensorBoardTracker:
     """Event files written with TensorBoard's own writer and protobufs (no torch, no TensorFlow), so
     a rollout next to a vLLM server logs as well as the CPU trainer does."""
 
-    def __init__(self, out_dir: Path, config: Mapping[str, Any], name: str) -> None:
+    def __init__(self, out_dir: Path, config: Mapping[str, object], name: str) -> None:
         try:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
@@ -70,7 +73,7 @@ class TensorBoardTracker:
         self.writer = EventFileWriter(str(self.dir), filename_suffix=f".{name}")
         self._text("config", config)
 
-    def _text(self, tag: str, data: Mapping[str, Any]) -> None:
+    def _text(self, tag: str, data: Mapping[str, object]) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.plugins.text.summary_v2 import text_pb
 
@@ -87,7 +90,7 @@ class TensorBoardTracker:
     def log(self, figures: Mapping[str, float], step: int) -> None:
         self._scalars(figures, step)
 
-    def summary(self, figures: Mapping[str, Any]) -> None:
+    def summary(self, figures: Mapping[str, object]) -> None:
         self._scalars({f"summary/{k}": v for k, v in scalars(figures).items()}, 0)
         self._text("summary", figures)
 
@@ -96,7 +99,7 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    def __init__(self, out_dir: Path, config: Mapping[str, Any], name: str) -> None:
+    def __init__(self, out_dir: Path, config: Mapping[str, object], name: str) -> None:
         try:
             import wandb
         except ImportError:
@@ -114,7 +117,7 @@ class WandbTracker:
     def log(self, figures: Mapping[str, float], step: int) -> None:
         self.run.log(scalars(figures), step=step)
 
-    def summary(self, figures: Mapping[str, Any]) -> None:
+    def summary(self, figures: Mapping[str, object]) -> None:
         for name, value in scalars(figures).items():
             self.run.summary[name] = value
 
@@ -131,7 +134,7 @@ TRACKERS: dict[str, type[TensorBoardTracker] | type[WandbTracker]] = {
 }
 
 
-def open_tracker(kind: str | None, out_dir: Path, config: Mapping[str, Any], name: str) -> Tracker:
+def open_tracker(kind: str | None, out_dir: Path, config: Mapping[str, object], name: str) -> Tracker:
     if kind is None:
         return NoTracker()
     if kind not in TRACKERS:
@@ -139,7 +142,7 @@ def open_tracker(kind: str | None, out_dir: Path, config: Mapping[str, Any], nam
     return TRACKERS[kind](out_dir, config, name)
 
 
-def train_step_figures(record: Any) -> dict[str, float]:
+def train_step_figures(record: StepRecord) -> dict[str, float]:
     """One ``StepRecord`` of ``polar-env train`` as tracker figures."""
     rollout_s = record.rollout_s or 0.0
     return {"train/reward_mean": record.reward_mean, "train/loss": record.loss, "train/grad_norm": record.grad_norm,

@@ -88,7 +88,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
@@ -96,6 +96,9 @@ from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +178,7 @@ def timeout_argv(argv: list[str], timeout_s: float) -> list[str]:
 _REMAP: dict[str, str] = {}
 
 
-def userns_state(client: Any) -> str:
+def userns_state(client: DockerClient) -> str:
     """What ``docker info`` says about user namespaces (once per daemon address)."""
     where = docker_host()
     if where not in _REMAP:

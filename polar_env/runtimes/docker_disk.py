@@ -34,12 +34,14 @@ import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from polar_env.runtimes import diskfs
 from polar_env.runtimes.hostworkspace import chown_tree, copy_tree
 
 if TYPE_CHECKING:
+    from docker import DockerClient
+
     from polar_env.runtimes.base import RuntimeSpec
 
 log = logging.getLogger(__name__)
@@ -75,9 +77,10 @@ def _extract(container: Any, path: str, into: Path) -> Path:
     return into / posixpath.basename(posixpath.normpath(path))
 
 
-def image_trees(client: Any, image: str, paths: list[str], cache_base: Path) -> list[Path]:
+def image_trees(client: DockerClient, image: str, paths: list[str], cache_base: Path) -> list[Path]:
     """``paths`` of ``image`` as host trees, extracted once (per image and paths) into ``cache_base``."""
-    key = hashlib.sha256("\0".join([client.images.get(image).id, *paths]).encode()).hexdigest()[:20]
+    image_id = cast(str, client.images.get(image).id)  # an image the daemon has always has one
+    key = hashlib.sha256("\0".join([image_id, *paths]).encode()).hexdigest()[:20]
     done = cache_base / key
     trees = [done / str(i) / posixpath.basename(posixpath.normpath(p)) for i, p in enumerate(paths)]
     with _CACHE_LOCK:
@@ -123,7 +126,7 @@ class DockerDisk:
         self.mounted = False
 
     @classmethod
-    def setup(cls, spec: RuntimeSpec, uid: int, agent_dirs: tuple[str, ...], root_dir: str | Path | None, client: Any,
+    def setup(cls, spec: RuntimeSpec, uid: int, agent_dirs: tuple[str, ...], root_dir: str | Path | None, client: DockerClient,
               image: str, userns: str) -> tuple[DockerDisk | None, str | None]:
         """(the mounted, populated disk, None) or (None, why the container keeps the watchdog); blocking."""
         why = no_tmpfs_reason(spec.disk_mb, uid, spec.workdir, agent_dirs, userns)
@@ -152,7 +155,7 @@ class DockerDisk:
         return (f"tmpfs size={self.disk_mb}m nr_inodes={diskfs.inodes_for(self.disk_mb)} on the container's writable "
                 "trees (bind mounts: workdir, /tmp, /var/tmp, /run/lock, HOME, /logs, /tests; kernel ENOSPC; full mount trips the limit)")
 
-    def create(self, client: Any, image: str, source_dir: str | Path | None) -> str | None:
+    def create(self, client: DockerClient, image: str, source_dir: str | Path | None) -> str | None:
         """Mount and populate (blocking); None when mounted, else why not (the caller falls back)."""
         self.parent.mkdir(parents=True, exist_ok=True)
         self.root = root = Path(tempfile.mkdtemp(prefix="polar-docker-", dir=self.parent))

@@ -404,5 +404,6 @@ def build_server_app(server: RolloutServer, token: str, defaults: dict[str, Any]
     app.router.add_delete("/rollout/task/{ref}", _cancel)
     app.router.add_get("/rollout/status", _status)
     app.router.add_get("/health", _health)
-    install_server_metrics(app, server)
+    install_server_metrics(app, server.metrics, server.node_stats,
+                           lambda: [t.status.state.value for t in server.tasks.values()])
     return app

@@ -18,6 +18,7 @@ from polar_env.engines.sglang import SGLangClient
 from polar_env.engines.simulated import SimulatedEngine
 from polar_env.engines.vllm import VLLMClient
 from polar_env.records import ChatRequest
+from tests.waits import until
 
 USER = [{"role": "user", "content": "hi"}]
 SESSIONS, TURNS = 8, 30
@@ -37,8 +38,7 @@ async def test_worker_killed_and_replaced_mid_run_loses_no_session() -> None:
             done[f"s{i}"] = done.get(f"s{i}", 0) + 1
 
     async def chaos() -> None:
-        while not doomed.bodies:
-            await asyncio.sleep(0.01)
+        await until(lambda: doomed.bodies, "a call on the doomed engine", poll_s=0.01)
         await doomed.stop()  # the engine dies; its in-flight calls drop
         await asyncio.sleep(0.3)
         router.remove(doomed.url)  # slime's engine shutdown deletes it from the router
@@ -63,20 +63,12 @@ async def test_cancelled_sglang_call_posts_abort_request_for_its_rid() -> None:
     client = SGLangClient([worker.url], MODEL)
     try:
         call = asyncio.ensure_future(client.generate(ChatRequest(messages=USER)))
-        while not worker.running:
-            await asyncio.sleep(0.01)
+        await until(lambda: worker.running, "the engine to start generating", poll_s=0.01)
         call.cancel()
-        for _ in range(200):
-            if worker.aborts:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: worker.aborts, "the abort request", poll_s=0.01)
         (rid,) = [b["rid"] for b in worker.bodies]
         assert worker.aborts == [{"rid": rid}]
-        for _ in range(200):
-            if not worker.running:
-                break
-            await asyncio.sleep(0.01)
-        assert not worker.running  # the engine stopped generating
+        await until(lambda: not worker.running, "the engine to stop generating", poll_s=0.01)
     finally:
         await client.aclose()
         await router.stop()

@@ -5,7 +5,6 @@ tests/integrations/test_nemo_gym_pool.py."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from polar_env.engines.vllm_pool import VLLMPool
 from polar_env.errors import EngineHTTPError, EngineUnavailable
 from polar_env.integrations.nemo_gym.agent import polar_env_config
 from polar_env.records import ChatRequest
+from tests.waits import until
 
 
 def _app(status: list[int]) -> web.Application:
@@ -90,11 +90,7 @@ async def test_dead_server_fails_over_and_comes_back() -> None:
         assert "cannot reach" in str(pool.health()[urls[1]]["error"])
         revived = TestServer(_app([]), host="127.0.0.1", port=port)
         await revived.start_server()
-        for _ in range(100):
-            if pool.health()[urls[1]]["up"]:
-                break
-            await asyncio.sleep(0.05)
-        assert pool.health()[urls[1]]["up"]
+        await until(lambda: pool.health()[urls[1]]["up"], "the pool to see the revived server up")
         assert pool.server_for("s2") is first  # a moved session stays where its cache now is
         await pool.generate(_req("s3"))
         assert _count(revived) == 1  # new sessions go to the revived, emptier server

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import time
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,10 @@ pytestmark = pytest.mark.skipif(not HAVE_SLIME, reason=(
     "slime is not importable: git clone https://github.com/THUDM/slime and set POLAR_SLIME_SRC to it "
     "(needs ray, torch, httpx, pylatexenc)"))
 
-SLOW = 120  # seconds the aborted sessions' command would sleep
+TIMEOUT_S = 300  # polar's session timeout in this test
+SLOW = 3600  # seconds the aborted sessions' command would sleep: longer than TIMEOUT_S, so such a session
+# ends CANCELLED only if polar cancels it on slime's abort; waited out it would end TIMEOUT (or never)
+ROLLOUT_WAIT_S = 900  # a rollout that has not returned by then fails the test (generous: a loaded machine)
 
 
 def _script(tmp: Path) -> Path:
@@ -86,7 +88,7 @@ def _groups(task_rows: list[dict[str, Any]], start: int) -> list[list[Any]]:
 
 
 @pytest.mark.parametrize("partial", [True, False], ids=["partial-rollout", "plain"])
-async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool) -> None:
+async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from fake_sglang import FakeSGLangRouter
     from integration_env import require_sandbox
     from slime.rollout.sglang_rollout import generate_rollout_async
@@ -94,14 +96,26 @@ async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool)
 
     from polar_env.engines.config import EmbeddedEngineConfig, build_engine
     from polar_env.integrations import slime as polar_slime
+    from polar_env.records import FailureKind
     from polar_env.tasks.toy import toy_tasks
+
+    ended: dict[int, tuple[bool, FailureKind | None]] = {}  # sample index: (slime aborted it, polar's failure kind)
+    real_run = polar_slime.SlimeRollout._run
+
+    async def recorded_run(self: Any, sample: Any) -> tuple[Any, bool]:
+        group, aborted = await real_run(self, sample)
+        kind = group.results[0].failure_kind if group.results else None
+        ended[sample.index] = (aborted, FailureKind(kind) if kind else None)
+        return group, aborted
+
+    monkeypatch.setattr(polar_slime.SlimeRollout, "_run", recorded_run)
 
     require_sandbox()
     calc, bsearch = (t.model_dump(mode="json") for t in toy_tasks(ids=["toy__calc-1", "toy__bsearch-1"]))
     router = await FakeSGLangRouter(build_engine(EmbeddedEngineConfig(script=_script(tmp_path)))).start()
     polar_file = tmp_path / "polar.yaml"
     polar_file.write_text(yaml.safe_dump({"harness": "loop", "store": str(tmp_path / "store"),
-                                          "engine": {"model": "qwen3.5-4b"}, "timeout_s": 300}))
+                                          "engine": {"model": "qwen3.5-4b"}, "timeout_s": TIMEOUT_S}))
     args = _args(router, polar_file, partial=partial)
     state = _install_state(args)
     from slime.utils import http_utils
@@ -109,11 +123,11 @@ async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool)
     http_utils.init_http_client(args)  # what slime's RolloutManager does at start
     queue = _groups([calc, bsearch], 0)
     try:
-        started = time.monotonic()
-        output, aborted = await generate_rollout_async(args, 0, lambda n: [queue.pop(0) for _ in range(n)])
-        elapsed = time.monotonic() - started
-        print(f"slime rollout with over-sampling and abort: {elapsed:.1f}s (the aborted sessions' command: {SLOW}s)")
-        assert elapsed < SLOW / 2, f"slime waited {elapsed:.0f}s for sessions it had aborted"
+        output, aborted = await asyncio.wait_for(
+            generate_rollout_async(args, 0, lambda n: [queue.pop(0) for _ in range(n)]), ROLLOUT_WAIT_S)
+        # the kept group ran to completion; the other's sessions were cancelled on slime's abort, not
+        # waited out (their command outlasts polar's timeout: waited out, they would end TIMEOUT)
+        assert {i: ended.get(i) for i in (2, 3)} == {2: (True, FailureKind.CANCELLED), 3: (True, FailureKind.CANCELLED)}, ended
         assert not state.aborted  # slime reset its state after the rollout
         (kept,) = output.samples
         assert [s.metadata["instance_id"] for s in _leaves(kept)] == ["toy__calc-1"] * len(_leaves(kept))
@@ -129,7 +143,10 @@ async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool)
         # The next rollout takes the buffered group back first (as slime's data buffer does) and a
         # fresh calc group; polar's generate re-runs the aborted prompts from scratch.
         queue = [requeued, *_groups([calc], 10)]
-        output2, aborted2 = await generate_rollout_async(args, 1, lambda n: [queue.pop(0) for _ in range(n)])
+        ended.clear()
+        output2, aborted2 = await asyncio.wait_for(
+            generate_rollout_async(args, 1, lambda n: [queue.pop(0) for _ in range(n)]), ROLLOUT_WAIT_S)
+        assert all(ended.get(s.index) == (True, FailureKind.CANCELLED) for s in requeued), ended  # cancelled again
         (kept2,) = output2.samples
         assert all(s.reward == 1.0 for s in kept2) and [s.index for s in kept2] == [10, 11]
         (requeued2,) = aborted2

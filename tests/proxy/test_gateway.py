@@ -19,6 +19,7 @@ from polar_env.proxy.core import GatewayEvent
 from polar_env.proxy.gateway import Gateway
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine
+from tests.waits import until
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Run it."}], "tools": [SHELL_TOOL]}
@@ -133,10 +134,7 @@ async def test_sglang_call_is_aborted_with_its_rid(tmp_path: Path) -> None:
             await asyncio.wait_for(held.wait(), 5)
             assert gw.abort_session("s", "stopped early") == 1
             assert (await asyncio.wait_for(call, 5)).status == 503
-        for _ in range(50):
-            if "abort_rid" in seen:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: "abort_rid" in seen, "the engine abort for the aborted session's call")
     finally:
         await gw.aclose()
         await server.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 import pytest
@@ -28,15 +27,12 @@ def default_executor_size() -> int:
 async def test_sessions_beyond_the_default_executor_run_concurrently(runtimes: Any, variant: str) -> None:
     n = default_executor_size() + 6
     made = await asyncio.gather(*(runtimes() for _ in range(n)))
-    started = time.monotonic()
     results = await asyncio.gather(*(rt.exec(f"date +%s.%N; sleep {SLEEP_S}; date +%s.%N", timeout_s=60) for rt in made))
-    wall = time.monotonic() - started
     spans = [tuple(float(x) for x in r.output.split()) for r in results]
     assert all(r.exit_code == 0 for r in results), [r.output for r in results]
     latest_start, earliest_end = max(s for s, _ in spans), min(e for _, e in spans)
+    # waves of the default executor would start some execs only after others ended: all overlapping is the proof
     assert latest_start < earliest_end, f"{n} execs did not all overlap (waves?): spans {spans}"
-    # waves of the default executor would take >= 2 * SLEEP_S; the overlap above is the proof, this a sanity bound
-    assert wall < 4 * SLEEP_S, f"{n} concurrent {SLEEP_S} s execs took {wall:.1f} s"
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from polar_env.staging.eval_worker import EvalJob, EvalWorkers
 from polar_env.staging.models import AgentSpec, SessionStatus, TaskRequest
 from polar_env.staging.server import LocalNode, RolloutServer
 from tests.staging.conftest import FakeRuntimeNode
+from tests.waits import until
 
 
 @register_evaluator("test_where", replace=True)
@@ -111,8 +112,7 @@ async def test_a_worker_that_dies_mid_evaluation_gives_an_error_verdict() -> Non
     workers = EvalWorkers(1)
     try:
         verdict = asyncio.ensure_future(workers.evaluate("s1", _job("test_sleep"), timeout_s=60))
-        while not workers._workers or "s1" not in workers._workers[0].pending:
-            await asyncio.sleep(0.05)
+        await until(lambda: workers._workers and "s1" in workers._workers[0].pending, "the worker to take s1")
         await asyncio.sleep(0.5)
         workers._workers[0].process.kill()
         result = await asyncio.wait_for(verdict, 30)

@@ -19,6 +19,7 @@ from polar_env.staging.models import (
 )
 from polar_env.staging.server import LocalNode, RolloutServer
 from tests.staging.conftest import FakeRuntimeNode
+from tests.waits import until
 
 
 def loop_task(n: int = 1, **kw: Any) -> TaskRequest:
@@ -151,11 +152,9 @@ async def test_cancel_at_any_stage_reports_cancelled(node_config) -> None:  # ty
     queued = SessionSpec(session_id="c-2", sample_index=2, group_id="c", request=loop_task(1))
     try:
         tasks = [asyncio.create_task(node.run(s)) for s in (spec, ready, queued)]
-        for _ in range(300):
-            stages = [getattr(node.runner.runs.get(f"c-{i}"), "stage", None) for i in range(3)]
-            if stages == [Stage.RUNNING, Stage.READY, Stage.QUEUED] and node.made[0].commands:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: [getattr(node.runner.runs.get(f"c-{i}"), "stage", None) for i in range(3)]
+                    == [Stage.RUNNING, Stage.READY, Stage.QUEUED] and node.made[0].commands,
+                    "c-0 RUNNING its tool call, c-1 READY, c-2 QUEUED")
         # one RUNNING slot (c-0, its tool call hanging), one prepared place (c-1), c-2 waits for it
         assert [node.runner.runs[f"c-{i}"].stage for i in range(3)] == [Stage.RUNNING, Stage.READY, Stage.QUEUED]
         assert all(node.cancel(f"c-{i}") for i in range(3))

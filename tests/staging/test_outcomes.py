@@ -21,6 +21,7 @@ from polar_env.staging.server import LocalNode, RolloutServer
 from polar_env.trajectory.reader import build_trajectories
 from tests.staging.conftest import FakeRuntime, FakeRuntimeNode
 from tests.staging.test_node import loop_task, started
+from tests.waits import until
 
 
 def check_row(r: SessionResult, kind: FailureKind | None, *, masked: bool, traces: bool) -> Trajectory:
@@ -166,10 +167,7 @@ async def test_cancel_and_stop_are_cancelled_and_interrupted_and_a_rebuild_agree
     node = await started(FakeRuntimeNode(node_config(), exec_s=5.0))  # the tool call hangs
     specs = [SessionSpec(session_id=f"x-{i}", sample_index=i, group_id="x", request=loop_task(2)) for i in range(2)]
     tasks = [asyncio.create_task(node.run(s)) for s in specs]
-    for _ in range(300):
-        if len(node.made) == 2 and all(rt.commands for rt in node.made):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(node.made) == 2 and all(rt.commands for rt in node.made), "both tool calls to start")
     assert all(node.runner.runs[s.session_id].stage is Stage.RUNNING for s in specs)
     assert node.cancel("x-0")
     cancelled = await asyncio.wait_for(tasks[0], 10)
@@ -234,10 +232,7 @@ async def test_closing_the_server_interrupts_what_still_runs(node_config) -> Non
     node = await started(FakeRuntimeNode(node_config(), exec_s=30.0))  # the tool calls hang
     server = RolloutServer([LocalNode(node)])
     status = server.submit(loop_task(2))
-    for _ in range(300):
-        if len(node.made) == 2 and all(rt.commands for rt in node.made):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(node.made) == 2 and all(rt.commands for rt in node.made), "both tool calls to start")
     await asyncio.wait_for(server.aclose(), 30)  # the job stops (PolarEnv's exit, Ctrl-C)
     await asyncio.wait_for(server.tasks[status.group_id].done.wait(), 10)
     assert [r.failure_kind for r in status.results] == [FailureKind.INTERRUPTED] * 2

@@ -18,6 +18,7 @@ from polar_env.staging.node import NodeConfig
 from polar_env.staging.pools import PoolLimits
 from tests.conftest import require_bwrap, unavailable
 from tests.staging.test_node import loop_task
+from tests.waits import until
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +63,11 @@ async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp
     try:
         running = asyncio.create_task(cluster.server.run(loop_task(4, evaluator=None)))
         dead_dirs = tmp_path / "runtimes" / "node-0"
-        for _ in range(200):  # until node-0 has journaled a call and prepared its sandboxes
+        def journaled_and_prepared() -> bool:
             journals = list((tmp_path / "store" / "node-0").glob("*.jsonl"))
-            if journals and any(p.stat().st_size for p in journals) and any(dead_dirs.glob("*/polar-sandbox-*")):
-                break
-            await asyncio.sleep(0.05)
+            return bool(journals and any(p.stat().st_size for p in journals) and any(dead_dirs.glob("*/polar-sandbox-*")))
+
+        await until(journaled_and_prepared, "node-0 to journal a call and prepare its sandboxes", poll_s=0.05)
         ray.kill(cluster.actors[0])
         status = await asyncio.wait_for(running, 120)
         by_node: dict[str, list[SessionStatus]] = {}

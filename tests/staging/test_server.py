@@ -13,6 +13,7 @@ from polar_env.staging.models import SessionStatus, TaskRequest, TaskState, Task
 from polar_env.staging.server import LocalNode, RolloutServer, build_server_app
 from tests.staging.conftest import FakeRuntimeNode
 from tests.staging.test_node import loop_task
+from tests.waits import WAIT_S, until
 
 
 async def two_nodes(node_config, **runtime: Any) -> list[FakeRuntimeNode]:  # type: ignore[no-untyped-def]
@@ -130,11 +131,9 @@ async def test_http_task_api_requires_the_token(node_config) -> None:  # type: i
         group = (await resp.json())["group_id"]
         bad = await client.post("/rollout/task/submit", data=b'{"task_id": 5}', headers=auth)
         assert bad.status == 400 and "invalid TaskRequest" in (await bad.json())["error"]["message"]
-        for _ in range(200):
-            summary = await (await client.get(f"/rollout/task/{group}?results=0", headers=auth)).json()
-            if summary["state"] == "done":
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(server.tasks[group].done.wait(), WAIT_S)
+        summary = await (await client.get(f"/rollout/task/{group}?results=0", headers=auth)).json()
+        assert summary["state"] == "done", summary
         assert summary["done"] == 2 and summary["statuses"] == {"completed": 2} and summary["mean_reward"] == 1.0
         assert summary["failure_kinds"] == {} and summary["masked"] == 0
         full = TaskStatus.model_validate(await (await client.get(f"/rollout/task/{group}", headers=auth)).json())
@@ -152,10 +151,7 @@ async def test_cancel_a_running_task_over_http(node_config) -> None:  # type: ig
         auth = {"Authorization": "Bearer t"}
         group = (await (await client.post("/rollout/task/submit", data=loop_task(2).model_dump_json(),
                                           headers=auth)).json())["group_id"]
-        for _ in range(200):
-            if node.made and all(rt.commands for rt in node.made) and len(node.made) == 2:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: len(node.made) == 2 and all(rt.commands for rt in node.made), "both tool calls to start")
         assert (await client.delete(f"/rollout/task/{group}", headers=auth)).status == 200
         await asyncio.wait_for(server.tasks[group].done.wait(), 10)
     status = server.get(group)

@@ -28,6 +28,7 @@ from polar_env.trajectory.per_request import build_per_request
 from polar_env.trajectory.prefix_merge import build_prefix_merged
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import Gateway, live, start_gateway
+from tests.waits import until
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "providers"
 TOOL_LOOP = ScriptedPolicy(steps=(ScriptStep(command="ls", reasoning="List first."),
@@ -129,10 +130,7 @@ async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_
             await agent.post({**agent.body(), "stream": stream}, timeout=aiohttp.ClientTimeout(total=0.5))
         engine.hold.set()  # ... the engine finishes it anyway, and the gateway records it
         await asyncio.wait_for(engine.first_done.wait(), 10)
-        for _ in range(100):
-            if store.read("gone"):
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: store.read("gone"), "the gateway to record the call its client gave up on")
         await agent.step()  # the retry, whose answer the harness keeps
         while not agent.done:
             await agent.step()

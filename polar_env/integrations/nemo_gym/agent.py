@@ -18,12 +18,15 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polar_env.integrations.delivery import DeliveryTally, choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.integrations.nemo_gym.convert import output_items, response_object
-from polar_env.records import FailureKind
+from polar_env.records import CompletionRecord, FailureKind, Trajectory
+
+if TYPE_CHECKING:
+    from polar_env.tasks.swe import SweTask
 
 GYM_KEYS = ("responses_create_params", "_ng_rollout_id", "_ng_task_index", "_ng_rollout_index", "agent_ref",
             "capture_rollout_id")
@@ -53,7 +56,7 @@ def instruction_of(row: Mapping[str, Any], task: Mapping[str, Any]) -> str:
     return ""
 
 
-def task_request(row: Mapping[str, Any]) -> Any:
+def task_request(row: Mapping[str, Any]) -> SweTask | dict[str, object]:
     """The PolarEnv task for a Gym row: a SWE row (``instance_id``) as is, so PolarEnv makes its
     runtime and swebench grades it; polar_env's offline toy task for ``toy_task``; else a
     ``{task_id, instruction, task}`` row."""
@@ -78,7 +81,30 @@ def gym_ids(row: Mapping[str, Any]) -> dict[str, Any]:
             "ng_task_index": row.get("_ng_task_index"), "ng_rollout_index": row.get("_ng_rollout_index")}
 
 
-def build_result(row: Mapping[str, Any], result: Any, *, model: str, records: Sequence[Any] = ()) -> dict[str, Any]:
+class SessionOutcome(Protocol):
+    """What build_result reads of a finished session: a ``SessionResult``, or the stand-in
+    ``PolarGymAgent.run`` makes when the rollout service failed."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def status(self) -> object: ...
+    @property
+    def trajectory(self) -> Trajectory | None: ...
+    @property
+    def reward(self) -> float: ...
+    @property
+    def evaluation(self) -> Mapping[str, object] | None: ...
+    @property
+    def failure_kind(self) -> FailureKind | None: ...
+    @property
+    def failure_detail(self) -> str | None: ...
+    @property
+    def mask(self) -> bool: ...
+
+
+def build_result(row: Mapping[str, Any], result: SessionOutcome, *, model: str,
+                 records: Sequence[CompletionRecord] = ()) -> dict[str, Any]:
     """The ``/run`` result for one finished Polar session (a ``SessionResult`` or its shape).
     ``records`` (the session's captured calls) give the items their text and tool calls. The
     delivered trace and the dropped share are in ``polar`` and as top-level numbers (Gym's
@@ -150,7 +176,7 @@ class PolarGymAgent:
         self.delivery.add(choose_delivered(result.trajectory))
         return out
 
-    def _records(self, session_id: str, node_id: str) -> list[Any]:
+    def _records(self, session_id: str, node_id: str) -> list[CompletionRecord]:
         """The session's captured calls, when its node's journal is on this machine (a local or
         shared store); otherwise the items carry tokens without text."""
         store = getattr(getattr(self.env, "config", None), "store", None)
