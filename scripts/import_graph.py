@@ -25,7 +25,8 @@ PACKAGE = "polar_env"
 # Bottom to top. A module may import its own package and any package of a LOWER layer, never one of
 # its own layer or above. "polar_env" is the root facade (lazy public names loaded from env).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "registry", "records", "access_log"),
+    ("errors", "access_log"),
+    ("registry", "records"),
     ("yaml_config", "qwen", "runtimes", "journal", "observe"),
     ("tasks", "engines"),
     ("proxy", "evaluators", "harnesses"),
@@ -167,12 +168,12 @@ def unlayered(graph: Graph) -> list[str]:
 def upward(graph: Graph) -> list[Edge]:
     """Imports of a package on the importer's own layer or above (its own package excepted)."""
     level = layer_of()
-    bad = []
+    bad: dict[tuple[str, str, int], Edge] = {}
     for e in graph.edges:
         source, target = package_of(e.source), package_of(e.target)
         if source != target and source in level and target in level and level[target] >= level[source]:
-            bad.append(e)
-    return bad
+            bad.setdefault((e.source, e.target, e.line), e)
+    return list(bad.values())
 
 
 def package_edges(graph: Graph) -> dict[str, list[str]]:

@@ -6,7 +6,7 @@ one route (``install_gateway_metrics``), the sandbox-facing provider app shares 
 without the route (``share_gateway_metrics``), and the request pipeline makes one observation per
 captured call (``observe_call``). The rollout server owns a ``RolloutMetrics`` it feeds one finished
 session at a time; per-stage gauges are refreshed from the nodes' stats when scraped. Names and
-labels are listed in the README ("Metrics"); a label is never a session id (unbounded cardinality).
+labels are listed in docs/observability.md ("Prometheus"); a label is never a session id (unbounded cardinality).
 """
 
 from __future__ import annotations

@@ -17,12 +17,9 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from polar_env.errors import ConfigError
-
-if TYPE_CHECKING:
-    from polar_env.train.loop import StepRecord
 
 
 class Tracker(Protocol):
@@ -140,17 +137,6 @@ def open_tracker(kind: str | None, out_dir: Path, config: Mapping[str, object], 
     if kind not in TRACKERS:
         raise ConfigError(f"unknown tracker {kind!r}; known: {', '.join(sorted(TRACKERS))}")
     return TRACKERS[kind](out_dir, config, name)
-
-
-def train_step_figures(record: StepRecord) -> dict[str, float]:
-    """One ``StepRecord`` of ``polar-env train`` as tracker figures."""
-    rollout_s = record.rollout_s or 0.0
-    return {"train/reward_mean": record.reward_mean, "train/loss": record.loss, "train/grad_norm": record.grad_norm,
-            "train/step0_max_abs_delta": record.step0_max_abs_delta, "train/ratio_min": record.ratio_min,
-            "train/ratio_max": record.ratio_max, "train/traces": record.traces, "train/rollouts": record.rollouts,
-            "train/sampled_tokens": record.sampled_tokens,
-            "train/sampled_tokens_per_s": record.sampled_tokens / rollout_s if rollout_s else 0.0,
-            "time/rollout_s": record.rollout_s, "time/train_s": record.train_s, "time/sync_s": record.sync_s}
 
 
 def rollout_progress_figures(snapshot: Mapping[str, Any]) -> dict[str, float]:

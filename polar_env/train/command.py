@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polar_env.observe.tracker import open_tracker, train_step_figures
+from polar_env.observe.tracker import open_tracker
 from polar_env.train.loop import StepRecord, run_recipe, step_line
 from polar_env.train.recipe import Recipe
 from polar_env.train.report import PLOT_HINT, write_run
@@ -47,3 +47,14 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
     if not any(p.suffix == ".png" for p in written):
         print(f"(no PNGs: {PLOT_HINT})")
     return 0
+
+
+def train_step_figures(record: StepRecord) -> dict[str, float]:
+    """One ``StepRecord`` of ``polar-env train`` as tracker figures."""
+    rollout_s = record.rollout_s or 0.0
+    return {"train/reward_mean": record.reward_mean, "train/loss": record.loss, "train/grad_norm": record.grad_norm,
+            "train/step0_max_abs_delta": record.step0_max_abs_delta, "train/ratio_min": record.ratio_min,
+            "train/ratio_max": record.ratio_max, "train/traces": record.traces, "train/rollouts": record.rollouts,
+            "train/sampled_tokens": record.sampled_tokens,
+            "train/sampled_tokens_per_s": record.sampled_tokens / rollout_s if rollout_s else 0.0,
+            "time/rollout_s": record.rollout_s, "time/train_s": record.train_s, "time/sync_s": record.sync_s}
