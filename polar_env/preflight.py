@@ -160,10 +160,10 @@ async def check_engine(config: AnyEngineConfig, wait_s: float = ENGINE_WAIT_S) -
             raise ConfigError(f"no HF model (config.json) in {model_dir}, --model-dir; give a Qwen3 folder "
                               "(polar-env export-model writes one)")
         if config.script is not None:
-            from polar_env.engines.config import _policy
+            from polar_env.engines.config import load_policy
 
             try:
-                _policy(config.script)
+                load_policy(config.script)
             except (TypeError, ValueError) as exc:  # a step with unknown keys
                 raise ConfigError(f"{config.script} is not a scripted policy ({exc}), --engine-script; see README "
                                   "'Scripted policy' for the format") from None

@@ -67,7 +67,7 @@ class _Scripted(_Engine):
     def policy(self) -> ScriptedPolicy | None:
         if self.script is None:
             return None
-        policy = _policy(self.script)
+        policy = load_policy(self.script)
         if self.script_finish_command is None:
             return policy
         from polar_env.engines.embedded.policy import FinishingPolicy
@@ -205,7 +205,8 @@ def _urls(kind: str, url: str | list[str] | None) -> list[str]:
     return urls
 
 
-def _policy(path: Path) -> ScriptedPolicy:
+def load_policy(path: Path) -> ScriptedPolicy:
+    """A scripted policy file (``{"steps": [...]}``), or ConfigError naming the file."""
     import json
 
     from polar_env.engines.embedded.policy import ScriptedPolicy
