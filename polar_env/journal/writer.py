@@ -20,17 +20,18 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("polar_env.gateway")
 
 _STOP = object()
+T = TypeVar("T")
 
 
 class JournalWriter:
     """``await writer.append(*args)`` runs ``write(*args)`` on the writer thread, in order."""
 
-    def __init__(self, write: Callable[..., Any], name: str = "polar-journal") -> None:
+    def __init__(self, write: Callable[..., int], name: str = "polar-journal") -> None:
         self._write = write
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -41,7 +42,7 @@ class JournalWriter:
         self._queued = 0
         self._finished = 0
 
-    async def append(self, *args: Any, inline: bool = False) -> Any:
+    async def append(self, *args: Any, inline: bool = False) -> int:
         return await self.submit(self._write, *args, inline=inline)
 
     @property
@@ -49,7 +50,7 @@ class JournalWriter:
         """Everything queued so far is written (or failed)."""
         return self._finished == self._queued
 
-    async def submit(self, fn: Callable[..., Any], *args: Any, inline: bool = False) -> Any:
+    async def submit(self, fn: Callable[..., T], *args: Any, inline: bool = False) -> T:
         """Run ``fn(*args)`` on the writer thread in order with the appends; await its outcome
         (what ``fn`` returned, or its exception). ``inline``: run it here instead when nothing
         is queued before it (same order, no hand-off)."""
@@ -59,7 +60,7 @@ class JournalWriter:
             return fn(*args)
         loop = asyncio.get_running_loop()
         self._queued += 1
-        done: asyncio.Future[Any] = loop.create_future()
+        done: asyncio.Future[T] = loop.create_future()
         self._jobs.put(((fn, args), loop, done))
         return await done
 

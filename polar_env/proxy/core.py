@@ -249,7 +249,7 @@ class GatewayCore:
             self._writer = JournalWriter(self.store.append)
         written = await self._writer.append(record, ref, inline=self.inline_record(record, body_bytes))
         self.events.emit("call_recorded", record.session_id, seq=record.seq, provider=record.provider_api.value,
-                         journal_bytes=written if isinstance(written, int) else 0,
+                         journal_bytes=written,
                          prompt_tokens=len(record.prompt_ids), response_tokens=len(record.response_ids),
                          engine_ms=record.timings.engine_ms, total_ms=record.timings.total_ms,
                          finish_reason=record.finish_reason, notes=list(record.notes))

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -46,7 +46,7 @@ from polar_env.proxy.config import GatewayConfig
 from polar_env.proxy.continuation import Plan
 from polar_env.proxy.core import GatewayCore
 from polar_env.proxy.providers import PROVIDERS
-from polar_env.proxy.providers.base import Provider, Reply
+from polar_env.proxy.providers.base import Inbound, Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
 from polar_env.proxy.sessions import Session, request_keys
 from polar_env.proxy.validate import check_messages
@@ -165,7 +165,7 @@ def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]
     return updates
 
 
-def translate(provider: Provider, body: dict[str, Any], match_info: Any) -> Any:
+def translate(provider: Provider, body: dict[str, Any], match_info: Mapping[str, str]) -> Inbound:
     """``provider.to_chat`` with ill-typed input reported as a 400 naming the problem. The
     providers check what they read; this catches what a fuzzer finds that they do not."""
     try:

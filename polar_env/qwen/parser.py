@@ -51,7 +51,7 @@ def _schema_types(tools: Sequence[Mapping[str, Any]], function: str, param: str)
     return {"string"}
 
 
-def convert_param(value: str, types: set[str]) -> Any:
+def convert_param(value: str, types: set[str]) -> object:
     """Turn a raw parameter text into the JSON value its schema type asks for."""
     if value.lower() == "null" and "string" not in types:
         return None

@@ -25,6 +25,7 @@ from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
 from polar_env.journal.store import JournalStore
 from polar_env.proxy.config import GatewayConfig, Sampling
+from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.sessions import Session
 from polar_env.records import ChatRequest, Generation
 from polar_env.registry import NAMES_CHECKED
@@ -284,7 +285,7 @@ class GatewayNode:
         return make_runtime(spec, **options)
 
     # -- weights --------------------------------------------------------------------------------
-    def gate(self) -> Any:
+    def gate(self) -> EngineGate:
         return self._gateway().gate
 
     async def pause(self, timeout_s: float = 600.0) -> bool:
