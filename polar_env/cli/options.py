@@ -82,7 +82,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--template", "env.engine.template", "chat template quirks (qwen3.5: what vLLM does; append_only: none)",
          choices="templates"),
     Flag("--logprobs-mode", "env.engine.logprobs_mode", "embedded/vllm: logprobs of the sampled distribution "
-         "(processed) or of the raw logits", choices="logprobs_modes"),
+         "(processed) or of the raw logits"),
     Flag("--model-dir", "env.engine.model_dir", "embedded: a HF Qwen3 folder", shown="seeded random tiny weights"),
     Flag("--seed", "env.engine.seed", "embedded/simulated: seed of the random weights"),
     Flag("--engine-script", "env.engine.script", "embedded/simulated: scripted policy JSON forcing the tokens "
@@ -158,7 +158,8 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 
 def fields_at(path: str) -> list[FieldInfo]:
-    """The fields a dotted path names, one per union member that has it (default member first)."""
+    """The fields a dotted path names, one per union member that has it, in the union's order (the
+    engine's: embedded, the default, first)."""
     current: list[type[BaseModel]] = [_root()]
     found: list[FieldInfo] = []
     for part in path.split("."):
@@ -178,7 +179,7 @@ def leaf_paths(model: type[BaseModel] | None = None, prefix: str = "") -> list[s
             out += [leaf for sub in subs for leaf in leaf_paths(sub, path + ".") if leaf not in out]
         elif path not in out:
             out.append(path)
-    return list(dict.fromkeys(out))
+    return out
 
 
 def _is_leaf_model(models: list[type[BaseModel]]) -> bool:
@@ -198,8 +199,8 @@ def _value_type(flag: Flag) -> Callable[[str], Any] | None:
     return int if int in args else float if float in args else None
 
 
-def _literal(path: str) -> list[str]:
-    """The values of a ``Literal[...]`` field (``| None`` aside); empty for any other field."""
+def literal_values(path: str) -> list[str]:
+    """The values of a ``Literal[...]`` field (``| None`` aside), argparse ``choices``; empty for any other field."""
     fields = fields_at(path)
     args = typing.get_args(fields[0].annotation) if fields else ()
     literals = [a for a in args if typing.get_origin(a) is typing.Literal]
@@ -243,10 +244,6 @@ def choices(name: str) -> list[str]:
         from polar_env.qwen.template import QUIRKS
 
         return sorted(QUIRKS)
-    if name == "logprobs_modes":
-        from polar_env.records import LogprobsMode
-
-        return list(typing.get_args(LogprobsMode))
     raise KeyError(name)
 
 
@@ -279,8 +276,8 @@ def add_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup, flags: tuple
                 kwargs["action"] = "append"
             if flag.choices is not None:
                 kwargs["metavar"] = metavar(choices(flag.choices))
-            elif literal := _literal(flag.path):
-                kwargs["choices"] = literal  # a closed set in the model itself (the tracker)
+            elif literal := literal_values(flag.path):
+                kwargs["choices"] = literal  # a closed set in the model itself (tracker, logprobs mode)
         p.add_argument(flag.name, **kwargs)
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 from polar_env.cli.checks import add_command, load_script, model_dir, store_to_write
-from polar_env.cli.options import ENGINE_URL_HELP, choices, engine_kind, model_default
+from polar_env.cli.options import ENGINE_URL_HELP, choices, engine_kind, literal_values, model_default
 from polar_env.errors import ConfigError
 from polar_env.qwen.template import QUIRKS
 
@@ -62,7 +62,7 @@ def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) ->
         f"{EMBEDDED_MODEL_NAME} for the embedded engine)") if gateway else f"model name served (default: {EMBEDDED_MODEL_NAME})")
     p.add_argument("--template", choices=choices("templates"), default=model_default("env.engine.template"),
                    help="chat template quirks (qwen3.5: what vLLM does; append_only: none)")
-    p.add_argument("--logprobs-mode", choices=choices("logprobs_modes"), default=model_default("env.engine.logprobs_mode"),
+    p.add_argument("--logprobs-mode", choices=literal_values("env.engine.logprobs_mode"), default=model_default("env.engine.logprobs_mode"),
                    help="logprobs of the sampled distribution (processed) or of the raw logits")
     if not gateway:  # the gateway's --max-tokens caps every engine, this one included
         p.add_argument("--max-tokens", type=int, help=f"most tokens sampled per request (default {EMBEDDED_MAX_TOKENS})")
