@@ -7,8 +7,9 @@ rewards; update the engine's weights between steps.
         trajs = group.trajectories                   # each with reward, status and provenance
         await env.update_weights(state_dict, version="1")   # pause → load → resume
 
-``rollout_sync`` and ``close`` are the same for code without an event loop. The config is read once
-here and passed down; nothing imports torch, slime or nemo-gym at import time.
+``rollout_sync`` and ``close`` are the same for code without an event loop. The config
+(``PolarEnvConfig``, defined in ``staging.config`` and re-exported here) is read once and passed
+down; nothing imports torch, slime or nemo-gym at import time.
 """
 
 from __future__ import annotations
@@ -20,100 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationError
 
-from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
-from polar_env.evaluators.base import EvaluatorSpec
-from polar_env.proxy.config import Sampling
-from polar_env.records import ProviderAPI, Trajectory
-from polar_env.registry import NAMES_CHECKED
-from polar_env.runtimes.base import RuntimeSpec
-from polar_env.staging.cluster import Cluster, ClusterConfig, start_cluster
-from polar_env.staging.models import AgentSpec, SessionResult, TaskRequest, TaskStatus
-from polar_env.staging.node import NodeConfig
-from polar_env.staging.pools import PoolLimits
+from polar_env.records import Trajectory
+from polar_env.staging.cluster import Cluster, start_cluster
+from polar_env.staging.config import PolarEnvConfig, task_request
+from polar_env.staging.models import SessionResult, TaskRequest, TaskStatus
 from polar_env.tasks.swe import SweTask
 
+__all__ = ["PolarEnv", "PolarEnvConfig", "RolloutGroup", "task_request"]  # the config's home is staging.config
+
 T = TypeVar("T")
-MOVED = {"temperature": "sampling.temperature", "top_p": "sampling.top_p", "max_tokens": "sampling.max_tokens"}
-
-
-class PolarEnvConfig(BaseModel):
-    """Everything a rollout needs, as data (YAML-loadable): the root of the config tree (engine,
-    runtime, evaluator, sampling, pool limits; ``cluster()`` derives the nodes' and gateways'
-    settings from these sub-models). Every name (harness, builder, evaluator and its params,
-    runtime, engine kind) is resolved when the config is built, so a typo is refused before any
-    session starts. Per-task values in a TaskRequest win."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig)
-    harness: str = "pi"
-    api: ProviderAPI | None = None
-    agent_settings: dict[str, Any] = Field(default_factory=dict)
-    agent_env: dict[str, str] = Field(default_factory=dict)
-    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    builder: str = "prefix_merge"
-    evaluator: EvaluatorSpec | None = None  # default: swebench for SWE tasks, none otherwise
-    continuation: bool = True  # token-in continuation: append-only chains (canonical: False)
-    sampling: Sampling = Sampling()  # trainer-owned temperature / top_p / max_tokens (per-call cap)
-    timeout_s: float = 600.0
-    init_timeout_s: float = 300.0
-    limits: PoolLimits = Field(default_factory=PoolLimits)
-    store: Path = Path("polar_rollouts/capture")
-    nodes: int = 1
-    ray: bool = False
-    ray_address: str | None = None
-    harness_cache: Path | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            for old, new in MOVED.items():
-                if old in data:
-                    raise ValueError(f"{old!r} is now {new} (e.g. sampling: {{{new.split('.')[1]}: {data[old]!r}}})")
-        return data
-
-    @field_validator("harness")
-    @classmethod
-    def _known_harness(cls, value: str, info: ValidationInfo) -> str:
-        from polar_env.staging.models import check_harness_name
-
-        return check_harness_name(value, info)
-
-    @field_validator("builder")
-    @classmethod
-    def _known_builder(cls, value: str, info: ValidationInfo) -> str:
-        from polar_env.trajectory.builders import BUILDERS
-
-        return BUILDERS.check(value, info)
-
-    @model_validator(mode="after")
-    def _harness_speaks_api(self, info: ValidationInfo) -> PolarEnvConfig:
-        from polar_env.staging.models import check_harness_api
-
-        check_harness_api(self.harness, self.api, info)
-        return self
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> PolarEnvConfig:
-        from polar_env.yaml_config import load_model
-
-        return load_model(cls, path, "config file")
-
-    def cluster(self) -> ClusterConfig:
-        engine = self.engine
-        scripted = getattr(engine, "script", None) is not None
-        if scripted and getattr(engine, "script_finish_command", None) is None and self.harness != "loop":
-            from polar_env.harnesses import get_harness
-
-            finish = get_harness(self.harness).finish_command  # mini-swe-agent ends only by a command
-            engine = engine.model_copy(update={"script_finish_command": finish})
-        node = NodeConfig(engine=engine, limits=self.limits, store=self.store, sampling=self.sampling,
-                          harness_cache=self.harness_cache)
-        return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node)
 
 
 @dataclass
@@ -136,58 +55,6 @@ class RolloutGroup:
     @classmethod
     def from_status(cls, status: TaskStatus) -> RolloutGroup:
         return cls(status.task_id, status.group_id, list(status.results), status.early_stopped)
-
-
-def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None = None,
-                 **overrides: Any) -> TaskRequest:
-    """A TaskRequest from what the user has: a TaskRequest (kept), a SweTask or SWE row (the repo or
-    image becomes the runtime, the problem statement the instruction, swebench the default
-    evaluator), or a plain row with ``task_id`` and ``instruction`` (the rest is the task row).
-    A row that names something unknown is a ConfigError of one line, before anything runs."""
-    try:
-        return _task_request(task, config, n, **overrides)
-    except ValidationError as exc:
-        from polar_env.registry import validation_line
-
-        where = task.get("task_id") or task.get("instance_id") if isinstance(task, Mapping) else None
-        line = validation_line(exc, model=TaskRequest)
-        raise ConfigError(f"task {where!r}: {line}" if where else line) from None
-
-
-def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None,
-                  **overrides: Any) -> TaskRequest:
-    # the config resolved its harness and api when it was built: not again (a harness file re-read) per row
-    agent = AgentSpec.model_validate({"harness": config.harness, "api": config.api, "env": config.agent_env,
-                                      "settings": config.agent_settings}, context=NAMES_CHECKED)
-    common: dict[str, Any] = {"agent": agent, "builder": config.builder, "continuation": config.continuation,
-                              "timeout_s": config.timeout_s, "init_timeout_s": config.init_timeout_s,
-                              "evaluator": config.evaluator}
-    if isinstance(task, TaskRequest):
-        req = task
-    elif isinstance(task, SweTask) or (isinstance(task, Mapping) and "instance_id" in task):
-        swe = SweTask.from_row(task)
-        runtime = swe.runtime_spec(config.runtime.kind, **{k: v for k, v in config.runtime.model_dump().items()
-                                                          if k not in ("kind", "source_dir", "image")})
-        if config.runtime.image is not None:
-            runtime = runtime.model_copy(update={"image": config.runtime.image})
-        req = TaskRequest(task_id=swe.instance_id, instruction=swe.problem_statement, runtime=runtime,
-                          task=swe.model_dump(mode="json"),
-                          **{**common, "evaluator": config.evaluator or EvaluatorSpec(name="swebench")})
-    elif isinstance(task, Mapping):
-        row = dict(task)
-        try:
-            task_id, instruction = str(row.pop("task_id")), str(row.pop("instruction"))
-        except KeyError as exc:
-            raise ConfigError(f"a task row needs 'task_id' and 'instruction' (or be a SWE row); missing {exc}") from None
-        fields = {k: row.pop(k) for k in list(row) if k in TaskRequest.model_fields}
-        req = TaskRequest.model_validate({**common, "runtime": config.runtime, **fields, "task_id": task_id,
-                                          "instruction": instruction, "task": {**row, **fields.get("task", {})}})
-    else:
-        raise ConfigError(f"cannot roll out a {type(task).__name__}; give a TaskRequest, a SweTask or a dict row")
-    update = dict(overrides)
-    if n is not None:
-        update["num_samples"] = n
-    return req.model_copy(update=update) if update else req
 
 
 class PolarEnv:

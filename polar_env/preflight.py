@@ -79,7 +79,7 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
             raise options_error(exc) from None
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))} {e.get('input')!r}: {e['msg'].lower()}" for e in exc.errors())
         raise ConfigError(f"invalid task row ({fields}), in {job.tasks}; fix the row (fields as in TaskRequest)") from None
-    except ConfigError as exc:  # a row's names or params (env.task_request): say which file holds it
+    except ConfigError as exc:  # a row's names or params (config.task_request): say which file holds it
         if not str(exc).startswith("task ") or job.tasks == "toy":
             raise
         raise ConfigError(f"{exc}; in {job.tasks}: fix the row") from None

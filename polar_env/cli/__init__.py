@@ -1,9 +1,10 @@
 """``polar-env`` command line: the only place that reads argv and the environment.
 
-One module per command group; each has ``add_commands(sub)`` and ``cmd_*`` functions. A user's mistake
-raises ``ConfigError`` (or another ``PolarError``), and ``main`` turns it into one line on stderr and exit
-code 2, never a traceback. A missing optional extra is reported the same way, with the command that
-installs it.
+One module per command group; each has ``add_commands(sub)`` and ``cmd_*`` functions. The options
+that set configuration are one table, ``options.FLAGS`` (flag -> config field), and the engine kind
+one rule, ``options.engine_kind``. A user's mistake raises ``ConfigError`` (or another
+``PolarError``), and ``main`` turns it into one line on stderr and exit code 2, never a traceback. A
+missing optional extra is reported the same way, with the command that installs it.
 """
 
 from __future__ import annotations

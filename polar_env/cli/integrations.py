@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from polar_env.cli.checks import add_command
+from polar_env.cli.options import literal_values
 from polar_env.cli.resume import job_and_resume
 from polar_env.cli.rollout import add_job_options
 
@@ -119,7 +120,8 @@ def _add_train_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--steps", type=int, help="override the recipe's number of steps")
     p.add_argument("--control", action="store_true", help="shuffled-reward control run")
     p.add_argument("--out-dir", help="report directory (default: the recipe's out_dir)")
-    p.add_argument("--tracker", choices=["wandb", "tensorboard"], help="also log each step there (W&B offline by default)")
+    p.add_argument("--tracker", choices=literal_values("tracker"),  # the rollout job's trackers: one set
+                   help="also log each step there (W&B offline by default)")
     p.set_defaults(func=cmd_train)
 
 

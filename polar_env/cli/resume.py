@@ -6,13 +6,17 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from polar_env.cli.options import job_from_args, job_values
+
+if TYPE_CHECKING:
+    from polar_env.staging.job import RolloutJob
 
 
-def job_and_resume(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def job_and_resume(args: argparse.Namespace) -> tuple[RolloutJob, Path | None]:
     """The job to run and, with ``--resume``, the run folder: the run's plan with the flags given on
     top (they must not change what the run produces; one line and exit 2 when they do)."""
-    from polar_env.cli.rollout import job_from_args
-
     if not args.resume:
         return job_from_args(args), None
     from polar_env.staging.job import check_resume
@@ -26,8 +30,5 @@ def job_and_resume(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             flags.config = str(Path(tmp) / "plan_env.yaml")
             Path(flags.config).write_text(json.dumps(plan.job["env"]))
         given = job_from_args(flags).model_dump(mode="json")
-    fields = {"tasks": "tasks", "task_id": "task_ids", "limit": "limit", "samples": "samples", "early_stop":
-              "early_stop_min_usable", "k": "pass_k", "tracker": "tracker"}
-    job = {**plan.job, "env": given["env"],
-           **{f: given[f] for dest, f in fields.items() if getattr(args, dest, None) is not None}}
+    job = {**plan.job, "env": given["env"], **{f: given[f] for f in job_values(args)}}  # the job flags given
     return check_resume(run_dir, args.command, job), run_dir

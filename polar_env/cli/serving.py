@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 from polar_env.cli.checks import add_command, load_script, model_dir, store_to_write
+from polar_env.cli.options import ENGINE_URL_HELP, choices, engine_kind, literal_values, model_default
 from polar_env.errors import ConfigError
 from polar_env.qwen.template import QUIRKS
 
@@ -59,9 +60,9 @@ def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) ->
     p.add_argument("--served-model-name", help=(
         "model name sent to the engine (default: the one model a vllm/sglang engine lists at /v1/models; "
         f"{EMBEDDED_MODEL_NAME} for the embedded engine)") if gateway else f"model name served (default: {EMBEDDED_MODEL_NAME})")
-    p.add_argument("--template", choices=sorted(QUIRKS), default="qwen3.5",
+    p.add_argument("--template", choices=choices("templates"), default=model_default("env.engine.template"),
                    help="chat template quirks (qwen3.5: what vLLM does; append_only: none)")
-    p.add_argument("--logprobs-mode", choices=["processed", "raw"], default="processed",
+    p.add_argument("--logprobs-mode", choices=literal_values("env.engine.logprobs_mode"), default=model_default("env.engine.logprobs_mode"),
                    help="logprobs of the sampled distribution (processed) or of the raw logits")
     if not gateway:  # the gateway's --max-tokens caps every engine, this one included
         p.add_argument("--max-tokens", type=int, help=f"most tokens sampled per request (default {EMBEDDED_MAX_TOKENS})")
@@ -85,10 +86,10 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def resolve_engine_kind(args: argparse.Namespace) -> str:
-    """``--engine`` as given, or inferred from ``--engine-url`` (vllm; sglang for worker lists and
-    ``router:``); a contradiction is an error, not a silently ignored option."""
+    """``--engine`` as given, or inferred from ``--engine-url`` by ``options.engine_kind`` (the rule
+    every command shares); a contradiction is an error, not a silently ignored option."""
     url = args.engine_url
-    kind = args.engine or ("embedded" if not url else "sglang" if url.startswith("router:") or "," in url else "vllm")
+    kind = engine_kind(args.engine, url)
     if kind == "embedded":
         if url:
             raise ConfigError("--engine-url is for --engine vllm or sglang; the embedded engine runs in-process (drop one of them)")
@@ -100,6 +101,14 @@ def resolve_engine_kind(args: argparse.Namespace) -> str:
         raise ConfigError(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to --engine embedded, "
                           f"not --engine {kind}; drop them")
     return kind
+
+
+def gateway_engines() -> list[str]:
+    """The ENGINES the gateway can front: the embedded one (in-process, built from this command's
+    own options) and every served kind (those with a URL)."""
+    from polar_env.engines.config import ENGINES
+
+    return [n for n in ENGINES.names() if n == "embedded" or "url" in ENGINES.get(n).model_fields]
 
 
 async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[no-untyped-def]
@@ -224,11 +233,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = add_command(sub, "gateway", "serve the provider gateway in front of an engine")
     _add_server_options(p, port=8100)
-    p.add_argument("--engine", choices=["embedded", "vllm", "sglang"],
-                   help="embedded runs the CPU engine in-process; vllm/sglang need --engine-url "
-                        "(default: vllm when --engine-url is given, else embedded)")
-    p.add_argument("--engine-url", help="vLLM base URL (a /v1 suffix is fine; several, comma-separated, with --engine vllm: "
-                   "a session-sticky pool); SGLang worker URLs (comma-separated) or router:URL")
+    p.add_argument("--engine", choices=gateway_engines(),
+                   help="embedded runs the CPU engine in-process; the others need --engine-url. When not given: "
+                        "sglang for --engine-url router:URL, vllm for any other --engine-url (one URL or a "
+                        "comma-separated pool), else embedded (default: inferred)")
+    p.add_argument("--engine-url", help=f"{ENGINE_URL_HELP} (default: none: the embedded engine)")
     p.add_argument("--engine-wait-s", type=float, default=30.0,
                    help="how long to wait at start for the engine to answer GET /v1/models before failing")
     p.add_argument("--store", required=True, help="directory of per-session journals (created if absent)")

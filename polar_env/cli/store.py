@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from polar_env.cli.checks import add_command, existing_dir, file_to_write, model_dir, store_to_write
+from polar_env.cli.options import choices, metavar, model_default
 from polar_env.errors import ConfigError
 
 
@@ -113,8 +114,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         p.add_argument("--store", required=True,
                        help="a run folder (OUT/<run id>, OUT/latest), its capture/<node>/, or what polar-env gateway --store wrote")
         p.add_argument("--session", action="append", help="session id (repeatable; default: every session in the store)")
-        p.add_argument("--builder", default="prefix_merge", choices=["per_request", "prefix_merge", "prefix_merge_strict"],
-                       help="how calls become traces: one per call, or merged along token prefixes")
+        p.add_argument("--builder", default=model_default("env.builder"), metavar=metavar(choices("builders")),
+                       help="how calls become traces: one per call, or merged along token prefixes (a builders "
+                       "registry name or a pkg.module:attr import path)")
         if name == "build":
             p.add_argument("--out", help="write trajectories as JSON lines to this file")
         else:

@@ -24,10 +24,11 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_env.env import PolarEnv, PolarEnvConfig, task_request
 from polar_env.errors import ConfigError
 from polar_env.observe.live import JobObserver
 from polar_env.records import FailureKind
+from polar_env.staging.cluster import start_cluster
+from polar_env.staging.config import PolarEnvConfig, task_request
 from polar_env.staging.interrupt import StopSignals
 from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest, TaskStatus
 from polar_env.staging.report import build_report, write_timeline
@@ -287,8 +288,9 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
                         signals: StopSignals) -> tuple[list[SessionResult], list[dict[str, Any]]]:
     if not todo or signals.fired:
         return [], []
-    async with PolarEnv(env_config, engine=engine) as env:
-        server = env.cluster.server
+    cluster = await start_cluster(env_config.cluster(), engine=engine)
+    try:
+        server = cluster.server
         statuses = [] if signals.fired else [server.submit(req, samples=indices) for req, indices in todo]
         watcher = asyncio.create_task(_watch(server, statuses, total, started, observer))
         tasks = [server.tasks[s.group_id].runner for s in statuses]
@@ -308,6 +310,8 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
             watcher.cancel()
             await asyncio.gather(watcher, stop, return_exceptions=True)
         node_stats = await server.node_stats()
+    finally:
+        await cluster.aclose()
     results = []
     for s in statuses:
         for r in s.results:

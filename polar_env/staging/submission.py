@@ -6,36 +6,39 @@ never sends its own defaults as if they were chosen: a server started with ``--h
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
-    from polar_env.env import PolarEnvConfig
     from polar_env.staging.models import TaskRequest
 
-# PolarEnvConfig setting -> where it lands in a TaskRequest
-SETTING_PATHS: dict[str, tuple[str, ...]] = {
+# The PolarEnvConfig settings a TaskRequest can override per task, and where each lands in it: the
+# one table behind ``config.task_request`` (rows the job and submit build), ``submission_body`` (what
+# submit leaves out) and ``server_defaults`` (what serve fills in). The CLI's flags name these
+# settings through ``polar_env.cli.options.FLAGS``.
+TASK_SETTINGS: dict[str, tuple[str, ...]] = {
     "harness": ("agent", "harness"), "api": ("agent", "api"), "agent_env": ("agent", "env"),
     "agent_settings": ("agent", "settings"), "builder": ("builder",), "evaluator": ("evaluator",),
     "continuation": ("continuation",), "timeout_s": ("timeout_s",), "init_timeout_s": ("init_timeout_s",),
     "runtime": ("runtime",),
 }
-# flag dest -> setting, for the environment options submit shares with rollout
-FLAG_SETTINGS = {"harness": "harness", "api": "api", "builder": "builder", "evaluator": "evaluator",
-                 "timeout_s": "timeout_s", "runtime": "runtime"}
 
 
-def chosen_settings(args: argparse.Namespace) -> set[str]:
-    """The settings the user gave on the command line or in ``--config``."""
-    chosen = {setting for flag, setting in FLAG_SETTINGS.items() if getattr(args, flag, None) is not None}
-    if getattr(args, "canonical", False):
-        chosen.add("continuation")
-    if getattr(args, "config", None):
-        from polar_env.env import PolarEnvConfig
-
-        chosen |= PolarEnvConfig.from_yaml(args.config).model_fields_set & set(SETTING_PATHS)
-    return chosen
+def task_settings(config: BaseModel, *, dump: bool) -> dict[str, Any]:
+    """``config``'s per-task settings (``TASK_SETTINGS``) shaped as TaskRequest fields; ``dump``:
+    nested models as JSON data (to send), else as they are (to build a TaskRequest from)."""
+    out: dict[str, Any] = {}
+    for setting, path in TASK_SETTINGS.items():
+        value = getattr(config, setting)
+        if dump and isinstance(value, BaseModel):
+            value = value.model_dump(mode="json")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
 
 
 def submission_body(req: TaskRequest, row: Any, chosen: set[str]) -> dict[str, Any]:
@@ -45,7 +48,7 @@ def submission_body(req: TaskRequest, row: Any, chosen: set[str]) -> dict[str, A
     keys = set(row) if isinstance(row, Mapping) else set()
     swe = "instance_id" in keys
     own_agent = row.get("agent") if isinstance(row, Mapping) and isinstance(row.get("agent"), Mapping) else None
-    for setting, path in SETTING_PATHS.items():
+    for setting, path in TASK_SETTINGS.items():
         top = path[0]
         if top == "agent" and own_agent is not None:  # only the keys the row's agent spec names
             if path[1] in own_agent or setting in chosen:
@@ -61,16 +64,12 @@ def submission_body(req: TaskRequest, row: Any, chosen: set[str]) -> dict[str, A
     return body
 
 
-def server_defaults(config: PolarEnvConfig) -> dict[str, Any]:
-    """The TaskRequest fields ``polar-env serve`` fills in for a submitted row that lacks them."""
-    defaults: dict[str, Any] = {
-        "agent": {"harness": config.harness, "api": config.api, "env": config.agent_env,
-                  "settings": config.agent_settings},
-        "builder": config.builder, "continuation": config.continuation, "timeout_s": config.timeout_s,
-        "init_timeout_s": config.init_timeout_s, "runtime": config.runtime.model_dump(mode="json"),
-    }
-    if config.evaluator is not None:
-        defaults["evaluator"] = config.evaluator.model_dump(mode="json")
+def server_defaults(config: BaseModel) -> dict[str, Any]:
+    """The TaskRequest fields ``polar-env serve`` fills in for a submitted row that lacks them
+    (``config``: the server's PolarEnvConfig)."""
+    defaults = task_settings(config, dump=True)
+    if defaults["evaluator"] is None:  # none configured: the row's kind decides (swebench for SWE rows)
+        del defaults["evaluator"]
     return defaults
 
 
