@@ -209,7 +209,7 @@ def literal_values(path: str) -> list[str]:
     return [str(v) for lit in literals for v in typing.get_args(lit)]
 
 
-def model_default(path: str) -> Any:
+def model_default(path: str) -> object:
     fields = fields_at(path)
     return fields[0].get_default(call_default_factory=True) if fields else None
 
@@ -253,7 +253,7 @@ def metavar(names: list[str]) -> str:
     return "{" + ",".join(names) + "}"
 
 
-def help_text(flag: Flag, default: Any = None) -> str:
+def help_text(flag: Flag, default: object = None) -> str:
     """The flag's help with its default: ``shown`` when given, else the model's (or ``default``)."""
     if flag.shown is not None:
         shown = flag.shown
@@ -298,17 +298,19 @@ def given(args: argparse.Namespace, flags: tuple[Flag, ...] = FLAGS) -> dict[str
     return out
 
 
-def evaluator_option(text: str) -> Any:
+def evaluator_option(text: str) -> str | dict[str, object]:
     """``--evaluator NAME`` or ``--evaluator '{"name": ..., ...}'`` as data for PolarEnvConfig (which
     resolves the name and params); JSON that does not parse names the option."""
     text = text.strip()
     if not text.startswith("{"):
         return text
     try:
-        return json.loads(text)
+        spec = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"--evaluator {text!r} is not JSON ({exc}); give a name, e.g. --evaluator output, "
                           """or JSON, e.g. --evaluator '{"name": "output", "regex": "ok"}'""") from None
+    assert isinstance(spec, dict)  # valid JSON that starts with "{" is an object
+    return spec
 
 
 # -- the engine kind ------------------------------------------------------------------------------
