@@ -134,7 +134,7 @@ async def test_client_gone_then_retried_yields_a_journal_note_and_one_trainable_
         await agent.step()  # the retry, whose answer the harness keeps
         while not agent.done:
             await agent.step()
-        assert live(client).stats["client_gone"] == 1  # once: the note spares an event line for the same call
+        assert live(client).stats.client_gone == 1  # once: the note spares an event line for the same call
     finally:
         await client.close()
     records = store.read("gone")
