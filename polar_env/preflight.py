@@ -80,8 +80,8 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))} {e.get('input')!r}: {e['msg'].lower()}" for e in exc.errors())
         raise ConfigError(f"invalid task row ({fields}), in {job.tasks}; fix the row (fields as in TaskRequest)") from None
     except ConfigError as exc:  # a row's names or params (config.task_request): say which file holds it
-        if not str(exc).startswith("task ") or job.tasks == "toy":
-            raise
+        if not str(exc).startswith("task ") or str(exc).startswith("task file ") or job.tasks == "toy":
+            raise  # not a row's: the file itself (missing, unreadable) says how to fix it
         raise ConfigError(f"{exc}; in {job.tasks}: fix the row") from None
     check_env(job.env, reqs, command)
     return reqs

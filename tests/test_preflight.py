@@ -292,3 +292,11 @@ def test_a_bad_task_row_is_named_as_a_row_not_an_option(tmp_path: Path, capsys: 
     tasks.write_text(json.dumps({"task_id": "t", "instruction": "x", "timeout_s": -1}) + "\n")
     one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(tasks), "--out", str(tmp_path / "o")],
              "task 't': timeout_s: Input should be greater than 0 (got -1)", f"in {tasks}")
+
+
+def test_a_missing_task_file_is_not_called_a_bad_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.jsonl"
+    line = one_line(capsys, ["rollout", *SIMULATED, "--tasks", str(missing), "--out", str(tmp_path / "o")],
+                    f"task file {missing} does not exist", "give 'toy'")
+    assert "fix the row" not in line, line
+    assert not (tmp_path / "o").exists()  # refused before any run folder is made
