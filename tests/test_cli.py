@@ -134,6 +134,8 @@ def test_port_in_use(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vl
         port = held.getsockname()[1]
         one_line_error(capsys, ["gateway", "--engine-url", fake_vllm, "--port", str(port), "--store", str(tmp_path / "s")],
                        f"cannot listen on 127.0.0.1:{port}", "address already in use", "--port")
+        one_line_error(capsys, ["dashboard", "--port", str(port), str(tmp_path)],
+                       f"cannot listen on 127.0.0.1:{port} (address already in use); pick another --port")
 
 
 def test_unix_socket_in_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import secrets
 from pathlib import Path
 
@@ -49,7 +50,9 @@ async def _serve(app: web.Application, host: str, port: int, token: str | None) 
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise ConfigError(f"dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port} ({why}); pick another --port (0: any free port) or --host, "
+                          "or stop the process that holds it") from None
     bound = runner.addresses[0][1] if runner.addresses else port  # the real port when --port 0
     shown = f"[{host}]" if ":" in host else host
     print(f"dashboard: http://{shown}:{bound}/" + (f"?token={token}" if token else ""), flush=True)
