@@ -69,8 +69,13 @@ def check_job_options(args: argparse.Namespace) -> None:
 
 
 def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
-    """Tasks resolvable, then everything :func:`check_env` checks for them; returns the tasks."""
+    """Tasks resolvable, the tracker's package installed, then everything :func:`check_env`
+    checks for them; returns the tasks."""
+    from polar_env.observe.tracker import require_tracker
     from polar_env.staging.job import load_tasks
+
+    if job.tracker is not None:
+        require_tracker(job.tracker)
 
     try:
         reqs = load_tasks(job)

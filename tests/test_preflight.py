@@ -300,3 +300,14 @@ def test_a_missing_task_file_is_not_called_a_bad_row(tmp_path: Path, capsys: pyt
                     f"task file {missing} does not exist", "give 'toy'")
     assert "fix the row" not in line, line
     assert not (tmp_path / "o").exists()  # refused before any run folder is made
+
+
+def test_a_tracker_without_its_package_is_refused_before_the_run_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from polar_env.observe import tracker
+
+    monkeypatch.setitem(tracker.REQUIRES, "tensorboard", "polar_env_not_installed_package")
+    out = tmp_path / "o"
+    one_line(capsys, ["rollout", *SIMULATED, "--tracker", "tensorboard", "--out", str(out)],
+             "--tracker tensorboard needs the polar_env_not_installed_package package", "pip install -e '.[trackers]'")
+    assert not out.exists()  # no run folder, and so no `latest` pointing at an empty one

@@ -61,11 +61,9 @@ class TensorBoardTracker:
     a rollout next to a vLLM server logs as well as the CPU trainer does."""
 
     def __init__(self, out_dir: Path, config: Mapping[str, object], name: str) -> None:
-        try:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        except ImportError:
-            raise ConfigError("--tracker tensorboard needs the tensorboard package; "
-                              "pip install -e '.[trackers]'") from None
+        require_tracker("tensorboard")
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
         self.dir = Path(out_dir) / "tensorboard"
         self.writer = EventFileWriter(str(self.dir), filename_suffix=f".{name}")
         self._text("config", config)
@@ -97,10 +95,9 @@ class TensorBoardTracker:
 
 class WandbTracker:
     def __init__(self, out_dir: Path, config: Mapping[str, object], name: str) -> None:
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("--tracker wandb needs the wandb package; pip install -e '.[trackers]'") from None
+        require_tracker("wandb")
+        import wandb
+
         # Offline unless the user set WANDB_MODE or has a key: a rollout must never stall on a
         # login prompt or a network it cannot reach.
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
@@ -131,11 +128,24 @@ TRACKERS: dict[str, type[TensorBoardTracker] | type[WandbTracker]] = {
 }
 
 
+REQUIRES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # tracker → the package it needs (the trackers extra)
+
+
+def require_tracker(kind: str) -> None:
+    """ConfigError, one line, when the tracker's package is not installed: checked by preflight
+    before a run folder exists, and again when the tracker opens."""
+    import importlib.util
+
+    if kind not in TRACKERS:
+        raise ConfigError(f"unknown tracker {kind!r}; known: {', '.join(sorted(TRACKERS))}")
+    if importlib.util.find_spec(REQUIRES[kind]) is None:
+        raise ConfigError(f"--tracker {kind} needs the {REQUIRES[kind]} package; pip install -e '.[trackers]'")
+
+
 def open_tracker(kind: str | None, out_dir: Path, config: Mapping[str, object], name: str) -> Tracker:
     if kind is None:
         return NoTracker()
-    if kind not in TRACKERS:
-        raise ConfigError(f"unknown tracker {kind!r}; known: {', '.join(sorted(TRACKERS))}")
+    require_tracker(kind)
     return TRACKERS[kind](out_dir, config, name)
 
 
