@@ -181,9 +181,13 @@ class GatewayNode:
         self.started_at = time.monotonic()
 
     async def stop(self) -> None:
-        """Cancel running sessions (each still goes through POSTRUN), then close the gateway."""
+        """Cancel running sessions (each still goes through POSTRUN) and abort their engine calls
+        (nobody will use them, and a generation left running would hold the engine for minutes),
+        then close the gateway."""
         self.stopping = True
-        for work in list(self.runner.work.values()):
+        for session_id, work in list(self.runner.work.items()):
+            if self.gateway is not None:
+                self.gateway.abort_session(session_id, "interrupted")
             work.cancel()
         deadline = time.monotonic() + 60
         while self.runner.runs and time.monotonic() < deadline:

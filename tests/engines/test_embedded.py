@@ -183,3 +183,52 @@ def test_weight_reload_from_state_dict_and_directory(tmp_path) -> None:
     assert again.response_ids == before.response_ids and again.response_logprobs == before.response_logprobs
     with pytest.raises(RequestError, match="does not fit"):
         eng.reload_weights({"bogus": torch.zeros(1)})
+
+
+async def test_a_cancelled_generation_stops_decoding(engine: EmbeddedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An abandoned call (aborted, or the engine closing) stops its decode at the next token instead
+    of sampling to max_tokens for nobody, and frees the model for the next call; so does aclose."""
+    import asyncio
+
+    from polar_env.engines.embedded import engine as engine_module
+    from polar_env.engines.embedded.model import DecodeCancelled, decode
+    from tests.waits import until
+
+    outcomes: list[str] = []
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def recording_decode(*args, **kwargs):  # the real decode, noting how it ended
+        cancelled = args[5] if len(args) > 5 else kwargs.get("cancelled")
+
+        def asked() -> bool:
+            loop.call_soon_threadsafe(started.set)
+            return bool(cancelled and cancelled())
+
+        args = (*args[:5], asked)
+        try:
+            result = decode(*args, **{k: v for k, v in kwargs.items() if k != "cancelled"})
+        except DecodeCancelled:
+            outcomes.append("cancelled")
+            raise
+        outcomes.append(f"finished {len(result.ids)}")
+        return result
+
+    monkeypatch.setattr(engine_module, "decode", recording_decode)
+    monkeypatch.setattr(engine, "max_tokens", 100_000)
+    request = chat(max_tokens=100_000, temperature=1.0)  # random weights: EOS practically never comes
+    for stop in ("cancel", "aclose"):
+        call = asyncio.ensure_future(engine.generate(request))
+        await asyncio.wait_for(started.wait(), 60)
+        if stop == "cancel":
+            call.cancel()
+        else:
+            await engine.aclose()
+        with pytest.raises((asyncio.CancelledError, DecodeCancelled)):
+            await call
+        await until(lambda: len(outcomes) == (1 if stop == "cancel" else 2), f"the decode thread ended after {stop}")
+        assert outcomes[-1] == "cancelled", outcomes
+        started.clear()
+    assert not engine._lock.locked()
+    ok = await engine.generate(chat(max_tokens=3))  # the engine is still usable
+    assert len(ok.response_ids) <= 3

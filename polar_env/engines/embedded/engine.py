@@ -85,13 +85,27 @@ class EmbeddedEngine:
         self.weight_version = 0
         self.version_label: str | None = None  # the trainer's name for the weights (gateway resume)
         self._lock = threading.Lock()
+        self._in_flight: set[threading.Event] = set()  # one stop flag per generate() running (loop thread only)
 
     # -- EngineClient -------------------------------------------------------------------------
     async def generate(self, request: ChatRequest) -> Generation:
-        return (await asyncio.to_thread(self.complete, request)).generation
+        """The completion, decoded on a worker thread. Cancelling the caller (an aborted call, a
+        client gone with nothing to record) stops the decode at its next token: a thread left
+        decoding for nobody would hold the model lock and keep the process alive at exit."""
+        stop = threading.Event()
+        self._in_flight.add(stop)
+        try:
+            return (await asyncio.to_thread(self.complete, request, None, stop)).generation
+        except asyncio.CancelledError:
+            stop.set()
+            raise
+        finally:
+            self._in_flight.discard(stop)
 
     async def aclose(self) -> None:
-        return None
+        """Stop the generations in flight (each at its next token); the engine stays usable."""
+        for stop in list(self._in_flight):
+            stop.set()
 
     # -- the work -----------------------------------------------------------------------------
     def prompt_ids(self, request: ChatRequest) -> tuple[list[int], str | None]:
@@ -106,7 +120,9 @@ class EmbeddedEngine:
         )
         return self.tokenizer.encode(text), text
 
-    def complete(self, request: ChatRequest, extras: SamplingExtras | None = None) -> Completion:
+    def complete(self, request: ChatRequest, extras: SamplingExtras | None = None,
+                 stop: threading.Event | None = None) -> Completion:
+        """``stop``: set by another thread to abandon the decode (DecodeCancelled)."""
         extras = extras or SamplingExtras()
         prompt_ids, prompt_text = self.prompt_ids(request)
         if not prompt_ids:
@@ -136,7 +152,10 @@ class EmbeddedEngine:
         )
         forced = self._scripted_ids(request) if self.policy is not None else None
         with self._lock:
-            decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced)
+            if stop is None:
+                decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced)
+            else:
+                decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced, stop.is_set)
             version = self.version_label or str(self.weight_version)
         if not all(map(math.isfinite, decoded.logprobs)):
             raise RequestError("sampling produced non-finite logprobs (check logit_bias and temperature)")

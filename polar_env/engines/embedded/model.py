@@ -14,7 +14,7 @@ outside it, and its logprob must stay finite and equal to what a teacher-forced 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -130,14 +130,26 @@ def _nucleus(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.log_softmax(masked, dim=-1)
 
 
+class DecodeCancelled(Exception):
+    """The caller gave up on this generation (an aborted call, a closing engine): sampling
+    stopped at the next token and nothing is returned."""
+
+
+def _never() -> bool:
+    return False
+
+
 def decode(
     model: torch.nn.Module,
     tokenizer: QwenTokenizer,
     prompt_ids: list[int],
     params: DecodeParams,
     forced_ids: list[int] | None = None,
+    cancelled: Callable[[], bool] = _never,
 ) -> Decoded:
-    """Generate (or force) up to ``params.max_tokens`` tokens after ``prompt_ids`` with a KV cache."""
+    """Generate (or force) up to ``params.max_tokens`` tokens after ``prompt_ids`` with a KV cache.
+    ``cancelled`` is asked before the prefill and before every token: True raises DecodeCancelled,
+    so a call nobody waits for stops costing CPU within one forward pass."""
     from transformers import DynamicCache
 
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
@@ -154,8 +166,12 @@ def decode(
     finish, stop_reason = "length", None
     cache = DynamicCache()
     with torch.inference_mode():
+        if cancelled():
+            raise DecodeCancelled("cancelled before the prefill")
         out = model(input_ids=torch.tensor([prompt_ids]), cache=cache, use_cache=True, logits_to_keep=1)
         for step in range(limit):
+            if cancelled():
+                raise DecodeCancelled(f"cancelled after {step} token(s)")
             logits = out.logits[0, -1].float()
             raw = torch.log_softmax(logits, dim=-1)
             if len(bias_ids):
