@@ -217,7 +217,7 @@ async def test_a_cancelled_generation_stops_decoding(engine: EmbeddedEngine, mon
     monkeypatch.setattr(engine_module, "decode", recording_decode)
     monkeypatch.setattr(engine, "max_tokens", 100_000)
     request = chat(max_tokens=100_000, temperature=1.0)  # random weights: EOS practically never comes
-    for stop in ("cancel", "aclose"):
+    for n, stop in enumerate(("cancel", "aclose"), start=1):
         call = asyncio.ensure_future(engine.generate(request))
         await asyncio.wait_for(started.wait(), 60)
         if stop == "cancel":
@@ -226,7 +226,7 @@ async def test_a_cancelled_generation_stops_decoding(engine: EmbeddedEngine, mon
             await engine.aclose()
         with pytest.raises((asyncio.CancelledError, DecodeCancelled)):
             await call
-        await until(lambda: len(outcomes) == (1 if stop == "cancel" else 2), f"the decode thread ended after {stop}")
+        await until(lambda n=n: len(outcomes) == n, f"the decode thread ended after {stop}")  # type: ignore[misc]
         assert outcomes[-1] == "cancelled", outcomes
         started.clear()
     assert not engine._lock.locked()
