@@ -226,7 +226,7 @@ async def test_a_cancelled_generation_stops_decoding(engine: EmbeddedEngine, mon
             await engine.aclose()
         with pytest.raises((asyncio.CancelledError, DecodeCancelled)):
             await call
-        await until(lambda n=n: len(outcomes) == n, f"the decode thread ended after {stop}")  # type: ignore[misc]
+        await until(lambda n=n: len(outcomes) == n, f"the decode thread ended after {stop}")
         assert outcomes[-1] == "cancelled", outcomes
         started.clear()
     assert not engine._lock.locked()
