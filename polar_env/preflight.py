@@ -278,7 +278,7 @@ def check_runtime_base(base: Path | None = None) -> None:
     if blocked is None or stage_parent() is not None:
         return
     raise ConfigError(f"the sandbox's unprivileged uids cannot traverse {describe(blocked)} to the runtime folder {base}, "
-                      f"and no stage dir every user can traverse is writable ({', '.join(map(str, stage_parents()))}), "
+                      f"and none of {', '.join(map(str, stage_parents()))} is a writable dir every user can traverse (for a stage), "
                       f"runtime sandbox; {TRAVERSE_FIX}, or chmod o+x {blocked}")
 
 
