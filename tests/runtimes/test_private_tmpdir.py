@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -121,3 +122,18 @@ async def test_no_traversable_stage_dir_is_one_line_before_any_exec(private_tmpd
     with pytest.raises(ConfigError, match=r"keeps the runtime's uid \d+ from .*TMPDIR=/tmp.*chmod o\+x"):
         await rt.prepare()
     assert not list(private_tmpdir.glob("polar-sandbox-*"))  # cleaned up
+
+
+def test_sweep_finds_a_dead_runtimes_stage_outside_the_private_tmpdir(private_tmpdir: Path) -> None:
+    """The stage of a runtime under a private TMPDIR sits in /tmp; the next node's sweep clears it."""
+    base = runtime_base(NodeConfig())
+    code = ("import sys; from pathlib import Path; from polar_env.runtimes import leftovers; "
+            "inc = leftovers.claim(Path(sys.argv[1]), 'node-0'); (inc.path / sys.argv[2]).mkdir(); print(inc.path)")
+    name = f"polar-sandbox-{os.getpid()}dead"
+    stage = Path("/tmp") / f"polar-stage-{name}"
+    (stage / "r").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-c", code, str(base), name], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    dead = out.stdout.strip()  # its process has exited: its lock is free
+    assert leftovers.sweep(base) == [dead]
+    assert not stage.exists() and not Path(dead).exists()
