@@ -5,8 +5,9 @@ Each problem is one ``ConfigError`` line, ``<what>, <where>; <how to fix>`` (the
 ``polar-env <cmd>: error:`` and exits 2), found in seconds instead of after every session has run
 through INIT and RUNNING to ERROR. Checked: the engine answers and serves the configured model; each
 harness is in the shared cache or its installer (npm, a venv-capable python) and node are present;
-each runtime is usable (bwrap can create its namespaces, a Docker daemon answers on its socket — never
-started here —, an apptainer binary exists); the tasks resolve; evaluator dependencies import.
+each runtime is usable (bwrap can create its namespaces and, as root, its unprivileged uids can reach
+the runtime folders; a Docker daemon answers on its socket — never started here —; an apptainer
+binary exists); the tasks resolve; evaluator dependencies import.
 Names (builders, evaluators, harnesses) are validated where the config is built, not here.
 """
 
@@ -234,6 +235,7 @@ def check_harness(name: str, cache_dir: Path | None = None) -> None:
 def check_runtime(kind: str) -> None:
     if kind == "sandbox":
         _check_bwrap()
+        check_runtime_base()
     elif kind == "docker":
         _check_docker()
     elif kind == "apptainer":
@@ -265,6 +267,24 @@ def _check_bwrap() -> None:
         raise ConfigError(f"bwrap cannot create its namespaces ({why}), runtime sandbox; allow unprivileged user "
                           "namespaces (sysctl kernel.unprivileged_userns_clone=1; in a container: --privileged or a "
                           "seccomp profile that permits clone/unshare), or use --runtime docker")
+
+
+def check_runtime_base(base: Path | None = None) -> None:
+    """As root, sandbox execs drop to unprivileged uids: they must reach the runtime base (default
+    ``$TMPDIR/polar-runtimes``) or a stage parent every uid can traverse (runtimes/reach.py)."""
+    from polar_env.runtimes.hostworkspace import SANDBOX_UID_BASE, drops_privileges
+    from polar_env.runtimes.reach import TRAVERSE_FIX, blocking_dir, describe, stage_parent, stage_parents
+    from polar_env.staging.node import NodeConfig, runtime_base
+
+    if not drops_privileges():
+        return
+    base = base if base is not None else runtime_base(NodeConfig())
+    blocked = blocking_dir(base, SANDBOX_UID_BASE)
+    if blocked is None or stage_parent() is not None:
+        return
+    raise ConfigError(f"the sandbox's unprivileged uids cannot traverse {describe(blocked)} to the runtime folder {base}, "
+                      f"and none of {', '.join(map(str, stage_parents()))} is a writable dir every user can traverse (for a stage), "
+                      f"runtime sandbox; {TRAVERSE_FIX}, or chmod o+x {blocked}")
 
 
 def _check_docker() -> None:

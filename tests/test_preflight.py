@@ -6,7 +6,9 @@ lines; 38-59 s and 72 lines for the default six) and exited 1; the typos gave tr
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +112,26 @@ def test_bwrap_missing_or_without_namespaces(tmp_path: Path, capsys: pytest.Capt
 def test_real_bwrap_passes() -> None:
     require_bwrap()
     preflight.check_runtime("sandbox")
+
+
+def test_runtime_base_the_sandbox_uids_cannot_reach(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Issue 23: TMPDIR inside a 0700 job folder. Passes while a stage dir every uid can traverse
+    exists (/tmp); without one it is one line naming the folder and the fix."""
+    require_bwrap()
+    monkeypatch.setattr("polar_env.runtimes.hostworkspace.drops_privileges", lambda: True)  # as root does
+    job = Path(tempfile.mkdtemp(prefix="job", dir="/tmp"))  # not under pytest's own 0700 folder
+    (job / "tmp").mkdir()
+    job.chmod(0o700)
+    request.addfinalizer(lambda: shutil.rmtree(job, ignore_errors=True))
+    monkeypatch.setenv("TMPDIR", str(job / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    preflight.check_runtime("sandbox")
+    monkeypatch.setattr("polar_env.runtimes.reach.STAGE_DIRS", ())  # TMPDIR is then the only stage parent
+    line = one_line(capsys, ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--out", str(tmp_path / "o")],
+                    f"cannot traverse {job} (mode 0700", f"runtime folder {job}/tmp/polar-runtimes", "TMPDIR=/tmp",
+                    f"chmod o+x {job}")
+    assert "runtime sandbox" in line and not (tmp_path / "o").exists()
 
 
 class FakeDockerd:

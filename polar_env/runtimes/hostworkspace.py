@@ -8,7 +8,9 @@ writable trees are chowned to it, and every exec drops to it (``setpriv``) after
 so uid 0 inside the sandbox's user namespace is that uid outside — never the host's root. Host
 sources that uid cannot reach (``/root`` is 0700: the interpreter, the harness installs, the gateway
 socket's private directory) are bind-mounted into the runtime's ``stage/`` directory in a private
-mount namespace of that one exec (``unshare --mount``), which vanishes with it.
+mount namespace of that one exec (``unshare --mount``), which vanishes with it. When the runtime's
+root is itself out of reach (a ``TMPDIR`` under a 0700 job folder), the whole root is reached that
+way, through a stage under a temp dir every uid can traverse (``reach.py``).
 
 Disk and teardown. As root, ``prepare`` mounts one sized tmpfs on the runtime's root before it
 is populated (``diskfs.py``): workspace/, tmp/ and home/ share it, the chown to the runtime's uid
@@ -34,7 +36,6 @@ import random
 import shlex
 import shutil
 import signal
-import stat
 import tempfile
 import time
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ from polar_env.runtimes import diskfs
 from polar_env.runtimes.argv import relay_argv, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
+from polar_env.runtimes.reach import TRAVERSE_FIX, blocking_dir, describe, reachable, stage_parent, start_error
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +92,9 @@ def chown_tree(root: Path, uid: int) -> None:
                 os.lchown(os.path.join(dirpath, name), uid, uid)
 
 
-def reachable(path: str | Path, uid: int) -> bool:
-    """Whether ``uid`` (no supplementary groups) can traverse to ``path``."""
-    real = os.path.realpath(path)
-    parts = Path(real).parents
-    for d in [*reversed(parts)]:
-        try:
-            st = os.stat(d)
-        except OSError:
-            return False
-        mode = st.st_mode
-        if not (mode & stat.S_IXOTH or (st.st_uid == uid and mode & stat.S_IXUSR) or (st.st_gid == uid and mode & stat.S_IXGRP)):
-            return False
-    return True
+def drops_privileges() -> bool:
+    """Whether a ``drops_root`` runtime's execs run as an unprivileged uid here (root, setpriv, unshare)."""
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None and shutil.which("unshare") is not None
 
 
 def _force_rmtree(path: Path) -> str | None:
@@ -245,7 +237,7 @@ class HostWorkspaceRuntime(abc.ABC):
             os.chmod(self.tmp_dir, 0o1777)
             if self.spec.source_dir is not None:
                 await asyncio.to_thread(copy_tree, Path(self.spec.source_dir), self.workspace)
-            if self.drops_root and os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("unshare"):
+            if self.drops_root and drops_privileges():
                 self.uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SLOTS)
                 await asyncio.to_thread(self._own, self.uid)
             self.limits = SessionLimits(self.spec, self._root.name, trees=[self.workspace, self.tmp_dir, self.home_dir],
@@ -254,10 +246,12 @@ class HostWorkspaceRuntime(abc.ABC):
             if self.relay_enabled:
                 res = await self.exec(["true"], timeout_s=60)
                 if res.exit_code != 0:
-                    raise ConfigError(f"{self.name}: the gateway relay does not start inside the runtime (needs python3): "
-                                      f"{res.output.strip()}")
+                    raise ConfigError(start_error(self.name, res.output, self.uid, relay=True)
+                                      or f"{self.name}: the runtime does not start (exit {res.exit_code}): {res.output.strip()}")
             res = await self.exec(BASELINE_SCRIPT, timeout_s=120)
             if res.exit_code != 0:
+                if (why := start_error(self.name, res.output, self.uid, relay=False)) is not None:
+                    raise ConfigError(why)
                 log.warning("%s: no git baseline in %s (diff() will fail): %s", self.name, self.spec.workdir, res.output.strip())
         except BaseException:
             await self._cleanup()
@@ -280,8 +274,14 @@ class HostWorkspaceRuntime(abc.ABC):
         if reachable(root, uid):
             stage = root / "stage"
         else:  # e.g. a root_dir under a 0700 directory: reach the whole runtime through a stage
-            # named after the runtime, so leftovers.sweep finds it when this process dies
-            self._stage_base = stage = Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{root.name}"
+            # (reach.py) named after the runtime, so leftovers.sweep finds it when this process dies
+            parent = stage_parent()
+            if parent is None:
+                blocked = blocking_dir(root, uid) or root
+                raise ConfigError(f"{self.name}: {describe(blocked)} keeps the runtime's uid {uid} from {root}, and no "
+                                  f"temp dir every user can traverse is writable for its stage; {TRAVERSE_FIX}, or "
+                                  f"chmod o+x {blocked}")
+            self._stage_base = stage = parent / f"{STAGE_PREFIX}{root.name}"
             stage.mkdir(mode=0o700)
             (stage / "r").mkdir()
             self._stage.append((str(root), str(stage / "r")))

@@ -19,13 +19,13 @@ import fcntl
 import logging
 import os
 import secrets
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from polar_env.runtimes import diskfs
 from polar_env.runtimes.hostworkspace import STAGE_PREFIX
 from polar_env.runtimes.limits import CGROUP_ROOT, GROUP, Cgroup
+from polar_env.runtimes.reach import stage_parents
 
 log = logging.getLogger(__name__)
 LOCK = ".lock"
@@ -128,8 +128,9 @@ def _subdirs(path: Path) -> list[Path]:
 def _clear(path: Path, runtimes: list[str]) -> None:
     """Kill the runtimes' cgroups, then unmount and remove ``path`` and their stage folders."""
     _remove_cgroups(runtimes)
-    for name in runtimes:  # stage folders outside the runtime (hostworkspace.py)
-        diskfs.remove_tree(Path(tempfile.gettempdir()) / f"{STAGE_PREFIX}{name}")
+    for name in runtimes:  # stage folders outside the runtime (hostworkspace.py), wherever reach.py put them
+        for parent in stage_parents():
+            diskfs.remove_tree(parent / f"{STAGE_PREFIX}{name}")
     left = diskfs.remove_tree(path)
     if left is not None:
         log.warning("leftovers: %s is not fully removed (the next sweep retries): %s", path, left)
