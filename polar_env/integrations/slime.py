@@ -30,6 +30,11 @@ sample's ``metadata["polar"]`` names the kind.
   response), so slime re-runs it from its prompt later. A harness session cannot resume
   mid-episode, so "partial" here means "re-run", never half a trajectory.
 
+Sampling: each call's ``sampling_params`` (``forced_sampling``) ride on its TaskRequest and become
+the session's trainer sampling, so an evaluation call at ``--eval-temperature`` samples at it; a
+value that contradicts the PolarEnv config's own ``sampling`` is refused (ConfigError), never
+silently replaced by either side.
+
 ``--group-rm`` is refused at the first call (``check_slime_args``): the Polar evaluator already set
 every sample's reward, and slime's group RM would call the RM on polar's sample lists.
 
@@ -54,6 +59,7 @@ from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
 from polar_env.integrations.delivery import choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
+from polar_env.proxy.config import Sampling
 from polar_env.records import FailureKind, Trace, Trajectory
 
 POLAR_METADATA_KEY = "polar"
@@ -290,8 +296,8 @@ def slime_ids(sample: Any) -> dict[str, Any]:
 
 
 def forced_sampling(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
-    """slime's sampling parameters as PolarEnv gateway overrides. The trainer divides logits by
-    ``--rollout-temperature``, so every harness request is forced to these values."""
+    """slime's sampling parameters as the session's trainer sampling. The trainer divides logits
+    by ``--rollout-temperature``, so every harness request of the session is forced to these values."""
     top_k = sampling_params.get("top_k")
     if top_k not in (None, -1, 0):
         raise ConfigError(
@@ -311,9 +317,10 @@ def router_url(args: Any) -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
 
 
-def polar_config(args: Any, sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+def polar_config(args: Any) -> dict[str, Any]:
     """The PolarEnv config for a slime run: the file named by ``polar_config`` (set through
-    ``--custom-config-path``), engine = slime's SGLang router, sampling forced to slime's."""
+    ``--custom-config-path``), engine = slime's SGLang router. Its ``sampling`` stays the file's:
+    slime's own comes with each call (``forced_sampling``) and must agree with it."""
     import yaml
 
     path = getattr(args, "polar_config", None)
@@ -333,8 +340,7 @@ def polar_config(args: Any, sampling_params: Mapping[str, Any]) -> dict[str, Any
     others = {f for kind in ENGINES.names() for f in ENGINES.get(kind).model_fields} - set(SGLangEngineConfig.model_fields)
     given = {k: v for k, v in dict(config.get("engine") or {}).items() if k not in others}
     engine = {**given, "kind": "sglang", "url": f"router:{router_url(args)}"}
-    sampling = {**dict(config.get("sampling") or {}), **forced_sampling(sampling_params)}
-    return {**config, "engine": engine, "sampling": sampling}
+    return {**config, "engine": engine}
 
 
 def check_slime_args(args: Any) -> None:
@@ -396,12 +402,12 @@ class SlimeRollout:
     async def close(self) -> None:
         await self._lazy.close()
 
-    async def _run(self, sample: Any) -> tuple[Any, bool]:
-        """The session's RolloutGroup, and whether slime aborted while it ran (then the session was
-        cancelled: the node aborts its engine calls and ends it CANCELLED)."""
+    async def _run(self, sample: Any, sampling: Mapping[str, Any]) -> tuple[Any, bool]:
+        """The session's RolloutGroup (sampled with ``sampling``), and whether slime aborted while it
+        ran (then the session was cancelled: the node aborts its engine calls and ends it CANCELLED)."""
         group_id = f"slime-{sample.index}-{uuid.uuid4().hex[:8]}"
         run = asyncio.ensure_future(self.env.rollout(task_row(sample), n=1, metadata=slime_ids(sample),
-                                                     group_id=group_id))
+                                                     group_id=group_id, sampling=sampling))
         aborted = False
         try:
             while not run.done():
@@ -417,11 +423,15 @@ class SlimeRollout:
 
     async def generate(self, args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False) -> Any:
         check_slime_args(args)
+        sampling = forced_sampling(sampling_params)  # ConfigError for what the gateway cannot force
+        check = getattr(getattr(self.env, "config", None), "check_sampling", None)  # PolarEnvConfig's
+        if callable(check):  # a contradiction fails the run, not one masked sample
+            check(Sampling.model_validate(sampling), f"slime-{sample.index}")
         single = bool(getattr(args, "partial_rollout", False)) and not evaluation
         await self._ensure_started()
         max_context = getattr(args, "rollout_max_context_len", None)
         try:
-            group, aborted = await self._run(sample)
+            group, aborted = await self._run(sample, sampling)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed session must not kill slime's rollout
@@ -461,14 +471,14 @@ _DEFAULT: SlimeRollout | None = None
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
     """``--custom-generate-function-path polar_env.integrations.slime.generate``. The first call
-    checks the flags, builds the PolarEnv (from ``args.polar_config`` and these sampling params)
-    and starts it. Returns ``list[Sample]``, or one ``Sample`` under ``--partial-rollout``."""
+    checks the flags, builds the PolarEnv (from ``args.polar_config``) and starts it; every call's
+    sampling params are its session's. Returns ``list[Sample]``, or one ``Sample`` under ``--partial-rollout``."""
     global _DEFAULT
     if _DEFAULT is None:
         check_slime_args(args)
         from polar_env.env import PolarEnv
 
-        _DEFAULT = SlimeRollout(PolarEnv(polar_config(args, sampling_params)))
+        _DEFAULT = SlimeRollout(PolarEnv(polar_config(args)))
     return await _DEFAULT.generate(args, sample, sampling_params, evaluation)
 
 

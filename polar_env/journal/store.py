@@ -77,6 +77,7 @@ class SessionMeta(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     continuation: bool = False
     closed: bool = False
+    sampling: dict[str, Any] | None = None  # the session's own trainer sampling (proxy.config.Sampling)
 
 
 class JournalStore:

@@ -19,6 +19,20 @@ class Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)  # cap on the tokens sampled per call
 
+    def conflicts(self, other: Sampling) -> list[str]:
+        """Each value both set, differently (``temperature 0.7 != 1.0``): a trainer that asks for
+        one value while the environment forces another would train off-policy."""
+        mine, theirs = self.model_dump(), other.model_dump()
+        return [f"{k} {theirs[k]!r} != {v!r}" for k, v in mine.items() if v is not None and theirs[k] not in (None, v)]
+
+    def over(self, base: Sampling) -> Sampling:
+        """These values, with ``base``'s where these are unset (a session's own over the gateway's)."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+    def line(self) -> str:
+        """The set values as one short note (``temperature=0.7 max_tokens=512``)."""
+        return " ".join(f"{k}={v}" for k, v in self.model_dump(exclude_none=True).items())
+
 
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

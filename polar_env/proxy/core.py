@@ -27,7 +27,7 @@ from polar_env.journal.protocols import JournalSink
 from polar_env.journal.store import CaptureError
 from polar_env.journal.writer import JournalWriter
 from polar_env.proxy.admin import new_admin_token
-from polar_env.proxy.config import GatewayConfig
+from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Continuation
 from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.sessions import Session, SessionRegistry
@@ -219,13 +219,14 @@ class GatewayCore:
         return Continuation(load_tokenizer(), self.config.template)
 
     def open_session(self, session_id: str | None = None, metadata: dict[str, Any] | None = None,
-                     continuation: bool | Continuation | None = None) -> Session:
+                     continuation: bool | Continuation | None = None, sampling: Sampling | None = None) -> Session:
         """A new session (raises RequestError for a bad or reused id, OSError when its state cannot
-        be persisted). ``continuation``: True/False, a ready tracker, or None for the default."""
+        be persisted). ``continuation``: True/False, a ready tracker, or None for the default.
+        ``sampling``: the session's whole trainer sampling, used instead of ``config.sampling``."""
         if continuation is None:
             continuation = self.config.continuation
         tracker = self.new_continuation() if continuation is True else continuation or None
-        session = self.sessions.create(session_id, {} if metadata is None else metadata, tracker)
+        session = self.sessions.create(session_id, {} if metadata is None else metadata, tracker, sampling)
         self.events.emit("session_opened", session.id, continuation=session.continuation_mode)
         return session
 

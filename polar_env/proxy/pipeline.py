@@ -42,7 +42,7 @@ from polar_env.errors import (
 )
 from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef
 from polar_env.journal.store import CaptureError
-from polar_env.proxy.config import GatewayConfig
+from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Plan
 from polar_env.proxy.core import GatewayCore
 from polar_env.proxy.providers import PROVIDERS
@@ -145,12 +145,16 @@ def check_finite(generation: Generation) -> None:
         )
 
 
-def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]) -> dict[str, Any]:
+def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str],
+                      session_sampling: Sampling | None = None) -> dict[str, Any]:
     """What the gateway's configuration overrides in every request: the served model, and the
     sampling parameters when the trainer owns them (harness extras that reshape the distribution
-    are dropped then too)."""
+    are dropped then too). ``session_sampling`` (the task's own, set when the session was opened)
+    replaces ``config.sampling`` and is named in the record's notes."""
     updates: dict[str, Any] = {"model": config.engine_model}
-    sampling = config.sampling
+    sampling = config.sampling if session_sampling is None else session_sampling
+    if session_sampling is not None:
+        notes.append(f"session sampling {session_sampling.line() or '(none set)'}")
     if sampling.temperature is not None:
         updates["temperature"] = sampling.temperature
     if sampling.top_p is not None:
@@ -368,7 +372,7 @@ class CallPipeline:
         session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
         inbound = translate(provider, body, request.match_info)
         notes = inbound.notes
-        updates = trainer_overrides(inbound.chat, config, notes)
+        updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
         chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
         check_messages(chat.messages)  # what the template would refuse, refused before the engine
         # The session id lets the engine client keep a session on one worker (prefix-cache affinity).

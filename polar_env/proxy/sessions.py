@@ -27,6 +27,7 @@ import orjson
 from polar_env.errors import RequestError
 from polar_env.journal.protocols import JournalSink
 from polar_env.journal.store import SessionMeta, check_session_id, key_digest
+from polar_env.proxy.config import Sampling
 from polar_env.proxy.continuation import Continuation
 
 log = logging.getLogger("polar_env.gateway")
@@ -47,6 +48,7 @@ class Session:
     continuation: Continuation | None = None  # token-in mode (see continuation.py)
     continuation_mode: bool = False
     last_used: float = field(default_factory=time.monotonic)
+    sampling: Sampling | None = None  # the task's trainer sampling, in place of the gateway's (complete)
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -55,7 +57,8 @@ class Session:
 
     def meta(self) -> SessionMeta:
         return SessionMeta(session_id=self.id, key_sha256=self.key_hash.hex(), created_at=self.created_at,
-                           metadata=self.metadata, continuation=self.continuation_mode, closed=self.closed)
+                           metadata=self.metadata, continuation=self.continuation_mode, closed=self.closed,
+                           sampling=None if self.sampling is None else self.sampling.model_dump())
 
 
 def request_keys(headers: Mapping[str, str], query: Mapping[str, str]) -> list[str]:
@@ -101,6 +104,7 @@ class SessionRegistry:
                 next_seq=self.store.next_seq(meta.session_id),
                 closed=meta.closed,
                 continuation_mode=meta.continuation,
+                sampling=None if meta.sampling is None else Sampling.model_validate(meta.sampling),
             )
             if meta.continuation and self._continuation_factory is not None:
                 session.continuation = self._continuation_factory()  # earlier turns fall back to templating
@@ -113,6 +117,7 @@ class SessionRegistry:
         session_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         continuation: Continuation | None = None,
+        sampling: Sampling | None = None,
     ) -> Session:
         sid = session_id if session_id is not None else secrets.token_hex(8)
         try:
@@ -130,6 +135,7 @@ class SessionRegistry:
             metadata=check_metadata(metadata or {}),
             continuation=continuation,
             continuation_mode=continuation is not None,
+            sampling=sampling,
         )
         self.store.write_session_meta(session.meta())  # first: a session that cannot be restored is not issued
         self._by_id[sid] = session

@@ -96,6 +96,15 @@ class PolarEnvConfig(BaseModel):
 
         return load_model(cls, path, "config file")
 
+    def check_sampling(self, sampling: Sampling | None, task_id: str) -> None:
+        """The trainer's sampling for a task must not contradict ``sampling`` (ConfigError, one
+        line): a trainer sampling at 0.7 under an environment forcing 1.0 would train off-policy."""
+        conflicts = self.sampling.conflicts(sampling) if sampling is not None else []
+        if conflicts:
+            raise ConfigError(
+                f"task {task_id!r}: the trainer's sampling contradicts the environment's "
+                f"(sampling: {self.sampling.line()}): {', '.join(conflicts)}; set one of them, or the same values")
+
     def cluster(self) -> ClusterConfig:
         engine = self.engine
         scripted = getattr(engine, "script", None) is not None
@@ -156,4 +165,8 @@ def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: Polar
     update = dict(overrides)
     if n is not None:
         update["num_samples"] = n
-    return req.model_copy(update=update) if update else req
+    if isinstance(update.get("sampling"), Mapping):
+        update["sampling"] = Sampling.model_validate(update["sampling"])
+    req = req.model_copy(update=update) if update else req
+    config.check_sampling(req.sampling, req.task_id)
+    return req

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
+from polar_env.proxy.config import Sampling
 from polar_env.records import MASKED_KINDS, SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
 from polar_env.registry import names_checked
 from polar_env.runtimes.base import RuntimeSpec
@@ -107,6 +108,9 @@ class TaskRequest(BaseModel):
     group_id: str | None = None  # defaults to the task id plus a short random suffix
     task: dict[str, Any] = Field(default_factory=dict)  # the task row evaluators read (e.g. a SweTask dump)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # the trainer's sampling for this task (a Gym row's temperature, slime's sampling params): over
+    # the environment's own, which it must not contradict (PolarEnvConfig.check_sampling)
+    sampling: Sampling | None = None
 
     @field_validator("task_id")
     @classmethod

@@ -33,7 +33,7 @@ from polar_env.runtimes import Runtime, make_runtime
 from polar_env.runtimes.base import prepared
 from polar_env.staging.eval_worker import EvalWorkers
 from polar_env.staging.lifecycle import SessionRunner
-from polar_env.staging.models import SessionResult, SessionSpec, Stage
+from polar_env.staging.models import SessionResult, SessionSpec, Stage, TaskRequest
 from polar_env.staging.pools import PoolLimits, StagePools
 from polar_env.staging.postrun_pool import PostrunPool
 
@@ -242,7 +242,21 @@ class GatewayNode:
         if spec.request.continuation:
             tokenizer = await asyncio.to_thread(load_tokenizer)
             continuation = Continuation(tokenizer, QUIRKS[self.config.engine.template])
-        self._gateway().open_session(spec.session_id, metadata, continuation or False)
+        gateway = self._gateway()
+        gateway.open_session(spec.session_id, metadata, continuation or False,
+                                     self.session_sampling(spec.request, gateway.config.sampling))
+
+    def session_sampling(self, request: TaskRequest, gateway: Sampling) -> Sampling | None:
+        """The task's own sampling over the gateway's (None: the gateway's applies). A task whose
+        sampling contradicts this node's configured one is refused (ConfigError): it was checked
+        against the environment's when it was submitted, but a TaskRequest may come from elsewhere."""
+        own = request.sampling
+        if own is None:
+            return None
+        conflicts = self.config.sampling.conflicts(own)
+        if conflicts:
+            raise ConfigError(f"task {request.task_id!r}: its sampling contradicts the node's: {', '.join(conflicts)}")
+        return own.over(gateway)
 
     def open_external(self, session_ids: list[str], metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Sessions for harnesses this node does not run (your own agents, load generators): the

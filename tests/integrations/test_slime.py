@@ -202,11 +202,36 @@ def test_polar_config_points_engine_at_slime_router(tmp_path: Any) -> None:
     cfg = tmp_path / "polar.yaml"
     cfg.write_text("harness: loop\nengine: {kind: embedded, model: m, seed: 3}\nsampling: {temperature: 0.1}\n")
     args = SimpleNamespace(polar_config=str(cfg), sglang_router_ip="10.0.0.2", sglang_router_port=3000)
-    out = polar_config(args, {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64})
+    out = polar_config(args)
     assert out["engine"] == {"kind": "sglang", "url": "router:http://10.0.0.2:3000", "model": "m"}  # seed: embedded's
-    assert (out["sampling"], out["harness"]) == ({"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}, "loop")
+    # the file's own sampling stays; slime's comes with each call and must agree with it
+    assert (out["sampling"], out["harness"]) == ({"temperature": 0.1}, "loop")
     with pytest.raises(ConfigError, match="--custom-config-path"):
-        polar_config(SimpleNamespace(), {})
+        polar_config(SimpleNamespace())
+
+
+async def test_generate_refuses_sampling_that_contradicts_the_polar_config(tmp_path: Any) -> None:
+    """slime at --rollout-temperature 1.0 under a polar.yaml forcing 0.1: one ConfigError naming
+    both, before any session (the trainer would otherwise divide by a temperature nobody sampled at)."""
+    from polar_env import PolarEnv
+
+    env = PolarEnv({"harness": "loop", "engine": {"kind": "simulated"}, "sampling": {"temperature": 0.1},
+                    "store": str(tmp_path / "store")})
+    rollout = SlimeRollout(env, aborted=lambda: False)
+    with pytest.raises(ConfigError, match=r"temperature 1.0 != 0.1"):
+        await rollout.generate(ARGS, base_sample(), {"temperature": 1.0, "top_p": 1.0})
+    assert env._cluster is None  # refused before anything started
+
+
+async def test_each_generate_call_carries_its_own_sampling() -> None:
+    """Rollout and evaluation calls at different temperatures: each session's TaskRequest says its own."""
+    traj = trajectory([trace([1, 5], [([20], [])])], reward=1.0)
+    env = FakePolarEnv({"toy__calc-1": [("completed", 1.0, traj)]})
+    rollout = SlimeRollout(env, aborted=lambda: False)
+    await rollout.generate(ARGS, base_sample(), {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 64})
+    await rollout.generate(ARGS, base_sample(), {"temperature": 0.2}, evaluation=True)
+    assert [call[2]["sampling"] for call in env.calls] == [{"temperature": 0.8, "top_p": 1.0, "max_tokens": 64},
+                                                           {"temperature": 0.2, "top_p": 1.0}]
 
 
 async def test_generate_with_fake_polar_env() -> None:

@@ -16,7 +16,7 @@ import yaml
 from polar_env.cli import main
 from polar_env.env import PolarEnvConfig
 from polar_env.errors import ConfigError
-from polar_env.integrations.slime import polar_config
+from polar_env.integrations.slime import forced_sampling, polar_config
 from polar_env.integrations.slime_recipe import (
     GENERATE_PATH,
     NORMALIZE_PATH,
@@ -27,6 +27,7 @@ from polar_env.integrations.slime_recipe import (
     render,
     render_value,
 )
+from polar_env.proxy.config import Sampling
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 SHIPPED = sorted(RECIPES.glob("slime_*.yaml"))
@@ -75,11 +76,13 @@ def test_recipe_round_trips(path: Path, tmp_path: Path) -> None:
     assert PolarEnvConfig.model_validate(yaml.safe_load(polar_file.read_text())) is not None
     # the generate function reads it back the way slime hands it over (custom config keys on args)
     args = SimpleNamespace(**custom_config, sglang_router_ip="127.0.0.1", sglang_router_port=30000)
-    cfg = polar_config(args, {"temperature": float(flags["rollout-temperature"]), "top_p": 1.0,
-                              "max_new_tokens": int(flags["rollout-max-response-len"])})
+    cfg = polar_config(args)
     env_cfg = PolarEnvConfig.model_validate(cfg)
     assert env_cfg.engine.kind == "sglang" and env_cfg.engine.url == "router:http://127.0.0.1:30000"
-    assert env_cfg.sampling.temperature == float(flags["rollout-temperature"])
+    # slime's sampling comes with each call, as the session's; the recipe's polar block agrees with it
+    sampling = Sampling.model_validate(forced_sampling({"temperature": float(flags["rollout-temperature"]), "top_p": 1.0,
+                                                        "max_new_tokens": int(flags["rollout-max-response-len"])}))
+    env_cfg.check_sampling(sampling, "recipe")
 
 
 def test_qwen35_4b_swegym_recipe_layout(tmp_path: Path) -> None:

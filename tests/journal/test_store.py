@@ -65,7 +65,8 @@ def test_session_meta_round_trip(tmp_path: Path) -> None:
     assert store.read_session_meta("s") is None
     store.write_session_meta(SessionMeta(session_id="s", key_sha256="00" * 32, created_at=1.0, metadata={"a": 1}))
     assert store.read_session_meta("s") == {"session_id": "s", "key_sha256": "00" * 32, "created_at": 1.0,
-                                            "metadata": {"a": 1}, "continuation": False, "closed": False}
+                                            "metadata": {"a": 1}, "continuation": False, "closed": False,
+                                            "sampling": None}
     assert store.session_ids() == []  # state alone is not a journal
 
 

@@ -8,6 +8,9 @@ carries the real evaluator reward; ``mask_sample`` is the session's ``mask``
 (``polar_env.records.masked``: the environment, not the policy, failed, the session was cancelled, or
 nothing was sampled) or nothing delivered; ``failure_kind`` is ``polar_agent:<FailureKind>`` whenever
 the session did not complete (an agent timeout keeps its tokens and reward 0, unmasked).
+The row's ``responses_create_params`` sampling (temperature, top_p, max_output_tokens: what NeMo RL
+sets from its generation config) is the session's trainer sampling, so the engine samples as the
+trainer computes; one that contradicts the environment's ``sampling`` is refused, not masked.
 No nemo_gym import: Gym's ``app.py`` wraps this in its server classes.
 """
 
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from polar_env.integrations.delivery import DeliveryTally, choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.integrations.nemo_gym.convert import output_items, response_object
+from polar_env.proxy.config import Sampling
 from polar_env.records import CompletionRecord, FailureKind, Trajectory
 
 if TYPE_CHECKING:
@@ -73,6 +77,26 @@ def task_request(row: Mapping[str, Any]) -> SweTask | dict[str, object]:
     task = dict(task)
     task_id = task.pop("task_id", None) or f"gym-{row.get('_ng_task_index', 0)}"
     return {"task_id": str(task_id), "instruction": instruction_of(row, task), "task": task}
+
+
+def sampling_of(row: Mapping[str, Any]) -> Sampling | None:
+    """The row's own sampling (``responses_create_params`` temperature / top_p /
+    max_output_tokens), or None when it sets none. An ill-typed value is a ValueError naming it."""
+    from pydantic import ValidationError
+
+    params = row.get("responses_create_params")
+    if not isinstance(params, Mapping):
+        return None
+    given = {"temperature": params.get("temperature"), "top_p": params.get("top_p"),
+             "max_tokens": params.get("max_output_tokens")}
+    if all(v is None for v in given.values()):
+        return None
+    try:
+        return Sampling.model_validate(given)
+    except ValidationError as exc:
+        from polar_env.registry import validation_line
+
+        raise ValueError(f"responses_create_params: {validation_line(exc, model=Sampling)}") from None
 
 
 def gym_ids(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,9 +185,18 @@ class PolarGymAgent:
         await self._lazy.close()
 
     async def run(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The row's result. Its sampling contradicting the environment's raises ConfigError (Gym
+        answers 500 with the line): every row of the run would, and a masked sample hides it."""
+        sampling = sampling_of(row)
+        check = getattr(getattr(self.env, "config", None), "check_sampling", None)  # PolarEnvConfig's
+        if sampling is not None and callable(check):
+            check(sampling, str(gym_ids(row)["ng_rollout_id"] or "gym row"))
         await self.start()
         try:
-            group = await self.env.rollout(task_request(row), n=1, metadata=gym_ids(row))
+            overrides: dict[str, Any] = {"metadata": gym_ids(row)}
+            if sampling is not None:
+                overrides["sampling"] = sampling
+            group = await self.env.rollout(task_request(row), n=1, **overrides)
             result = group.results[0]
         except asyncio.CancelledError:
             raise
