@@ -79,7 +79,7 @@ def task_request(row: Mapping[str, Any]) -> SweTask | dict[str, object]:
     return {"task_id": str(task_id), "instruction": instruction_of(row, task), "task": task}
 
 
-def sampling_of(row: Mapping[str, Any]) -> Sampling | None:
+def sampling_of(row: Mapping[str, object]) -> Sampling | None:
     """The row's own sampling (``responses_create_params`` temperature / top_p /
     max_output_tokens), or None when it sets none. An ill-typed value is a ValueError naming it."""
     from pydantic import ValidationError

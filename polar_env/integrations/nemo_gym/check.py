@@ -11,7 +11,6 @@ import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 EXTRAS = ("swebench", "rollout")  # grading in the sandbox runs the Gym venv's python3 (swebench, pytest)
 TOKEN_ITEM_TYPES = ("message", "function_call")  # Gym's training item types; reasoning and tool outputs carry no ids
@@ -29,10 +28,15 @@ def venv_requirements(pyproject: Path) -> list[str]:
     return out
 
 
-def trained_tokens(items: Sequence[Mapping[str, Any]]) -> int:
+def trained_tokens(items: Sequence[Mapping[str, object]]) -> int:
     """The generated token count of a ``/run`` result's output items, read only where Gym's item
     types carry token ids (a call's last model-generated item)."""
-    return sum(len(item.get("generation_token_ids") or []) for item in items if item.get("type") in TOKEN_ITEM_TYPES)
+    total = 0
+    for item in items:
+        ids = item.get("generation_token_ids")
+        if item.get("type") in TOKEN_ITEM_TYPES and isinstance(ids, list):
+            total += len(ids)
+    return total
 
 
 def check_result(out_jsonl: Path) -> str:
