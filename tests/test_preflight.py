@@ -168,16 +168,16 @@ def test_apptainer_binary_missing(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_apptainer_probe_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Preflight runs ``true`` in the image through the runtime: an image the binary cannot run (here
-    the bwrap-backed fake, which takes directories only, given a .sif) is one line before INIT."""
+    """Preflight runs ``true`` in the image through the runtime: an image that cannot run it (here an
+    empty directory: no /bin/sh, through the bwrap-backed fake) is one line before INIT."""
     require_bwrap()
     from tests.runtimes.conftest import FAKE_APPTAINER
 
     monkeypatch.setenv("POLAR_APPTAINER", str(FAKE_APPTAINER))
-    (tmp_path / "task.sif").write_bytes(b"not a sif")
-    (tmp_path / "env.yaml").write_text(f"runtime:\n  kind: apptainer\n  image: {tmp_path / 'task.sif'}\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "env.yaml").write_text(f"runtime:\n  kind: apptainer\n  image: {tmp_path / 'empty'}\n")
     argv = ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--config", str(tmp_path / "env.yaml"), "--out", str(tmp_path / "o")]
-    one_line(capsys, argv, "apptainer cannot run", "sandbox directories only", "runtime apptainer")
+    one_line(capsys, argv, f"apptainer cannot run {tmp_path / 'empty'}", "/bin/sh", "runtime apptainer")
     (tmp_path / "env.yaml").write_text(f"runtime:\n  kind: apptainer\n  image: {tmp_path / 'gone'}\n")
     one_line(capsys, argv, f"apptainer image {tmp_path / 'gone'} does not exist")
 

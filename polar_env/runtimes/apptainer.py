@@ -184,6 +184,22 @@ class ApptainerRuntime(HostWorkspaceRuntime):
             raise ConfigError("the apptainer runtime needs spec.image (.sif, sandbox directory or docker:// URI)")
         if not image.startswith(URI_SCHEMES) and not Path(image).exists():
             raise ConfigError(f"apptainer image {image} does not exist")
+        if Path(image).is_file() and not self._fuse_usable():
+            raise ConfigError(f"apptainer image {image} is a SIF, which rootless Apptainer mounts with squashfuse, but "
+                              "/dev/fuse is not open to unprivileged uids here (mode "
+                              f"{oct(os.stat('/dev/fuse').st_mode & 0o777) if os.path.exists('/dev/fuse') else 'missing'}); "
+                              "make it 0666 as stock hosts do, or unpack the image once (apptainer build --sandbox DIR "
+                              f"{image}) and use DIR")
+
+    def _fuse_usable(self) -> bool:
+        """Whether the uid that will run apptainer can open /dev/fuse (a SIF's squashfuse mount)."""
+        try:
+            mode = os.stat("/dev/fuse").st_mode
+        except OSError:
+            return False
+        if self.drops_root and os.geteuid() == 0:
+            return mode & 0o006 == 0o006
+        return os.access("/dev/fuse", os.R_OK | os.W_OK)
 
     def _own(self, uid: int) -> None:
         """Also give the uid a name: Apptainer looks its caller up (``FATAL: Couldn't determine user

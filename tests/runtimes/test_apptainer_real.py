@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.errors import ConfigError
 from polar_env.runtimes import ApptainerRuntime, RuntimeSpec
 from polar_env.runtimes.apptainer import find_apptainer, probe
 from polar_env.runtimes.hostworkspace import SANDBOX_UID_BASE
@@ -97,5 +98,51 @@ async def test_real_apptainer_probe_and_exec_cost(apptainer: str, image: str) ->
         assert all(r.exit_code == 0 for r in many)
         print(f"apptainer exec true: {per_exec:.3f} s per exec (serial, 5)")
         assert per_exec < 10
+    finally:
+        await rt.stop()
+
+
+async def test_real_apptainer_limits_are_the_runtimes_own_cgroup(apptainer: str, image: str) -> None:
+    """Rootless Apptainer cannot apply --memory/--pids-limit on cgroups v1; every exec joins the
+    runtime's own cgroup before apptainer starts instead, and the report names it."""
+    rt = ApptainerRuntime(RuntimeSpec(kind="apptainer", image=image, network="none", pids_limit=32, memory_mb=128),
+                          binary=apptainer)
+    await rt.prepare()
+    try:
+        if rt.limits is None or rt.limits.cgroup is None:
+            pytest.skip(f"no writable cgroup here: {rt.limits_report().get('mechanisms')}")
+        assert "cgroup" in rt.limits_report()["mechanisms"]["pids_limit"]
+        res = await rt.exec("for i in $(seq 64); do sleep 30 & done; wait", timeout_s=30)
+        assert res.limit is not None and res.limit.startswith("pids_limit=32 (cgroup"), (res.limit, res.output[-300:])
+    finally:
+        await rt.stop()
+    rt = ApptainerRuntime(RuntimeSpec(kind="apptainer", image=image, network="none", memory_mb=128), binary=apptainer)
+    await rt.prepare()
+    try:
+        res = await rt.exec("python3 -c \"b = bytearray(512 << 20); print(len(b))\"", timeout_s=60)
+        assert res.limit is not None and res.limit.startswith("memory_mb=128 (cgroup"), (res.limit, res.output[-300:])
+    finally:
+        await rt.stop()
+
+
+async def test_real_apptainer_sif(apptainer: str, rootfs: Path, tmp_path: Path) -> None:
+    """A .sif needs squashfuse and a /dev/fuse the exec's uid can open: then it runs like the
+    directory; where /dev/fuse is closed (0600, as on our CI machines) prepare refuses it in one
+    line naming the fix instead of every exec failing."""
+    sif = tmp_path / "py.sif"
+    rt = ApptainerRuntime(RuntimeSpec(kind="apptainer", image=str(sif), network="none"), binary=apptainer)
+    if not rt._fuse_usable():
+        sif.write_bytes(b"SIF stand-in: never mounted")
+        with pytest.raises(ConfigError, match="/dev/fuse is not open to unprivileged uids"):
+            await rt.prepare()
+        return
+    build = await asyncio.create_subprocess_exec(apptainer, "build", str(sif), str(rootfs), stdout=asyncio.subprocess.DEVNULL,
+                                                 stderr=asyncio.subprocess.PIPE)
+    _, err = await build.communicate()
+    assert build.returncode == 0, err.decode()[-500:]
+    await rt.prepare()
+    try:
+        res = await rt.exec("python3 -c 'print(6 * 7)'; id -u")
+        assert res.exit_code == 0 and res.output.splitlines()[0] == "42", res.output
     finally:
         await rt.stop()
