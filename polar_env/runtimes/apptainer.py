@@ -50,10 +50,11 @@ up if Apptainer left it down.
 Limits (``limits.py``): each exec joins the runtime's own cgroup first when the host gives one (as
 root, v1 or v2; or a delegated v2 subtree), else rlimits — the limits report names which. Apptainer's
 own ``--memory``/``--pids-limit`` (``cgroup_flags=True``) need cgroups v2 with systemd delegation for
-a non-root caller (cgroups v1, as on our CI machines, refuses them rootless); as root with the uid
-drop Apptainer runs unprivileged too, so keep ``cgroup_flags`` off there and rely on the runtime's
-own cgroup. Output, patch and disk caps are the shared ones: as root, the disk is the sized tmpfs on
-the runtime root that holds the bound workspace, /tmp and HOME (``diskfs.py``).
+a non-root caller (on our CI machines, cgroups v1 without systemd: ``FATAL: ... cannot use systemd
+cgroups manager``); as root with the uid drop Apptainer runs unprivileged too, so keep
+``cgroup_flags`` off there and rely on the runtime's own cgroup (verified: pids and memory trip).
+Output, patch and disk caps are the shared ones: as root, the disk is the sized tmpfs on the runtime
+root that holds the bound workspace, /tmp and HOME (``diskfs.py``).
 
 Binary: ``binary=``, else ``$POLAR_APPTAINER``, else ``apptainer`` on PATH, else what
 ``scripts/install_apptainer.sh`` built (``$POLAR_APPTAINER_CACHE`` or ``~/.cache/polar_env/apptainer``,
@@ -77,8 +78,8 @@ from polar_env.runtimes.argv import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.runtimes.hostworkspace import HOME, SANDBOX_UID_BASE, HostWorkspaceRuntime, _inside, reachable
 
-APPTAINER_INSTALL = ("run scripts/install_apptainer.sh (builds it into ~/.cache/polar_env/apptainer; Debian 12 has "
-                     "no package) or install Apptainer (https://apptainer.org/docs/admin/main/installation.html)")
+APPTAINER_INSTALL = ("run scripts/install_apptainer.sh (builds it once, linked from ~/.cache/polar_env/apptainer; "
+                     "Debian 12 has no package) or install Apptainer (https://apptainer.org/docs/admin/main/installation.html)")
 PROBE_TIMEOUT_S = 60.0
 URI_SCHEMES = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
 _HOST_ENV_DROP = ("APPTAINERENV_", "SINGULARITYENV_", "APPTAINER_ENV", "SINGULARITY_ENV")
