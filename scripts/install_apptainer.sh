@@ -18,7 +18,8 @@
 # /root is 0700); rootless, $CACHE/<version>.
 # Env: POLAR_APPTAINER_CACHE (default $HOME/.cache/polar_env/apptainer), POLAR_APPTAINER_PREFIX,
 # POLAR_DEBIAN_MIRROR.
-# A full build is ~570 CPU-seconds plus ~300 MB of downloads; a second run exits at once.
+# A full build here: 6 min wall on 2 cores, ~480 CPU-s, ~500 MB of .debs fetched and 2.8 GB
+# extracted (scratch, removed after), 98 MB installed; a second run exits in ~10 ms.
 set -euo pipefail
 umask 022  # the prefix must be readable by the runtime's unprivileged uids
 
