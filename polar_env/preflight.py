@@ -135,7 +135,8 @@ def check_node_side(env: PolarEnvConfig, reqs: Sequence[TaskRequest]) -> None:
     for name in sorted(harnesses):
         check_harness(name, env.harness_cache)
     for kind in sorted({r.runtime.kind for r in reqs} if reqs else {env.runtime.kind}):
-        check_runtime(kind)
+        images = [r.runtime.image for r in reqs if r.runtime.kind == kind] if reqs else [env.runtime.image]
+        check_runtime(kind, next((i for i in images if i), None))
     evaluators = {r.evaluator.name: r.task_id for r in reqs if r.evaluator is not None}
     if env.evaluator is not None:
         evaluators.setdefault(env.evaluator.name, "--evaluator")
@@ -232,19 +233,36 @@ def check_harness(name: str, cache_dir: Path | None = None) -> None:
 # -- runtime -------------------------------------------------------------------------------------
 
 
-def check_runtime(kind: str) -> None:
+def check_runtime(kind: str, image: str | None = None) -> None:
+    """``image``: one the sessions will use (apptainer runs ``true`` in it)."""
     if kind == "sandbox":
         _check_bwrap()
         check_runtime_base()
     elif kind == "docker":
         _check_docker()
     elif kind == "apptainer":
-        from polar_env.runtimes.apptainer import APPTAINER_INSTALL
+        _check_apptainer(image)
 
-        hint = os.environ.get("POLAR_APPTAINER") or "apptainer"
-        if shutil.which(hint) is None:
-            raise ConfigError(f"no {hint!r} binary on PATH, runtime apptainer; {APPTAINER_INSTALL}, or use --runtime "
-                              "sandbox")
+
+def _check_apptainer(image: str | None) -> None:
+    """The binary exists and, for a local image (a pull of a ``docker://`` URI is not preflight's
+    to start), ``true`` runs in it the way a session's exec will."""
+    from polar_env.runtimes.apptainer import APPTAINER_INSTALL, URI_SCHEMES, find_apptainer, probe
+
+    hint = os.environ.get("POLAR_APPTAINER") or "apptainer"
+    if find_apptainer() is None:
+        raise ConfigError(f"no {hint!r} binary on PATH, runtime apptainer; {APPTAINER_INSTALL}, or use --runtime "
+                          "sandbox")
+    if image is None or image.startswith(URI_SCHEMES):
+        return
+    if not Path(image).exists():
+        raise ConfigError(f"apptainer image {image} does not exist, runtime apptainer; build it (a sandbox directory: "
+                          "scripts/build_rootfs.sh; a .sif: apptainer build) or fix runtime.image")
+    why = asyncio.run(probe(image))
+    if why is not None:
+        raise ConfigError(f"apptainer cannot run {image} ({why}), runtime apptainer; check unprivileged user namespaces "
+                          "(sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone) and, for a .sif, "
+                          "squashfuse and /dev/fuse, or use --runtime sandbox")
 
 
 def _check_bwrap() -> None:

@@ -188,6 +188,42 @@ def test_apptainer_binary_missing(tmp_path: Path, capsys: pytest.CaptureFixture[
              "no 'no-such-apptainer' binary on PATH", "runtime apptainer")
 
 
+def test_apptainer_probe_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preflight runs ``true`` in the image through the runtime: an image that cannot run it (here an
+    empty directory: no /bin/sh, through the bwrap-backed fake) is one line before INIT."""
+    require_bwrap()
+    from tests.runtimes.conftest import FAKE_APPTAINER
+
+    monkeypatch.setenv("POLAR_APPTAINER", str(FAKE_APPTAINER))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "env.yaml").write_text(f"runtime:\n  kind: apptainer\n  image: {tmp_path / 'empty'}\n")
+    argv = ["rollout", *SIMULATED, *plain_tasks(tmp_path), "--config", str(tmp_path / "env.yaml"), "--out", str(tmp_path / "o")]
+    one_line(capsys, argv, f"apptainer cannot run {tmp_path / 'empty'}", "/bin/sh", "runtime apptainer")
+    (tmp_path / "env.yaml").write_text(f"runtime:\n  kind: apptainer\n  image: {tmp_path / 'gone'}\n")
+    one_line(capsys, argv, f"apptainer image {tmp_path / 'gone'} does not exist")
+
+
+def test_apptainer_install_unreachable_by_the_agent_uid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root every exec drops to an unprivileged uid, which must reach the install (a 0700 home
+    cannot be staged around: Apptainer finds its starter by its compiled-in prefix)."""
+    import os
+    import shutil
+
+    from tests.runtimes.conftest import FAKE_APPTAINER
+
+    if os.geteuid() != 0:
+        pytest.skip("only root callers drop to another uid")
+    private = tmp_path / "private"
+    (private / "bin").mkdir(parents=True)
+    private.chmod(0o700)
+    shutil.copy(FAKE_APPTAINER, private / "bin" / "apptainer")
+    monkeypatch.setenv("POLAR_APPTAINER", str(private / "bin" / "apptainer"))
+    (tmp_path / "img").mkdir()
+    with pytest.raises(preflight.ConfigError, match="not reachable by unprivileged uids"):
+        preflight.check_runtime("apptainer", str(tmp_path / "img"))
+
+
 def test_harness_not_installable(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """An empty harness cache and a PATH with node but no npm: pi can be neither found nor installed."""
     import shutil

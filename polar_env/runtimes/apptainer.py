@@ -9,35 +9,64 @@ execs lives in host directories bound in (the same layout as the sandbox, see ``
 
 The argv (``apptainer_argv``, unit-tested exactly):
 
-    apptainer exec --containall --cleanenv --home <root>/home:/root --pwd <cwd>
+    apptainer exec --userns --containall --cleanenv --home <root>/home:/root --pwd <cwd>
         -B <root>/workspace:<workdir> -B <root>/tmp:/tmp
         [-B <relay.py>:/run/polar/relay.py:ro -B <gateway.sock>:/run/polar/gw.sock]
         [-B <src>:<dst>:ro ...]                                  # spec.binds
         --net --network none                                     # only lo, always
         <image> [python3 /run/polar/relay.py --listen 127.0.0.1:<port> --socket /run/polar/gw.sock --] CMD...
 
+``--userns`` (``userns=True``, the default): Apptainer's unprivileged user-namespace path, never its
+setuid starter — what HPC sites allow. What a site needs: unprivileged user namespaces
+(``user.max_user_namespaces`` > 0; on Debian/Ubuntu kernels ``kernel.unprivileged_userns_clone=1``,
+and no AppArmor userns restriction for the apptainer binary), nothing else for a sandbox directory;
+a ``.sif`` additionally needs ``squashfuse`` and ``/dev/fuse`` (rootless Apptainer mounts SIFs via
+FUSE). As root, plain ``apptainer exec`` also takes the privileged path, which fails where root's
+bounding set lacks CAP_SYS_RESOURCE (seen on our CI machines); ``--userns`` works there.
+
+Privileges (``drops_root``): as root, every exec drops to the runtime's own unprivileged uid first
+(``hostworkspace.py``: ``SANDBOX_UID_BASE`` + a random slot, ``setpriv``), exactly as the sandbox
+does — with ``--userns`` and no ``--fakeroot`` Apptainer maps the caller's uid to itself, so without
+the drop the agent would be the host's real root on the bound workspace, /tmp and HOME. Inside, the
+agent runs as that uid (Apptainer's model: no root in the container), owning the writable trees.
+What the uid cannot reach (an image under ``/root/.cache``, harness binds, the gateway socket) is
+staged into a private mount namespace of that one exec, along with copies of /etc/passwd and
+/etc/group that name the uid (Apptainer refuses a caller it cannot look up). The Apptainer install
+itself cannot be staged (its starter finds its session directory by the compiled-in prefix, and a
+bind-mounted prefix is not found from inside): it must be world-readable where it was built for
+(``scripts/install_apptainer.sh``: ``/opt/polar_env/apptainer/<version>`` as root; any site
+install in ``/usr`` or ``/opt``). Rootless callers run as themselves.
+
 ``--home <dir>:/root`` replaces ``--no-home``: the user's real home is still not mounted, and HOME
 points at a private per-episode directory like in the other runtimes (Apptainer refuses to set HOME
 through ``APPTAINERENV_HOME``). ``IMAGE`` is a ``.sif``, a sandbox directory or a ``docker://`` URI
-(e.g. ``docker://`` + ``polar_env.tasks.images.swegym_image(...)``). The environment is passed as ``APPTAINERENV_<K>``
+(e.g. ``docker://`` + ``polar_env.tasks.images.swegym_image(...)``; with the uid drop, pull it once
+to a ``.sif`` — ``apptainer pull`` — since that uid has no writable Apptainer cache). The environment is passed as ``APPTAINERENV_<K>``
 variables (``--cleanenv`` keeps those and drops the rest of the host's), so values never appear in
 argv; PATH is the image's unless ``spec.env`` sets it. The relay is per exec (launch mode, like the
 sandbox): with ``--network none`` every exec has its own network namespace; ``relay.py`` brings ``lo``
 up if Apptainer left it down.
 
 Limits (``limits.py``): each exec joins the runtime's own cgroup first when the host gives one (as
-root, or a delegated v2 subtree), else rlimits; with ``cgroup_flags=True`` (clusters whose Apptainer
-has cgroup support: root, or rootless with systemd delegation) Apptainer's own ``--memory`` and
-``--pids-limit`` are passed as well. Output, patch and disk caps are the shared ones: as root, the disk is the sized tmpfs on the
-runtime root that holds the bound workspace, /tmp and HOME (``diskfs.py``).
+root, v1 or v2; or a delegated v2 subtree), else rlimits — the limits report names which. Apptainer's
+own ``--memory``/``--pids-limit`` (``cgroup_flags=True``) need cgroups v2 with systemd delegation for
+a non-root caller (on our CI machines, cgroups v1 without systemd: ``FATAL: ... cannot use systemd
+cgroups manager``); as root with the uid drop Apptainer runs unprivileged too, so keep
+``cgroup_flags`` off there and rely on the runtime's own cgroup (verified: pids and memory trip).
+Output, patch and disk caps are the shared ones: as root, the disk is the sized tmpfs on the runtime
+root that holds the bound workspace, /tmp and HOME (``diskfs.py``).
 
-CI has never run a real Apptainer (none is installable on Debian 12): the lifecycle is tested with a
-fake ``apptainer`` that maps ``exec`` onto bwrap with a directory image
-(``tests/fixtures/runtimes/fake_apptainer``), plus a real-binary test that is skipped without one.
+Binary: ``binary=``, else ``$POLAR_APPTAINER``, else ``apptainer`` on PATH, else what
+``scripts/install_apptainer.sh`` built (``$POLAR_APPTAINER_CACHE`` or ``~/.cache/polar_env/apptainer``,
+``bin/apptainer``). ``probe`` runs ``true`` through all of the above for preflight. Tests: the argv by
+unit test; the lifecycle with a fake ``apptainer`` that maps ``exec`` onto bwrap
+(``tests/fixtures/runtimes/fake_apptainer``) and against the real binary built by that script
+(``tests/runtimes/test_apptainer_real.py``, required under ``CI``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -47,11 +76,32 @@ from typing import Any, ClassVar
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
-from polar_env.runtimes.hostworkspace import HOME, HostWorkspaceRuntime, _inside
+from polar_env.runtimes.hostworkspace import HOME, SANDBOX_UID_BASE, HostWorkspaceRuntime, _inside, reachable
 
-APPTAINER_INSTALL = "install Apptainer (https://apptainer.org/docs/admin/main/installation.html); Debian 12 has no package"
+APPTAINER_INSTALL = ("run scripts/install_apptainer.sh (builds it once, linked from ~/.cache/polar_env/apptainer; "
+                     "Debian 12 has no package) or install Apptainer (https://apptainer.org/docs/admin/main/installation.html)")
+PROBE_TIMEOUT_S = 60.0
 URI_SCHEMES = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
 _HOST_ENV_DROP = ("APPTAINERENV_", "SINGULARITYENV_", "APPTAINER_ENV", "SINGULARITY_ENV")
+
+
+def cached_binary() -> Path:
+    """Where ``scripts/install_apptainer.sh`` puts its link to the binary it built."""
+    cache = os.environ.get("POLAR_APPTAINER_CACHE") or Path.home() / ".cache" / "polar_env" / "apptainer"
+    return Path(cache) / "bin" / "apptainer"
+
+
+def find_apptainer(hint: str | None = None) -> str | None:
+    """The binary to run: ``hint`` or ``$POLAR_APPTAINER`` (a name on PATH or a path) when given,
+    else ``apptainer`` on PATH, else the install script's; None when there is none."""
+    named = hint or os.environ.get("POLAR_APPTAINER")
+    if named:
+        return shutil.which(named)
+    found = shutil.which("apptainer")
+    if found is not None:
+        return found
+    cached = cached_binary()
+    return str(cached) if os.access(cached, os.X_OK) else None
 
 
 def _bind_part(path: str | Path) -> str:
@@ -75,10 +125,11 @@ def apptainer_argv(
     binds: Sequence[tuple[Path, str]] = (),
     memory_mb: int | None = None,
     pids_limit: int | None = None,
+    userns: bool = True,
 ) -> list[str]:
     """The exact ``apptainer exec`` command line for one exec (see the module docstring)."""
     b = _bind_part
-    argv = [binary, "exec", "--containall", "--cleanenv", "--home", f"{b(home)}:{HOME}", "--pwd", cwd]
+    argv = [binary, "exec", *(["--userns"] if userns else []), "--containall", "--cleanenv", "--home", f"{b(home)}:{HOME}", "--pwd", cwd]
     argv += ["-B", f"{b(workspace)}:{b(workdir)}", "-B", f"{b(tmp)}:/tmp"]
     if gateway_socket is not None:
         argv += ["-B", f"{b(RELAY_SOURCE)}:{RELAY_PATH}:ro", "-B", f"{b(gateway_socket)}:{GATEWAY_SOCKET}"]
@@ -107,44 +158,89 @@ class ApptainerRuntime(HostWorkspaceRuntime):
     """Apptainer, one ``apptainer exec`` per exec; see the module docstring."""
 
     name: ClassVar[str] = "apptainer"
+    drops_root: ClassVar[bool] = True
 
     def __init__(self, spec: RuntimeSpec, *, root_dir: str | Path | None = None, binary: str | None = None,
-                 cgroup_flags: bool = False) -> None:
+                 cgroup_flags: bool = False, userns: bool = True) -> None:
         super().__init__(spec, root_dir=root_dir)
         self._cgroup_flags = cgroup_flags
+        self._userns = userns
         self._binary_hint = binary
         self._binary: str | None = None
 
     def _check(self) -> None:
-        hint = self._binary_hint or os.environ.get("POLAR_APPTAINER") or "apptainer"
-        found = shutil.which(hint)
+        found = find_apptainer(self._binary_hint)
         if found is None:
+            hint = self._binary_hint or os.environ.get("POLAR_APPTAINER") or "apptainer"
             raise ConfigError(f"apptainer binary {hint!r} not found; {APPTAINER_INSTALL}")
         self._binary = found
+        prefix = Path(found).resolve().parent.parent
+        if self.drops_root and os.geteuid() == 0 and not reachable(prefix / "libexec", SANDBOX_UID_BASE):
+            raise ConfigError(f"the apptainer install {prefix} is not reachable by unprivileged uids, which every exec "
+                              "drops to as root (Apptainer finds its starter and session directory by its compiled-in "
+                              "prefix, so it cannot be staged); install it under a world-readable prefix: "
+                              "scripts/install_apptainer.sh uses /opt/polar_env/apptainer")
         image = self.spec.image
         if not image:
             raise ConfigError("the apptainer runtime needs spec.image (.sif, sandbox directory or docker:// URI)")
         if not image.startswith(URI_SCHEMES) and not Path(image).exists():
             raise ConfigError(f"apptainer image {image} does not exist")
+        if Path(image).is_file() and not self._fuse_usable():
+            raise ConfigError(f"apptainer image {image} is a SIF, which rootless Apptainer mounts with squashfuse, but "
+                              "/dev/fuse is not open to unprivileged uids here (mode "
+                              f"{oct(os.stat('/dev/fuse').st_mode & 0o777) if os.path.exists('/dev/fuse') else 'missing'}); "
+                              "make it 0666 as stock hosts do, or unpack the image once (apptainer build --sandbox DIR "
+                              f"{image}) and use DIR")
+
+    def _fuse_usable(self) -> bool:
+        """Whether the uid that will run apptainer can open /dev/fuse (a SIF's squashfuse mount)."""
+        try:
+            mode = os.stat("/dev/fuse").st_mode
+        except OSError:
+            return False
+        if self.drops_root and os.geteuid() == 0:
+            return mode & 0o006 == 0o006
+        return os.access("/dev/fuse", os.R_OK | os.W_OK)
+
+    def _own(self, uid: int) -> None:
+        """Also give the uid a name: Apptainer looks its caller up (``FATAL: Couldn't determine user
+        account information: user: unknown userid``), so each exec's private mount namespace gets
+        copies of the host's /etc/passwd and /etc/group with one entry for it."""
+        super()._own(uid)
+        for name, entry in (("passwd", f"polar:x:{uid}:{uid}:polar agent:{HOME}:/bin/sh"), ("group", f"polar:x:{uid}:")):
+            host = Path("/etc") / name
+            text = host.read_text() if host.exists() else ""
+            copy = self.root / f"etc-{name}"
+            copy.write_text(text + ("" if text.endswith("\n") or not text else "\n") + entry + "\n")
+            self._stage.append((str(copy), str(host)))
+
+    def _extra_sources(self) -> list[Path]:
+        if self.spec.image is not None and not self.spec.image.startswith(URI_SCHEMES):
+            return [Path(self.spec.image).resolve()]
+        return []
 
     def _wrap(self, argv: list[str], cwd: str) -> list[str]:
         assert self._binary is not None and self.spec.image is not None
+        st = self.staged
+        binary = self._binary if self.uid is None else str(Path(self._binary).resolve())  # a link may be in /root
         image = self.spec.image
         if not image.startswith(URI_SCHEMES):
-            image = str(Path(image).resolve())
+            image = st(Path(image).resolve())
+        sock = Path(st(self.spec.gateway_socket)) if self.relay_enabled and self.spec.gateway_socket else None
         return apptainer_argv(
-            binary=self._binary,
+            binary=binary,
             image=image,
             workdir=_inside(self.spec.workdir),
-            workspace=self.workspace,
-            tmp=self.tmp_dir,
-            home=self.home_dir,
+            workspace=Path(st(self.workspace)),
+            tmp=Path(st(self.tmp_dir)),
+            home=Path(st(self.home_dir)),
             cwd=cwd,
             command=argv,
-            gateway_socket=Path(self.spec.gateway_socket) if self.relay_enabled and self.spec.gateway_socket else None,
-            binds=self.spec.binds,
+            gateway_socket=sock,
+            binds=[(Path(st(src)), dst) for src, dst in self.spec.binds],
             memory_mb=self.spec.memory_mb if self._cgroup_flags else None,
             pids_limit=self.spec.pids_limit if self._cgroup_flags else None,
+            userns=self._userns,
         )
 
     def limits_report(self) -> dict[str, Any]:
@@ -158,3 +254,27 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         env = {"LANG": "C.UTF-8", **self.spec.env, **(extra or {})}
         return apptainer_env(os.environ, env)
 
+
+
+async def probe(image: str, *, binary: str | None = None) -> str | None:
+    """Run ``true`` through the runtime as a session would (uid drop, staging, ``--userns``, the
+    binds), so a host that cannot run Apptainer fails preflight in about a second with one line
+    instead of every session at INIT. The error line, or None when it ran."""
+    spec = RuntimeSpec(kind="apptainer", image=image, network="none", disk_mb=None, memory_mb=None, pids_limit=None)
+    rt = ApptainerRuntime(spec, binary=binary)
+    quiet = logging.getLogger("polar_env.runtimes.hostworkspace")  # the git baseline's warning says nothing here
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        await rt.prepare()
+        res = await rt.exec(["true"], timeout_s=PROBE_TIMEOUT_S)
+    except ConfigError as exc:
+        return str(exc)
+    finally:
+        quiet.setLevel(level)
+        await rt.stop()
+    if res.exit_code == 0:
+        return None
+    lines = [ln.strip() for ln in res.output.splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if "FATAL" in ln or "ERROR" in ln]
+    return (fatal or lines or [f"exit {res.exit_code}"])[-1]

@@ -42,7 +42,8 @@ class RuntimeSpec(BaseModel):
     # Docker: whose uid commands run as. "agent": an unprivileged uid that owns the workspace (the
     # agent's runtime). "root": container root, for grading runtimes only — SWE-bench eval scripts
     # re-run the repo's install into the image's root-owned environment. The bubblewrap sandbox
-    # maps its root to an unprivileged host uid either way; Apptainer runs as the invoking user.
+    # maps its root to an unprivileged host uid either way; Apptainer runs as the invoking user
+    # (as root: the runtime's own unprivileged uid).
     user: Literal["agent", "root"] = "agent"
 
     @field_validator("kind")

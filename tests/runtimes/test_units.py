@@ -73,7 +73,7 @@ def test_apptainer_argv_exact(tmp_path: Path) -> None:
         binds=[(Path("/opt/npm"), "/opt/npm"), (Path("/usr/local/bin/node"), "/usr/local/bin/node")],
     )
     assert argv == [
-        "apptainer", "exec", "--containall", "--cleanenv", "--home", f"{home}:/root", "--pwd", "/testbed/src",
+        "apptainer", "exec", "--userns", "--containall", "--cleanenv", "--home", f"{home}:/root", "--pwd", "/testbed/src",
         "-B", f"{ws}:/testbed", "-B", f"{tmp}:/tmp",
         "-B", f"{RELAY_SOURCE}:/run/polar/relay.py:ro", "-B", "/run/gw/gw.sock:/run/polar/gw.sock",
         "-B", "/opt/npm:/opt/npm:ro", "-B", "/usr/local/bin/node:/usr/local/bin/node:ro",
@@ -81,9 +81,10 @@ def test_apptainer_argv_exact(tmp_path: Path) -> None:
         "/images/task.sif", "bash", "-lc", "pytest -q",
     ]  # fmt: skip
     # No gateway: no relay or socket binds; docker:// URIs pass through untouched.
+    # userns=False: Apptainer picks its path itself (a setuid install takes its privileged starter)
     argv = apptainer_argv(
         binary="/x/apptainer", image="docker://docker.io/xingyaoww/sweb.eval.x86_64.a_s_b-1:latest", workdir="/testbed",
-        workspace=ws, tmp=tmp, home=home, cwd="/testbed", command=["true"],
+        workspace=ws, tmp=tmp, home=home, cwd="/testbed", command=["true"], userns=False,
     )  # fmt: skip
     assert argv == [
         "/x/apptainer", "exec", "--containall", "--cleanenv", "--home", f"{home}:/root", "--pwd", "/testbed",
