@@ -76,7 +76,8 @@ from typing import Any, ClassVar
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
-from polar_env.runtimes.hostworkspace import HOME, SANDBOX_UID_BASE, HostWorkspaceRuntime, _inside, reachable
+from polar_env.runtimes.hostworkspace import HOME, SANDBOX_UID_BASE, HostWorkspaceRuntime, _inside
+from polar_env.runtimes.reach import reachable
 
 APPTAINER_INSTALL = ("run scripts/install_apptainer.sh (builds it once, linked from ~/.cache/polar_env/apptainer; "
                      "Debian 12 has no package) or install Apptainer (https://apptainer.org/docs/admin/main/installation.html)")
