@@ -4,26 +4,13 @@ regenerate the baseline with ``python scripts/any_report.py --write-baseline``."
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def any_report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("any_report", REPO_ROOT / "scripts" / "any_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("any_report", module)  # dataclasses resolve the module by name
-    spec.loader.exec_module(module)
-    return module
+from scripts import any_report as report
 
 
 def test_no_public_signature_gains_an_any() -> None:
-    report = any_report()
     baseline: dict[str, int] = json.loads(report.BASELINE.read_text())
     now: dict[str, int] = report.signature_counts()
     over = [f"{module}: {count} Any in public signatures, baseline {baseline.get(module, 0)}"
@@ -34,7 +21,6 @@ def test_no_public_signature_gains_an_any() -> None:
 
 
 def test_the_report_counts_public_signatures_only(tmp_path: Path) -> None:
-    report = any_report()
     pkg = tmp_path / "pkg"
     (pkg / "_private").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")

@@ -16,7 +16,7 @@ from aiohttp import web
 from polar_env.observe.metrics import install_gateway_metrics, share_gateway_metrics
 from polar_env.proxy.control import ControlPlane
 from polar_env.proxy.core import GatewayCore
-from polar_env.proxy.pipeline import CallPipeline, last_resort, not_found
+from polar_env.proxy.pipeline import CallPipeline, last_resort, not_found, refuse_websocket, root
 from polar_env.proxy.providers import PROVIDERS
 
 __all__ = ["build_app", "build_provider_app", "gateway_of"]
@@ -47,10 +47,10 @@ def _add_provider_routes(router: web.UrlDispatcher, calls: CallPipeline) -> None
         router.add_get(prefix + "/v1/models", calls.models)
         router.add_get(prefix + "/models", calls.models)
         router.add_get(prefix + "/v1beta/models", calls.gemini_models)
-        router.add_get(prefix + "/v1/responses", calls.refuse_websocket)
-        router.add_get(prefix + "/responses", calls.refuse_websocket)
-    router.add_get("/", calls.root)  # also answers HEAD
-    router.add_get("/health", calls.root)
+        router.add_get(prefix + "/v1/responses", refuse_websocket)
+        router.add_get(prefix + "/responses", refuse_websocket)
+    router.add_get("/", root)  # also answers HEAD
+    router.add_get("/health", root)
 
 
 def build_app(core: GatewayCore) -> web.Application:

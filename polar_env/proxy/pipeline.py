@@ -246,9 +246,6 @@ class CallPipeline:
     def __init__(self, gw: GatewayCore) -> None:
         self.gw = gw
 
-    root = staticmethod(root)
-    refuse_websocket = staticmethod(refuse_websocket)
-
     def provider_handler(self, provider: Provider) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:

@@ -94,7 +94,6 @@ async def test_timeout_kills_the_whole_command(runtimes: Any, task_repo: Path) -
     # 3 s leaves room for sandbox start-up on a loaded 2-core machine before "started" is printed.
     res = await rt.exec(f"echo started; sleep {marker} & sleep 100", timeout_s=3)
     assert res.timed_out and res.exit_code == 124
-    assert res.duration_s >= 2.9  # it ran until its timeout; that it was killed then: timed_out, and nothing survives
     assert res.output == "started\n"
     # Nothing of it survives: neither the foreground sleep nor the background one.
     await asyncio.sleep(1.0)
