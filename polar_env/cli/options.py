@@ -103,6 +103,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--nodes", "env.nodes", "gateway nodes"),
     Flag("--ray", "env.ray", "run nodes as Ray actors (ray.init() locally)", const=True, shown="off"),
     Flag("--ray-address", "env.ray_address", "join an existing Ray cluster (implies --ray)", shown="none"),
+    Flag("--ray-node-resource", "env.ray_node_resource", "Ray nodes: each takes one unit of this custom resource "
+         "(ray start --resources '{\"NAME\": K}' on the hosts that may run them)", shown="none: anywhere"),
+    Flag("--shared-store", "env.shared_store", "Ray nodes: every host mounts the run folder at the same path "
+         "(refused at start when one does not)", const=True,
+         shown="per node: the head pulls the journals of nodes that do not see it"),
     Flag("--max-running", "env.limits.max_running", "RUNNING slots per node (match the engine's capacity)"),
     Flag("--max-init", "env.limits.max_init", "INIT workers per node"),
     Flag("--max-postrun", "env.limits.max_postrun", "POSTRUN workers per node"),

@@ -21,6 +21,7 @@ from polar_env.errors import ConfigError
 from polar_env.staging.interrupt import until_signal
 from polar_env.staging.node import GatewayNode, NodeConfig, node_actor, runtime_base
 from polar_env.staging.server import LocalNode, NodeHandle, RayNode, RolloutServer
+from polar_env.staging.shipping import write_probe
 
 
 class ClusterConfig(BaseModel):
@@ -29,6 +30,10 @@ class ClusterConfig(BaseModel):
     nodes: int = Field(default=1, ge=1, le=256)
     ray: bool = False
     ray_address: str | None = None  # an existing cluster ("auto", "ray://host:port"); None: start one here
+    # Ray nodes: True: every host mounts the store (refused at start when one does not); False: the
+    # head pulls every node's journals; None: pull from the nodes that do not see it (shipping.py)
+    shared_store: bool | None = None
+    node_resource: str | None = None  # Ray custom resource a node actor takes one unit of (pins nodes to hosts)
     node: NodeConfig = Field(default_factory=NodeConfig)
 
 
@@ -79,12 +84,58 @@ async def start_cluster(config: ClusterConfig, engine: EngineClient | None = Non
     if engine is not None:
         raise ConfigError("Ray nodes build their own engine clients; pass an engine config, not a client")
     init_ray(config.ray_address)
+    store = Path(config.node.store).absolute()  # the same path on every host, whatever its cwd
+    configs = [c.model_copy(update={"store": store}) for c in configs]
     actor_cls = node_actor()
     # num_cpus=0: nodes are mostly I/O (HTTP, subprocesses); do not let Ray's CPU count cap them
-    actors = [actor_cls.options(num_cpus=0, max_concurrency=10_000).remote(c.model_dump_json()) for c in configs]
-    handles = [RayNode(c.node_id, a, store=Path(c.store) / c.node_id) for c, a in zip(configs, actors, strict=True)]
-    await asyncio.gather(*(a.start.remote() for a in actors))
-    return Cluster(RolloutServer(handles), handles, actors=actors, runtime_base=runtime_base(config.node))
+    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
+    if config.node_resource:
+        _check_resource(config.node_resource, config.nodes)
+        options["resources"] = {config.node_resource: 1}
+    actors = [actor_cls.options(**options).remote(c.model_dump_json()) for c in configs]
+    try:
+        spools = await _spools(config, store, configs, actors)
+        ray_handles: list[NodeHandle] = [RayNode(c.node_id, a, store=store / c.node_id, pull=spool)
+                                         for c, a, spool in zip(configs, actors, spools, strict=True)]
+        await asyncio.gather(*(a.start.remote(spool) for a, spool in zip(actors, spools, strict=True)))
+    except BaseException:
+        import ray
+
+        for actor in actors:
+            ray.kill(actor)
+        raise
+    return Cluster(RolloutServer(ray_handles), ray_handles, actors=actors, runtime_base=runtime_base(config.node))
+
+
+def _check_resource(name: str, nodes: int) -> None:
+    """Enough units of ``name`` on the cluster's live hosts for every node (else a node actor would
+    wait forever for a host to offer one)."""
+    import ray
+
+    units = ray.cluster_resources().get(name, 0)  # type: ignore[no-untyped-call]
+    if units < nodes:
+        raise ConfigError(f"--ray-node-resource {name}: the cluster's live hosts offer {units:g} unit(s), {nodes} "
+                          f"node(s) need {nodes}; pass --nodes {int(units)} or start more hosts with "
+                          f"ray start --resources '{{\"{name}\": K}}'")
+
+
+async def _spools(config: ClusterConfig, store: Path, configs: list[NodeConfig], actors: list[Any]) -> list[bool]:
+    """Which nodes journal to a spool the head pulls: those that do not see the head's store (a
+    probe file written here and read there), all of them with ``shared_store=False``. A store
+    said to be shared that a node does not see is refused, in one line, before any session."""
+    if config.shared_store is False:
+        return [True] * len(actors)
+    probe, token = await asyncio.to_thread(write_probe, store)
+    try:
+        seen = await asyncio.gather(*(a.sees.remote(str(probe), token) for a in actors))
+    finally:
+        probe.unlink(missing_ok=True)
+    blind = [c.node_id for c, s in zip(configs, seen, strict=True) if not s]
+    if blind and config.shared_store:
+        raise ConfigError(f"the store {store} is not shared: {', '.join(blind)} cannot see it from its host; mount it "
+                          "on every host at that path, or drop --shared-store (shared_store) and the head pulls "
+                          "each node's journals over Ray")
+    return [not s for s in seen]
 
 
 def server_actor() -> Any:
@@ -93,18 +144,21 @@ def server_actor() -> Any:
 
     @ray.remote
     class ServerActor:
-        def __init__(self, node_ids: list[str], actors: list[Any], host: str, port: int, token: str,
+        def __init__(self, nodes: list[tuple[str, Any, str | None, bool]], host: str, port: int, token: str,
                      defaults: dict[str, Any] | None = None) -> None:
-            self.args = (node_ids, actors, host, port, token, defaults)
+            """``nodes``: (node id, actor, the head's copy of its shard, whether to pull it)."""
+            self.args = (nodes, host, port, token, defaults)
             self.runner: Any = None
+            self.nodes: list[RayNode] = []
 
         async def start(self) -> str:
             from aiohttp import web
 
             from polar_env.staging.server import build_server_app
 
-            node_ids, actors, host, port, token, defaults = self.args
-            server = RolloutServer([RayNode(i, a) for i, a in zip(node_ids, actors, strict=True)])
+            nodes, host, port, token, defaults = self.args
+            self.nodes = [RayNode(i, a, Path(store) if store else None, pull=pull) for i, a, store, pull in nodes]
+            server = RolloutServer(self.nodes)
             self.runner = web.AppRunner(build_server_app(server, token, defaults), access_log=None)
             await self.runner.setup()
             await web.TCPSite(self.runner, host, port).start()
@@ -113,8 +167,26 @@ def server_actor() -> Any:
         async def stop(self) -> None:
             if self.runner is not None:
                 await self.runner.cleanup()
+            for node in self.nodes:  # the process that started the nodes pulls what is left as it stops them
+                await node.halt(last_pull=True)
 
     return ServerActor
+
+
+async def _server_on_head(cluster: Cluster, host: str, port: int, token: str, defaults: dict[str, Any]) -> Any:
+    """The server actor, on this host (the head: its store is the one the run folder names); it
+    takes over pulling the nodes' journals from this process's handles, so each shard has one writer."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = []
+    for handle in cluster.handles:
+        assert isinstance(handle, RayNode)
+        await handle.halt()
+        nodes.append((handle.node_id, handle.actor, str(handle.store) if handle.store else None,
+                      handle.puller is not None))
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return server_actor().options(num_cpus=0, scheduling_strategy=here).remote(nodes, host, port, token, defaults)
 
 
 def write_token(path: Any, token: str | None) -> tuple[str, Any]:
@@ -155,8 +227,7 @@ async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -
     actor = None
     try:
         if env.ray:
-            ids = [h.node_id for h in cluster.handles]
-            actor = server_actor().options(num_cpus=0).remote(ids, cluster.actors, host, port, token, defaults)
+            actor = await _server_on_head(cluster, host, port, token, defaults)
             url = await actor.start.remote()
         else:
             runner = web.AppRunner(build_server_app(cluster.server, token, defaults), access_log=None)

@@ -58,6 +58,8 @@ class PolarEnvConfig(BaseModel):
     nodes: int = 1
     ray: bool = False
     ray_address: str | None = None
+    ray_node_resource: str | None = None  # Ray custom resource each node actor takes one unit of
+    shared_store: bool | None = None  # Ray: True every host mounts store; False the head pulls all; None detect
     harness_cache: Path | None = None
 
     @model_validator(mode="before")
@@ -115,7 +117,8 @@ class PolarEnvConfig(BaseModel):
             engine = engine.model_copy(update={"script_finish_command": finish})
         node = NodeConfig(engine=engine, limits=self.limits, store=self.store, sampling=self.sampling,
                           harness_cache=self.harness_cache)
-        return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node)
+        return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node,
+                             shared_store=self.shared_store, node_resource=self.ray_node_resource)
 
 
 def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None = None,

@@ -53,7 +53,8 @@ from polar_env.staging.runs import (
 from polar_env.trajectory.export import write_jsonl, write_parquet
 
 Progress = Callable[[dict[str, Any]], None]
-OPERATIONAL = ("limits", "nodes", "ray", "ray_address")  # env settings a resume may change: how, not what, it runs
+# env settings a resume may change: how, not what, it runs
+OPERATIONAL = ("limits", "nodes", "ray", "ray_address", "ray_node_resource", "shared_store")
 
 
 class RolloutJob(BaseModel):

@@ -11,7 +11,9 @@ crosses the process line.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ from polar_env.staging.lifecycle import SessionRunner
 from polar_env.staging.models import SessionResult, SessionSpec, Stage, TaskRequest
 from polar_env.staging.pools import PoolLimits, StagePools
 from polar_env.staging.postrun_pool import PostrunPool
+from polar_env.staging.shipping import Chunk, read_shard, sees_probe
 
 if TYPE_CHECKING:
     from polar_env.proxy.gateway import Gateway
@@ -57,6 +60,7 @@ class NodeConfig(BaseModel):
     install_harnesses: bool = True  # install a missing harness preset during INIT
     runtime_root: Path | None = None  # where sandboxes keep their writable trees
     fsync: bool = False
+    spool: bool = False  # journal to a spool in this node's runtime folder, which the head pulls (staging/shipping.py)
 
     def gateway_config(self, engine_model: str, *, own_engine: bool = True) -> GatewayConfig:
         """The gateway's settings for this node. ``own_engine``: the node built its engine from
@@ -168,7 +172,7 @@ class GatewayNode:
         if isinstance(model, str) and model:
             self.model = model
         self.meter = MeteredEngine(self.engine)
-        store = JournalStore(Path(self.config.store) / self.node_id, fsync=self.config.fsync)
+        store = JournalStore(self.shard_root(), fsync=self.config.fsync)
         self.gateway = Gateway(self.meter, store, self.config.gateway_config(self.model, own_engine=own_engine))
         # The unix socket is what sandboxes reach (through their relay): it serves the provider
         # routes only, never the control plane (Gateway.provider_app). Unix socket paths are
@@ -221,6 +225,19 @@ class GatewayNode:
 
     def load(self) -> int:
         return len(self.runner.runs)
+
+    def shard_root(self) -> Path:
+        """Where this node journals: its shard of the store, or (``spool``) a folder of its own
+        runtime folder that the head copies into its shard and that goes when the node does."""
+        if not self.config.spool:
+            return Path(self.config.store) / self.node_id
+        if self._incarnation is None:
+            raise ConfigError("the node is not started (await node.start() first)")
+        return Path(self._incarnation.path) / "journal-spool"
+
+    def shard_since(self, cursors: dict[str, int]) -> tuple[list[Chunk], bool]:
+        """What the head's copy of this node's shard lacks (``shipping.read_shard``)."""
+        return read_shard(self.store.root, cursors)
 
     @property
     def store(self) -> JournalStore:
@@ -352,6 +369,9 @@ class GatewayNode:
             "engine_errors": meter.errors if meter else 0,
             "sampled_tokens": meter.sampled_tokens if meter else 0,
             "elapsed_s": elapsed,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "spool": self.config.spool,
             "port": self.port,
             "socket": str(self.socket) if self.socket else None,
         }
@@ -369,9 +389,11 @@ def node_actor() -> Any:
         def __init__(self, config_json: str) -> None:
             self.node = GatewayNode(NodeConfig.model_validate_json(config_json))
 
-        async def start(self) -> dict[str, Any]:
+        async def start(self, spool: bool = False) -> dict[str, Any]:
+            """``spool``: the head does not see this host's copy of the store (cluster.start_cluster)."""
+            self.node.config = self.node.config.model_copy(update={"spool": spool})
             await self.node.start()
-            return self.node.stats()
+            return await self.stats()
 
         async def run(self, spec_json: str) -> str:
             # names were checked where the task was submitted (a custom evaluator may be registered there only)
@@ -385,7 +407,17 @@ def node_actor() -> Any:
             return self.node.open_external(session_ids, metadata)
 
         async def stats(self) -> dict[str, Any]:
-            return self.node.stats()
+            import ray
+
+            ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+            return {**self.node.stats(), "ip": ip}
+
+        def sees(self, path: str, token: str) -> bool:
+            """Whether this process sees the head's probe file: the store is shared with it."""
+            return sees_probe(path, token)
+
+        async def shard_since(self, cursors: dict[str, int]) -> tuple[list[Chunk], bool]:
+            return await asyncio.to_thread(self.node.shard_since, cursors)
 
         async def update_weights(self, source: str, version: str | None) -> str:
             return await self.node.update_weights(source, version)

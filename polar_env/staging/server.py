@@ -40,6 +40,7 @@ from polar_env.staging.models import (
 )
 from polar_env.staging.node import GatewayNode
 from polar_env.staging.runs import session_ids
+from polar_env.staging.shipping import Chunk, Puller, ShardMirror
 from polar_env.staging.submission import with_defaults
 
 _log = logging.getLogger(__name__)
@@ -86,12 +87,21 @@ class NodeDied(Exception):
 
 
 class RayNode:
-    """A node actor. Ray's actor errors (the process died) become ``NodeDied``."""
+    """A node actor. Ray's actor errors (the process died) become ``NodeDied``. ``store``: the
+    head's copy of the node's shard, for salvaging a dead node's sessions; ``pull``: the node
+    journals to a disk the head does not share, so the head keeps that copy (staging/shipping.py)."""
 
-    def __init__(self, node_id: str, actor: Any, store: Path | None = None) -> None:
+    def __init__(self, node_id: str, actor: Any, store: Path | None = None, *, pull: bool = False,
+                 interval_s: float = 0.5) -> None:
         self.node_id = node_id
         self.actor = actor
-        self.store = store  # this node's shard of the capture store, for salvaging a dead node's sessions
+        self.store = store
+        self.puller: Puller | None = None
+        if pull:
+            if store is None:
+                raise ConfigError(f"node {node_id}: pulling its journals needs the head's store")
+            self.puller = Puller(ShardMirror(store), self._shard_since, interval_s)
+            self.puller.start()
 
     async def _call(self, method: str, *args: Any) -> Any:
         import ray.exceptions
@@ -101,23 +111,52 @@ class RayNode:
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
             raise NodeDied(f"node {self.node_id} died: {str(exc).splitlines()[0]}") from exc
 
+    async def _shard_since(self, cursors: dict[str, int]) -> tuple[list[Chunk], bool]:
+        chunks, more = await self._call("shard_since", cursors)
+        return list(chunks), bool(more)
+
     async def run(self, spec: SessionSpec) -> SessionResult:
-        return SessionResult.model_validate_json(await self._call("run", spec.model_dump_json()))
+        result = SessionResult.model_validate_json(await self._call("run", spec.model_dump_json()))
+        if self.puller is not None:  # its journal and outcome are on the head before it is reported
+            try:
+                await self.puller.sync()
+            except NodeDied as exc:  # finished, then lost: its result stands, its journal is what was pulled
+                _log.warning("session %s finished but its journal was not all pulled: %s", spec.session_id, exc)
+        return result
+
+    async def halt(self, *, last_pull: bool = False) -> None:
+        """Stop pulling (the node died: what the head holds now is what salvage reads; or another
+        process takes over, after ``last_pull``)."""
+        if self.puller is not None:
+            await self.puller.aclose()
+            if last_pull:
+                try:
+                    await self.puller.sync()
+                except NodeDied:
+                    pass
 
     async def cancel(self, session_id: str) -> bool:
         return bool(await self._call("cancel", session_id))
 
     async def stats(self) -> dict[str, Any]:
-        return dict(await self._call("stats"))
+        stats = dict(await self._call("stats"))
+        if self.puller is not None:
+            stats["shipped_bytes"] = self.puller.mirror.bytes
+        return stats
 
     async def update_weights(self, source: Any, version: str | None) -> str:
         return str(await self._call("update_weights", str(source), version))
 
     async def stop(self) -> None:
         try:
+            if self.puller is not None:
+                await self.puller.sync()  # the spool goes with the node
             await self._call("stop")
         except NodeDied:
             pass
+        finally:
+            if self.puller is not None:
+                await self.puller.aclose()
 
 
 def new_group_id(task_id: str) -> str:
@@ -230,6 +269,9 @@ class RolloutServer:
             self.dead[node.node_id] = str(exc)
             _log.error("%s; its sessions are reported as errors", exc)
             result = self._error_result(spec, node.node_id, str(exc))
+            halt = getattr(node, "halt", None)
+            if halt is not None:
+                await halt()
             store = getattr(node, "store", None)
             if store is None:
                 return result

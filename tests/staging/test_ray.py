@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_env.engines.config import SimulatedEngineConfig
+from polar_env.journal.store import JournalStore
 from polar_env.records import FailureKind
 from polar_env.staging.cluster import ClusterConfig, start_cluster
 from polar_env.staging.models import SessionStatus
@@ -35,14 +36,20 @@ def ray_local() -> Iterator[None]:
     ray.shutdown()
 
 
-def cluster_config(tmp_path: Path, latency_s: float) -> ClusterConfig:
+# None: the nodes write the store (it is on their host); False: they journal to a spool of their
+# own that the head pulls into the store, as on hosts that share no disk (staging/shipping.py)
+SHARED = pytest.mark.parametrize("shared", [None, False], ids=["shared-store", "pulled"])
+
+
+def cluster_config(tmp_path: Path, latency_s: float, shared: bool | None = None) -> ClusterConfig:
     node = NodeConfig(engine=SimulatedEngineConfig(latency_s=latency_s), store=tmp_path / "store",
                       limits=PoolLimits(max_running=8), tcp_port=None, runtime_root=tmp_path / "runtimes")
-    return ClusterConfig(nodes=2, ray=True, node=node)
+    return ClusterConfig(nodes=2, ray=True, node=node, shared_store=shared)
 
 
-async def test_sessions_run_in_node_actors(ray_local: None, tmp_path: Path) -> None:
-    cluster = await start_cluster(cluster_config(tmp_path, 0.02))
+@SHARED
+async def test_sessions_run_in_node_actors(ray_local: None, tmp_path: Path, shared: bool | None) -> None:
+    cluster = await start_cluster(cluster_config(tmp_path, 0.02, shared))
     try:
         status = await asyncio.wait_for(cluster.server.run(loop_task(4)), 120)
         stats = await cluster.server.node_stats()
@@ -52,14 +59,23 @@ async def test_sessions_run_in_node_actors(ray_local: None, tmp_path: Path) -> N
     assert {r.node_id for r in status.results} == {"node-0", "node-1"}
     assert all(r.reward == 1.0 and r.trajectory is not None for r in status.results)
     assert sorted(s["completed"] for s in stats) == [2, 2]
-    # each node wrote its own shard of the store
+    assert [s["spool"] for s in stats] == [shared is False] * 2
+    # each node's shard of the store is whole: every session's journal and outcome
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["node-0", "node-1"]
+    for r in status.results:
+        shard = tmp_path / "store" / r.node_id
+        assert len(JournalStore(shard).read(r.session_id)) == r.records >= 1
+        assert JournalStore(shard).read_outcome(r.session_id)["reward"] == 1.0
+    if shared is False:  # the spools went with the nodes
+        assert not list((tmp_path / "runtimes").rglob("journal-spool"))
 
 
-async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp_path: Path) -> None:
+@SHARED
+async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp_path: Path,
+                                                            shared: bool | None) -> None:
     import ray
 
-    cluster = await start_cluster(cluster_config(tmp_path, 1.5))  # slow engine: sessions are mid-run
+    cluster = await start_cluster(cluster_config(tmp_path, 1.5, shared))  # slow engine: sessions are mid-run
     try:
         running = asyncio.create_task(cluster.server.run(loop_task(4, evaluator=None)))
         dead_dirs = tmp_path / "runtimes" / "node-0"
