@@ -4,7 +4,8 @@ Every ``polar-env rollout`` / ``eval`` / ``sft`` writes ``OUT/<run-id>/`` (run i
 UTC: ``20261201-173012-rollout-ab12cd``) and points ``OUT/latest`` at it (a symlink, replaced
 atomically). ``plan.json`` is written before any session starts: the job's configuration, every
 TaskRequest with its group id, and every session id, so an interrupted run knows its full plan and
-``--resume`` reruns exactly the sessions that did not finish, under the same ids.
+``--resume`` reruns exactly the sessions that did not finish (interrupted, or lost with their node), under
+the same ids.
 
 Group ids are deterministic from the plan (``<task id>-<run token>``, the run id's random tail; a
 task listed twice gets ``.2``, ``.3``...), and session ids are ``<group id>-<sample index>`` as the
@@ -220,7 +221,7 @@ def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, Sessio
     """Sessions of the plan not in ``known`` whose POSTRUN finished although the job's own outputs
     were never written (the process was killed: a second signal, SIGKILL, the OOM killer): their
     outcome files and journals give the same result and rewarded trajectory ``polar-env build``
-    rebuilds. Cancelled ones are left to run again."""
+    rebuilds. Cancelled ones, and those ``RERUN_KINDS`` name, are left to run again."""
     from polar_env.journal.store import JournalStore
     from polar_env.trajectory.builders import BUILDERS
     from polar_env.trajectory.reader import build_session
@@ -234,7 +235,8 @@ def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, Sessio
                 continue
             for store in nodes:
                 outcome = store.read_outcome(sid)
-                if outcome is None or outcome.get("status") in (None, SessionStatus.CANCELLED.value):
+                if outcome is None or outcome.get("status") in (None, SessionStatus.CANCELLED.value) \
+                        or outcome.get("failure_kind") in RERUN_KINDS:
                     continue
                 try:  # a table name or a pkg.module:attr import path, as validation accepted
                     build = BUILDERS.get(req.builder)
@@ -260,9 +262,13 @@ def _records(store: Any, sid: str) -> int:
         return 0
 
 
+RERUN_KINDS = frozenset({FailureKind.INTERRUPTED, FailureKind.NODE_LOST})
+"""What a resume runs again: the run stopped them, or the host under them went (nothing of the policy's)."""
+
+
 def finished(results: Iterable[SessionResult]) -> dict[str, SessionResult]:
-    """The results a resume keeps: every session that ended for a reason other than the interruption."""
-    return {r.session_id: r for r in results if r.failure_kind is not FailureKind.INTERRUPTED}
+    """The results a resume keeps: every session that ended for a reason other than ``RERUN_KINDS``."""
+    return {r.session_id: r for r in results if r.failure_kind not in RERUN_KINDS}
 
 
 def set_aside(run_dir: Path, sids: Iterable[str], attempt: int) -> int:

@@ -253,6 +253,11 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
     engine = config.get("env", {}).get("engine", {})
     steps = []
     statuses = report.get("statuses", {})
+    lost = report.get("failure_kinds", {}).get("node_lost", 0)
+    if lost:
+        dead = ", ".join(s["node_id"] for s in report.get("nodes", []) if "dead" in s) or "a node"
+        steps.append(f"{lost} session(s) were lost with {dead} (masked, with the calls it had journaled): "
+                     f"the same command with --resume {out} runs them again")
     if statuses.get("error") or statuses.get("timeout"):
         steps.append(f"{statuses.get('error', 0)} error / {statuses.get('timeout', 0)} timeout session(s): the "
                      "reason column says why; sessions.jsonl has each one's failure_kind, failure_detail and stage times")
@@ -263,5 +268,5 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
                       "that fixes toy__calc-1), or load real weights with --model-dir, or serve a model and pass "
                       "--engine-url")
     steps.append(f"inspect: polar-env dashboard {out} · rebuild trajectories: polar-env build --store "
-                 f"{out / 'capture' / 'node-0'} · train on {out / 'trajectories.jsonl'}")
+                 f"{out} · train on {out / 'trajectories.jsonl'}")
     return ["next: " + steps[0], *("      " + s for s in steps[1:])]
