@@ -16,7 +16,12 @@ prepare:
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
   (SWE-bench/SWE-Gym images have one).
 
-Users. Nothing the agent runs is root (``spec.user="root"`` is for grading runtimes only: every
+Users (``docker_userns.py`` decides). Where the daemon remaps uids (``--userns-remap``, rootless),
+the agent is container root, as SWE-bench and SWE-Gym run it (its ``pip install`` into the image's
+root-owned env works), and an unprivileged uid on the host; it keeps ``CAPS_ROOT_AGENT`` (file
+ownership only: no KILL or SETUID, so the relay stays out of its reach), no derived image is built,
+and with ``disk_mb`` the tmpfs is chowned to the host uid of container root. Elsewhere nothing the
+agent runs is root (``spec.user="root"`` is for grading runtimes only: every
 exec then runs as container root, with the same dropped capabilities, in a fresh network-less
 container, as SWE-bench's own harness grades). The agent's uid is ``AGENT_UID`` (160000: above the range
 the bubblewrap sandbox draws its per-runtime uids from; without dockerd's ``--userns-remap`` it is
@@ -94,11 +99,12 @@ from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
+from polar_env.runtimes.docker_userns import Userns, agent_uid, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 
 if TYPE_CHECKING:
-    from docker import DockerClient
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +113,7 @@ RELAY_UID = 65534  # nobody: the idle loop and the relay (not the agent, not roo
 HOME = "/root"  # the harness's $HOME in every runtime (harnesses/launch.py)
 AGENT_DIRS = ("/logs", "/tests")  # created for the agent uid: Harbor's verifier writes /logs/verifier, /tests
 CAPS_KEPT = ["DAC_OVERRIDE"]  # for du only; no non-root exec holds it
+CAPS_ROOT_AGENT = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"]  # root agent in a user namespace: its files only
 AGENT_UID = SANDBOX_UID_BASE + SANDBOX_UID_SLOTS  # 160000: outside the sandbox's per-runtime range
 AGENT_IMAGE_LABEL = "docker-agent-image"
 _AGENT_IMAGES = threading.Lock()  # one build per derived image in this process
@@ -175,22 +182,6 @@ def timeout_argv(argv: list[str], timeout_s: float) -> list[str]:
     return ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
 
 
-_REMAP: dict[str, str] = {}
-
-
-def userns_state(client: DockerClient) -> str:
-    """What ``docker info`` says about user namespaces (once per daemon address)."""
-    where = docker_host()
-    if where not in _REMAP:
-        try:
-            opts = " ".join(client.info().get("SecurityOptions") or [])
-        except Exception as e:  # noqa: BLE001 - a report line, not a failure
-            return f"dockerd userns state unknown ({e})"
-        _REMAP[where] = ("rootless dockerd" if "name=rootless" in opts
-                         else "dockerd userns-remap on" if "name=userns" in opts else "dockerd userns-remap off")
-    return _REMAP[where]
-
-
 def _tar_dir(src: Path, uid: int) -> tempfile.SpooledTemporaryFile[bytes]:
     if not src.is_dir():
         raise ConfigError(f"source_dir {src} is not a directory")
@@ -240,7 +231,8 @@ class DockerRuntime:
         self.limit_hit: str | None = None
         self._last_disk = 0.0
         self.uid = AGENT_UID if spec.user == "agent" else 0
-        self._userns = "dockerd userns state unknown"
+        self._ns = Userns(False, None, "dockerd userns state unknown")
+        self._who = ""  # why self.uid is what it is (docker_userns.agent_uid)
         self._root_dir = root_dir  # the node's incarnation folder: the tmpfs's host dir goes there
         self._disk: DockerDisk | None = None  # the tmpfs, or why there is none:
         self._no_disk: str | None = None
@@ -313,6 +305,8 @@ class DockerRuntime:
     def _create(self) -> None:
         client = self._connect()
         self._client = client
+        self._ns = userns_of(client, docker_host())
+        self.uid, self._who = agent_uid(self.spec, self._ns, AGENT_UID)
         self._ensure_image(client)
         image: str = self._agent_image(client) if self.uid != 0 else self.spec.image or ""  # root: no ownership to hand over
         volumes: dict[str, dict[str, str]] = {}
@@ -320,8 +314,8 @@ class DockerRuntime:
             volumes[str(Path(self.spec.gateway_socket).resolve())] = {"bind": GATEWAY_SOCKET, "mode": "rw"}
         for src, dst in self.spec.binds:
             volumes[str(Path(src).resolve())] = {"bind": dst, "mode": "ro"}
-        self._userns = userns_state(client)
-        self._disk, self._no_disk = DockerDisk.setup(self.spec, self.uid, (HOME, *AGENT_DIRS), self._root_dir, client, image, self._userns)
+        self._disk, self._no_disk = DockerDisk.setup(self.spec, self._ns.host_uid(self.uid), (HOME, *AGENT_DIRS), self._root_dir,
+                                                     client, image, self._ns.line)
         volumes.update(self._disk.volumes() if self._disk is not None else {})
         kwargs: dict[str, Any] = {}
         if self.spec.memory_mb is not None:
@@ -340,7 +334,7 @@ class DockerRuntime:
             network_mode="none",
             user="0:0",  # only docker-init and its idle sleep; a non-root exec holds no capability
             cap_drop=["ALL"],
-            cap_add=CAPS_KEPT,
+            cap_add=self._caps(),
             security_opt=["no-new-privileges"],
             environment={"HOME": HOME, **self.spec.env},
             volumes=volumes,
@@ -348,6 +342,9 @@ class DockerRuntime:
             labels={LABEL: self.name},
             **kwargs,
         )
+
+    def _caps(self) -> list[str]:
+        return CAPS_ROOT_AGENT if self.uid == 0 and self.spec.user == "agent" else CAPS_KEPT
 
     def _put_workspace(self) -> None:
         with _tar_dir(Path(str(self.spec.source_dir)), self.uid) as data:
@@ -529,8 +526,8 @@ class DockerRuntime:
 
     def limits_report(self) -> dict[str, Any]:
         spec = self.spec
-        return {"uid": f"{self.uid} in container; {self._userns}",
-                "privileges": f"no-new-privileges; capabilities: {', '.join(CAPS_KEPT)} (du as root only); "
+        return {"uid": f"{self.uid} in container; {self._ns.line}; {self._who}",
+                "privileges": f"no-new-privileges; capabilities: {', '.join(self._caps())} (root execs only); "
                               f"relay as uid {RELAY_UID}",
                 "limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
                 "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",
