@@ -93,7 +93,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
@@ -102,9 +102,6 @@ from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
 from polar_env.runtimes.docker_userns import Userns, agent_uid, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
