@@ -67,8 +67,9 @@ a host tmpfs bind-mounted over all the agent can write (``docker_disk.py``: work
 ``du -x`` inside every ``DISK_CHECK_S``): it misses files deleted while held open and can be outrun
 (``storage_opt`` needs xfs pquota). ``output_mb`` and ``patch_mb`` are the shared stream caps.
 
-Containers carry the label ``polar_env.runtime=docker``; after a crash, ``docker rm -f $(docker ps -aq
---filter label=polar_env.runtime)`` (the tmpfs folders are ``leftovers.sweep``'s). Bind mounts name
+Containers carry the labels ``polar_env.runtime=docker`` and ``polar_env.owner`` (host, pid, start time):
+after a crash, the next node's ``docker_leftovers.sweep`` removes them and bounds the derived images
+(the tmpfs folders are ``leftovers.sweep``'s). Bind mounts name
 host paths, so the daemon must run on this host (and mount namespace); the socket is bound by inode,
 so the gateway must keep the same socket file for the container's lifetime.
 """
@@ -99,20 +100,19 @@ from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
+from polar_env.runtimes.docker_leftovers import AGENT_IMAGE_LABEL, LABEL, OWNER, owner
 from polar_env.runtimes.docker_userns import Userns, agent_uid, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 
 log = logging.getLogger(__name__)
 
-LABEL = "polar_env.runtime"
 RELAY_UID = 65534  # nobody: the idle loop and the relay (not the agent, not root)
 HOME = "/root"  # the harness's $HOME in every runtime (harnesses/launch.py)
 AGENT_DIRS = ("/logs", "/tests")  # created for the agent uid: Harbor's verifier writes /logs/verifier, /tests
 CAPS_KEPT = ["DAC_OVERRIDE"]  # for du only; no non-root exec holds it
 CAPS_ROOT_AGENT = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"]  # root agent in a user namespace: its files only
 AGENT_UID = SANDBOX_UID_BASE + SANDBOX_UID_SLOTS  # 160000: outside the sandbox's per-runtime range
-AGENT_IMAGE_LABEL = "docker-agent-image"
 _AGENT_IMAGES = threading.Lock()  # one build per derived image in this process
 ROOT_SETUP = (
     "command -v timeout >/dev/null || {{ echo 'no timeout (coreutils)'; exit 3; }}; "
@@ -285,7 +285,7 @@ class DockerRuntime:
                 client.images.get(tag)
                 return tag
             build = client.containers.run(base.id, entrypoint=["/bin/sh", "-c"], command=[script], user="0:0",
-                                          network_mode="none", detach=True, labels={LABEL: AGENT_IMAGE_LABEL})
+                                          network_mode="none", detach=True, labels={LABEL: AGENT_IMAGE_LABEL, OWNER: owner()})
             try:
                 code = build.wait(timeout=1800).get("StatusCode")
                 if code == 3:
@@ -303,7 +303,7 @@ class DockerRuntime:
         client = self._connect()
         self._client = client
         self._ns = userns_of(client, docker_host())
-        self.uid, self._who = agent_uid(self.spec, self._ns, AGENT_UID)
+        self.uid, self._who = agent_uid(self.spec.user, self.spec.agent_root, self._ns, AGENT_UID)
         self._ensure_image(client)
         image: str = self._agent_image(client) if self.uid != 0 else self.spec.image or ""  # root: no ownership to hand over
         volumes: dict[str, dict[str, str]] = {}
@@ -336,7 +336,7 @@ class DockerRuntime:
             environment={"HOME": HOME, **self.spec.env},
             volumes=volumes,
             working_dir=self.spec.workdir,
-            labels={LABEL: self.name},
+            labels={LABEL: self.name, OWNER: owner()},
             **kwargs,
         )
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from polar_env.runtimes import diskfs
+from polar_env.runtimes.docker_leftovers import LABEL, OWNER, owner
 from polar_env.runtimes.hostworkspace import chown_tree, copy_tree
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def image_trees(client: DockerClient, image: str, paths: list[str], cache_base: 
         cache_base.mkdir(parents=True, exist_ok=True)
         tmp = cache_base / f".{key}-{secrets.token_hex(4)}"
         tmp.mkdir(mode=0o700)
-        box = client.containers.create(image, command=["true"], network_mode="none", labels={"polar_env.runtime": "docker-cache"})
+        box = client.containers.create(image, command=["true"], network_mode="none", labels={LABEL: "docker-cache", OWNER: owner()})
         try:
             for i, p in enumerate(paths):
                 _extract(box, p, tmp / str(i))

@@ -23,12 +23,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from polar_env.errors import ConfigError
-
-if TYPE_CHECKING:
-    from polar_env.runtimes.base import RuntimeSpec
 
 REMAP_HINT = "start dockerd with --userns-remap (POLAR_DOCKERD_USERNS=1 scripts/start_dockerd.sh) or use rootless Docker"
 
@@ -75,15 +72,23 @@ def userns_of(client: Any, where: str) -> Userns:
     return _CACHE[where]
 
 
-def agent_uid(spec: RuntimeSpec, ns: Userns, unprivileged: int) -> tuple[int, str]:
-    """(the uid execs run as in the container, one line saying why)."""
-    if spec.user == "root":
+def agent_uid(user: str, agent_root: str, ns: Userns, unprivileged: int) -> tuple[int, str]:
+    """(the uid execs run as in the container, one line saying why), for ``spec.user`` and
+    ``spec.agent_root``; ``agent_root=require`` on a daemon that does not remap is a ConfigError."""
+    if user == "root":
         return 0, "grading runtime: container root"
-    if spec.agent_root == "off":
+    if agent_root == "off":
         return unprivileged, f"agent_root=off: uid {unprivileged}"
     if ns.remaps:
         return 0, "agent is root in the container, unprivileged on the host (as SWE-bench runs it)"
-    if spec.agent_root == "require":
-        raise ConfigError(f"agent_root=require, but the Docker daemon does not remap uids ({ns.line}); {REMAP_HINT}, "
-                          "or set agent_root=auto")
+    if agent_root == "require":
+        raise ConfigError(f"agent_root=require, but the Docker daemon does not remap uids ({ns.line}), runtime docker; "
+                          f"{REMAP_HINT}, or set agent_root=auto")
     return unprivileged, f"agent is uid {unprivileged}, not root: the daemon does not remap uids (pip into root-owned envs fails)"
+
+
+def describe(ns: Userns, agent_root: str, unprivileged: int) -> str:
+    """Preflight's one line: who the agent will be, inside and on the host."""
+    uid, why = agent_uid("agent", agent_root, ns, unprivileged)
+    host = ns.host_uid(uid)
+    return f"{why}; container uid {uid} = host uid {host if host is not None else 'unprivileged (rootless)'}; {ns.line}"
