@@ -318,7 +318,7 @@ def _docker_get(host: str, path: str) -> bytes | None:
         s, address = socket.socket(), (name, int(port))
     else:
         return None  # ssh:// and friends: the SDK's business
-    chunks = []
+    chunks: list[bytes] = []
     with s:
         s.settimeout(DOCKER_PING_TIMEOUT_S)
         s.connect(address)
