@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ AGENT_IMAGES_KEPT = int(os.environ.get("POLAR_DOCKER_AGENT_IMAGES", "32"))
 
 def _start_time(pid: int) -> str | None:
     try:
-        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115, PTH123 - one short read
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     return stat.rpartition(")")[2].split()[19]  # field 22: start time in clock ticks since boot
@@ -85,9 +86,15 @@ def _containers(client: Any) -> list[str]:
     return gone
 
 
+def _created(image: Any) -> str:
+    """Docker's RFC 3339 ``Created`` (UTC, fraction trimmed of zeros) as a string that sorts by time."""
+    head, _, frac = str(image.attrs.get("Created", "")).rstrip("Z").partition(".")
+    return f"{head}.{frac.ljust(9, '0')}"
+
+
 def _images(client: Any, keep: int) -> list[str]:
     images = client.images.list(filters={"label": f"{LABEL}={AGENT_IMAGE_LABEL}"})
-    images.sort(key=lambda i: str(i.attrs.get("Created", "")), reverse=True)
+    images.sort(key=_created, reverse=True)
     gone = []
     for image in images[max(keep, 0):]:
         with contextlib.suppress(Exception):  # in use: the daemon refuses, and it stays
