@@ -27,6 +27,8 @@ from polar_env.runtimes.docker import AGENT_UID, CAPS_KEPT
 from polar_env.runtimes.docker_disk import no_tmpfs_reason
 from polar_env.runtimes.docker_userns import Userns, agent_uid, describe, parse_info
 from tests.conftest import BUILD_ROOTFS, DOCKER_IMAGE, IN_CI, START_DOCKERD, unavailable
+from tests.runtimes.conftest import GATEWAY_PORT, Gateway
+from tests.runtimes.test_docker_privileges import FETCH
 
 REMAP_DIR = "/tmp/polar-dockerd-userns"  # its own daemon: the default one (/tmp/polar-dockerd) stays as it is
 BASE, COUNT = 1_000_000, 262_144  # start_dockerd.sh's default range
@@ -155,12 +157,14 @@ PIP = ("id -u && pip install -e . --no-build-isolation --no-deps && cd / && "
 
 
 @pytest.mark.parametrize("disk_mb", [None, 64], ids=["layer", "tmpfs"])
-async def test_swe_agent_is_root_inside_and_unprivileged_outside(remapped: Remapped, tmp_path: Path, disk_mb: int | None) -> None:
+async def test_swe_agent_is_root_inside_and_unprivileged_outside(remapped: Remapped, tmp_path: Path, disk_mb: int | None,
+                                                                gateway: Gateway) -> None:
     assert remapped.data_root.name == f"{BASE}.{BASE}"
-    spec = RuntimeSpec(kind="docker", image=SWE_IMAGE, network="none", disk_mb=disk_mb)
+    spec = RuntimeSpec(kind="docker", image=SWE_IMAGE, gateway_socket=gateway.socket_path, disk_mb=disk_mb)
     rt = DockerRuntime(spec, root_dir=tmp_path)
     await rt.prepare()
     try:
+        assert (await rt.exec(FETCH % GATEWAY_PORT)).output == "hello from the gateway /after\n"  # the relay, remapped
         res = await rt.exec(PIP, timeout_s=300)
         assert res.exit_code == 0, res.output
         assert res.output.startswith("0\n") and "Successfully installed toypkg-0.1" in res.output, res.output
