@@ -160,10 +160,15 @@ PIP = ("id -u && pip install -e . --no-build-isolation --no-deps && cd / && "
 async def test_swe_agent_is_root_inside_and_unprivileged_outside(remapped: Remapped, tmp_path: Path, disk_mb: int | None,
                                                                 gateway: Gateway) -> None:
     assert remapped.data_root.name == f"{BASE}.{BASE}"
-    spec = RuntimeSpec(kind="docker", image=SWE_IMAGE, gateway_socket=gateway.socket_path, disk_mb=disk_mb)
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "tool").write_text("installed on the host\n")  # host root's, 0644
+    spec = RuntimeSpec(kind="docker", image=SWE_IMAGE, gateway_socket=gateway.socket_path, disk_mb=disk_mb,
+                       binds=[(tmp_path / "harness", "/opt/harness")])
     rt = DockerRuntime(spec, root_dir=tmp_path)
     await rt.prepare()
     try:
+        bound = await rt.exec("stat -c %u /opt/harness/tool && cat /opt/harness/tool && touch /opt/harness/x")
+        assert bound.output.startswith("65534\ninstalled on the host\n") and bound.exit_code != 0, bound.output  # nobody, ro
         assert (await rt.exec(FETCH % GATEWAY_PORT)).output == "hello from the gateway /after\n"  # the relay, remapped
         res = await rt.exec(PIP, timeout_s=300)
         assert res.exit_code == 0, res.output
