@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -136,7 +137,8 @@ def check_node_side(env: PolarEnvConfig, reqs: Sequence[TaskRequest]) -> None:
         check_harness(name, env.harness_cache)
     for kind in sorted({r.runtime.kind for r in reqs} if reqs else {env.runtime.kind}):
         images = [r.runtime.image for r in reqs if r.runtime.kind == kind] if reqs else [env.runtime.image]
-        check_runtime(kind, next((i for i in images if i), None))
+        roots = {r.runtime.agent_root for r in reqs if r.runtime.kind == kind} if reqs else {env.runtime.agent_root}
+        check_runtime(kind, next((i for i in images if i), None), next((a for a in ("require", "auto") if a in roots), "off"))
     evaluators = {r.evaluator.name: r.task_id for r in reqs if r.evaluator is not None}
     if env.evaluator is not None:
         evaluators.setdefault(env.evaluator.name, "--evaluator")
@@ -233,13 +235,14 @@ def check_harness(name: str, cache_dir: Path | None = None) -> None:
 # -- runtime -------------------------------------------------------------------------------------
 
 
-def check_runtime(kind: str, image: str | None = None) -> None:
-    """``image``: one the sessions will use (apptainer runs ``true`` in it)."""
+def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto") -> None:
+    """``image``: one the sessions will use (apptainer runs ``true`` in it); ``agent_root``: the
+    strictest the sessions ask of Docker (runtimes/docker_userns.py)."""
     if kind == "sandbox":
         _check_bwrap()
         check_runtime_base()
     elif kind == "docker":
-        _check_docker()
+        _check_docker(agent_root)
     elif kind == "apptainer":
         _check_apptainer(image)
 
@@ -305,32 +308,51 @@ def check_runtime_base(base: Path | None = None) -> None:
                       f"runtime sandbox; {TRAVERSE_FIX}, or chmod o+x {blocked}")
 
 
-def _check_docker() -> None:
-    from polar_env.runtimes.docker import docker_host
+def _docker_get(host: str, path: str) -> bytes | None:
+    """The raw HTTP answer of the daemon at ``host`` to ``GET path`` (None: a scheme left to the SDK)."""
+    if host.startswith("unix://"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address: Any = host[len("unix://"):]
+    elif host.startswith("tcp://"):
+        name, _, port = host[len("tcp://"):].rstrip("/").rpartition(":")
+        s, address = socket.socket(), (name, int(port))
+    else:
+        return None  # ssh:// and friends: the SDK's business
+    chunks: list[bytes] = []
+    with s:
+        s.settimeout(DOCKER_PING_TIMEOUT_S)
+        s.connect(address)
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+        while (chunk := s.recv(65536)) and sum(map(len, chunks)) < 1 << 20:
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _check_docker(agent_root: str = "auto") -> None:
+    """The daemon answers its ping; then one line says who the agent will be (root inside only where
+    the daemon remaps uids), and ``agent_root=require`` on a daemon that does not is refused."""
+    from polar_env.runtimes.docker import AGENT_UID, docker_host
+    from polar_env.runtimes.docker_userns import Userns, describe, parse_info
 
     if importlib.util.find_spec("docker") is None:
         raise ConfigError("the docker SDK is not installed, runtime docker; pip install -e '.[docker]'")
     host = docker_host()
     hint = "start dockerd (scripts/start_dockerd.sh prints the DOCKER_HOST to export), or fix DOCKER_HOST"
     try:
-        if host.startswith("unix://"):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address: Any = host[len("unix://"):]
-        elif host.startswith("tcp://"):
-            name, _, port = host[len("tcp://"):].rstrip("/").rpartition(":")
-            s, address = socket.socket(), (name, int(port))
-        else:
-            return  # ssh:// and friends: the SDK's business
-        with s:
-            s.settimeout(DOCKER_PING_TIMEOUT_S)
-            s.connect(address)
-            s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
-            answer = s.recv(4096)
+        answer = _docker_get(host, "/_ping")
     except (OSError, ValueError) as exc:
         raise ConfigError(f"no Docker daemon answers at {host} ({getattr(exc, 'strerror', None) or exc}), runtime docker; "
                           f"{hint}") from None
+    if answer is None:
+        return
     if b" 200 " not in answer.split(b"\r\n", 1)[0]:
         raise ConfigError(f"{host} does not answer like a Docker daemon ({answer[:80]!r}), runtime docker; {hint}")
+    try:
+        info = json.loads((_docker_get(host, "/info") or b"").partition(b"\r\n\r\n")[2])
+        ns = parse_info(info) if isinstance(info, dict) else Userns(False, None, "dockerd userns state unknown")
+    except (OSError, ValueError):
+        ns = Userns(False, None, "dockerd userns state unknown (no /info)")
+    print(f"polar-env: runtime docker: {describe(ns, agent_root, AGENT_UID)}", file=sys.stderr, flush=True)
 
 
 # -- evaluator -----------------------------------------------------------------------------------

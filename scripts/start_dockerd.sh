@@ -7,6 +7,13 @@
 #
 # State lives under D=${POLAR_DOCKER_DIR:-/tmp/polar-dockerd}. Needs root. The last line of stdout is
 # `export DOCKER_HOST=unix://D/docker.sock`; logs go to D/dockerd.log.
+#
+# POLAR_DOCKERD_USERNS=1: start it with --userns-remap, so container root is an unprivileged host uid
+# (SWE images' agents run as root inside; see docs/runtimes.md). The range is
+# POLAR_DOCKERD_USERNS_BASE (default 1000000) .. +POLAR_DOCKERD_USERNS_COUNT (default 262144: the agent
+# uid 160000 stays mapped), under a system user polar-remap-<base> with /etc/subuid and /etc/subgid
+# lines added once. Remapping is daemon-wide: distinct host ids per group of sessions means one such
+# daemon per group, each with its own POLAR_DOCKER_DIR and base.
 set -euo pipefail
 
 D="${POLAR_DOCKER_DIR:-/tmp/polar-dockerd}"
@@ -55,6 +62,19 @@ fi
 
 mkdir -p "$D/data" "$D/exec"
 
+REMAP=()
+if [ "${POLAR_DOCKERD_USERNS:-0}" = "1" ]; then
+  BASE="${POLAR_DOCKERD_USERNS_BASE:-1000000}"
+  COUNT="${POLAR_DOCKERD_USERNS_COUNT:-262144}"
+  NAME="polar-remap-$BASE"
+  getent passwd "$NAME" >/dev/null || useradd --system --no-create-home --shell /usr/sbin/nologin "$NAME" >&2
+  for f in /etc/subuid /etc/subgid; do
+    grep -q "^$NAME:" "$f" 2>/dev/null || echo "$NAME:$BASE:$COUNT" >>"$f"
+  done
+  REMAP=(--userns-remap "$NAME")
+  log "userns-remap: container uids 0..$((COUNT - 1)) are host uids $BASE..$((BASE + COUNT - 1))"
+fi
+
 if pid="$(running_pid)"; then
   log "reusing dockerd pid $pid"
 else
@@ -63,7 +83,7 @@ else
   # setsid: own session, so it survives the caller's process group (and its Ctrl-C).
   setsid dockerd --iptables=false --ip6tables=false --bridge=none \
     --data-root "$D/data" --exec-root "$D/exec" --pidfile "$PIDFILE" \
-    --host "unix://$SOCK" >"$LOG" 2>&1 </dev/null &
+    --host "unix://$SOCK" "${REMAP[@]}" >"$LOG" 2>&1 </dev/null &
   start=$(date +%s)
   until [ -S "$SOCK" ] && DOCKER_HOST="unix://$SOCK" docker version >/dev/null 2>&1; do
     if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then

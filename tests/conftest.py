@@ -67,23 +67,36 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def _rootfs_script(flag: str) -> str:
+    out = subprocess.run(["bash", str(BUILD_ROOTFS), flag], check=True, capture_output=True, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
 def _rootfs_path() -> Path:
-    out = subprocess.run(["bash", str(BUILD_ROOTFS), "--print"], check=True, capture_output=True, text=True).stdout
-    return Path(out.strip().splitlines()[-1])
+    return Path(_rootfs_script("--print"))
+
+
+def _rootfs_current(path: Path) -> bool:
+    """Built, and from the package list the script has now."""
+    try:
+        return (path / ".polar-complete").read_text().strip() == _rootfs_script("--stamp")
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")
 def rootfs() -> Path:
-    """The debootstrap bookworm rootfs (python3, pytest, git); built here only in CI or on request."""
+    """The debootstrap bookworm rootfs (python3, pytest, python3-venv, git); built here only in CI or on
+    request; a cache built from an older package list counts as missing."""
     path = _rootfs_path()
-    if (path / ".polar-complete").exists():
+    if _rootfs_current(path):
         return path
     if not (IN_CI or os.environ.get("POLAR_BUILD_ROOTFS")):
         pytest.skip(f"no cached rootfs at {path}; run scripts/build_rootfs.sh (or set POLAR_BUILD_ROOTFS=1)")
     if os.geteuid() != 0:
         unavailable("building the rootfs needs root (debootstrap): run sudo scripts/build_rootfs.sh once")
     proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
-    if proc.returncode != 0 or not (path / ".polar-complete").exists():
+    if proc.returncode != 0 or not _rootfs_current(path):
         unavailable(f"scripts/build_rootfs.sh failed: {proc.stderr[-2000:]}")
     return path
 

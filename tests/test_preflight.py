@@ -369,3 +369,22 @@ def test_a_tracker_without_its_package_is_refused_before_the_run_folder(
     one_line(capsys, ["rollout", *SIMULATED, "--tracker", "tensorboard", "--out", str(out)],
              "--tracker tensorboard needs the polar_env_not_installed_package package", "pip install -e '.[trackers]'")
     assert not out.exists()  # no run folder, and so no `latest` pointing at an empty one
+
+
+def test_docker_says_who_the_agent_is_in_one_line(short_tmp: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the daemon remaps uids the agent is root inside; where it does not, require is refused."""
+    pytest.importorskip("docker")
+    info = b'{"SecurityOptions": ["name=seccomp,profile=default", "name=userns"], "DockerRootDir": "/d/data/1000000.1000000"}'
+    FakeDockerd(short_tmp / "r.sock", b"HTTP/1.1 200 OK\r\n\r\n" + info)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{short_tmp / 'r.sock'}")
+    preflight.check_runtime("docker", None, "require")
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and line.startswith("polar-env: runtime docker: agent is root in the container"), line
+    assert "container uid 0 = host uid 1000000" in line
+    FakeDockerd(short_tmp / "p.sock", b'HTTP/1.1 200 OK\r\n\r\n{"SecurityOptions": ["name=seccomp,profile=default"]}')
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{short_tmp / 'p.sock'}")
+    preflight.check_runtime("docker")
+    assert "agent is uid 160000, not root" in capsys.readouterr().err
+    with pytest.raises(preflight.ConfigError, match=r"^agent_root=require, but the Docker daemon does not remap uids .*runtime docker; "):
+        preflight.check_runtime("docker", None, "require")

@@ -45,6 +45,9 @@ class RuntimeSpec(BaseModel):
     # maps its root to an unprivileged host uid either way; Apptainer runs as the invoking user
     # (as root: the runtime's own unprivileged uid).
     user: Literal["agent", "root"] = "agent"
+    # Docker: root inside for the agent where the daemon remaps uids (auto), demanded (require: a
+    # one-line refusal where it does not), or never (off); see runtimes/docker_userns.py
+    agent_root: Literal["auto", "require", "off"] = "auto"
 
     @field_validator("kind")
     @classmethod

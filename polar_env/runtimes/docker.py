@@ -16,7 +16,12 @@ prepare:
   bound, and the relay lives until the container is removed. The image needs ``python3`` for this
   (SWE-bench/SWE-Gym images have one).
 
-Users. Nothing the agent runs is root (``spec.user="root"`` is for grading runtimes only: every
+Users (``docker_userns.py`` decides). Where the daemon remaps uids (``--userns-remap``, rootless),
+the agent is container root, as SWE-bench and SWE-Gym run it (its ``pip install`` into the image's
+root-owned env works), and an unprivileged uid on the host; it keeps ``CAPS_ROOT_AGENT`` (file
+ownership only: no KILL or SETUID, so the relay stays out of its reach), no derived image is built,
+and with ``disk_mb`` the tmpfs is chowned to the host uid of container root. Elsewhere nothing the
+agent runs is root (``spec.user="root"`` is for grading runtimes only: every
 exec then runs as container root, with the same dropped capabilities, in a fresh network-less
 container, as SWE-bench's own harness grades). The agent's uid is ``AGENT_UID`` (160000: above the range
 the bubblewrap sandbox draws its per-runtime uids from; without dockerd's ``--userns-remap`` it is
@@ -62,8 +67,9 @@ a host tmpfs bind-mounted over all the agent can write (``docker_disk.py``: work
 ``du -x`` inside every ``DISK_CHECK_S``): it misses files deleted while held open and can be outrun
 (``storage_opt`` needs xfs pquota). ``output_mb`` and ``patch_mb`` are the shared stream caps.
 
-Containers carry the label ``polar_env.runtime=docker``; after a crash, ``docker rm -f $(docker ps -aq
---filter label=polar_env.runtime)`` (the tmpfs folders are ``leftovers.sweep``'s). Bind mounts name
+Containers carry the labels ``polar_env.runtime=docker`` and ``polar_env.owner`` (host, pid, start time):
+after a crash, the next node's ``docker_leftovers.sweep`` removes them and bounds the derived images
+(the tmpfs folders are ``leftovers.sweep``'s). Bind mounts name
 host paths, so the daemon must run on this host (and mount namespace); the socket is bound by inode,
 so the gateway must keep the same socket file for the container's lifetime.
 """
@@ -88,27 +94,25 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
+from polar_env.runtimes.docker_leftovers import AGENT_IMAGE_LABEL, LABEL, OWNER, owner
+from polar_env.runtimes.docker_userns import Userns, agent_uid, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 
-if TYPE_CHECKING:
-    from docker import DockerClient
-
 log = logging.getLogger(__name__)
 
-LABEL = "polar_env.runtime"
 RELAY_UID = 65534  # nobody: the idle loop and the relay (not the agent, not root)
 HOME = "/root"  # the harness's $HOME in every runtime (harnesses/launch.py)
 AGENT_DIRS = ("/logs", "/tests")  # created for the agent uid: Harbor's verifier writes /logs/verifier, /tests
 CAPS_KEPT = ["DAC_OVERRIDE"]  # for du only; no non-root exec holds it
+CAPS_ROOT_AGENT = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"]  # root agent in a user namespace: its files only
 AGENT_UID = SANDBOX_UID_BASE + SANDBOX_UID_SLOTS  # 160000: outside the sandbox's per-runtime range
-AGENT_IMAGE_LABEL = "docker-agent-image"
 _AGENT_IMAGES = threading.Lock()  # one build per derived image in this process
 ROOT_SETUP = (
     "command -v timeout >/dev/null || {{ echo 'no timeout (coreutils)'; exit 3; }}; "
@@ -175,22 +179,6 @@ def timeout_argv(argv: list[str], timeout_s: float) -> list[str]:
     return ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
 
 
-_REMAP: dict[str, str] = {}
-
-
-def userns_state(client: DockerClient) -> str:
-    """What ``docker info`` says about user namespaces (once per daemon address)."""
-    where = docker_host()
-    if where not in _REMAP:
-        try:
-            opts = " ".join(client.info().get("SecurityOptions") or [])
-        except Exception as e:  # noqa: BLE001 - a report line, not a failure
-            return f"dockerd userns state unknown ({e})"
-        _REMAP[where] = ("rootless dockerd" if "name=rootless" in opts
-                         else "dockerd userns-remap on" if "name=userns" in opts else "dockerd userns-remap off")
-    return _REMAP[where]
-
-
 def _tar_dir(src: Path, uid: int) -> tempfile.SpooledTemporaryFile[bytes]:
     if not src.is_dir():
         raise ConfigError(f"source_dir {src} is not a directory")
@@ -240,7 +228,8 @@ class DockerRuntime:
         self.limit_hit: str | None = None
         self._last_disk = 0.0
         self.uid = AGENT_UID if spec.user == "agent" else 0
-        self._userns = "dockerd userns state unknown"
+        self._ns = Userns(False, None, "dockerd userns state unknown")
+        self._who = ""  # why self.uid is what it is (docker_userns.agent_uid)
         self._root_dir = root_dir  # the node's incarnation folder: the tmpfs's host dir goes there
         self._disk: DockerDisk | None = None  # the tmpfs, or why there is none:
         self._no_disk: str | None = None
@@ -296,7 +285,7 @@ class DockerRuntime:
                 client.images.get(tag)
                 return tag
             build = client.containers.run(base.id, entrypoint=["/bin/sh", "-c"], command=[script], user="0:0",
-                                          network_mode="none", detach=True, labels={LABEL: AGENT_IMAGE_LABEL})
+                                          network_mode="none", detach=True, labels={LABEL: AGENT_IMAGE_LABEL, OWNER: owner()})
             try:
                 code = build.wait(timeout=1800).get("StatusCode")
                 if code == 3:
@@ -313,6 +302,8 @@ class DockerRuntime:
     def _create(self) -> None:
         client = self._connect()
         self._client = client
+        self._ns = userns_of(client, docker_host())
+        self.uid, self._who = agent_uid(self.spec.user, self.spec.agent_root, self._ns, AGENT_UID)
         self._ensure_image(client)
         image: str = self._agent_image(client) if self.uid != 0 else self.spec.image or ""  # root: no ownership to hand over
         volumes: dict[str, dict[str, str]] = {}
@@ -320,8 +311,8 @@ class DockerRuntime:
             volumes[str(Path(self.spec.gateway_socket).resolve())] = {"bind": GATEWAY_SOCKET, "mode": "rw"}
         for src, dst in self.spec.binds:
             volumes[str(Path(src).resolve())] = {"bind": dst, "mode": "ro"}
-        self._userns = userns_state(client)
-        self._disk, self._no_disk = DockerDisk.setup(self.spec, self.uid, (HOME, *AGENT_DIRS), self._root_dir, client, image, self._userns)
+        self._disk, self._no_disk = DockerDisk.setup(self.spec, self._ns.host_uid(self.uid), (HOME, *AGENT_DIRS), self._root_dir,
+                                                     client, image, self._ns.line)
         volumes.update(self._disk.volumes() if self._disk is not None else {})
         kwargs: dict[str, Any] = {}
         if self.spec.memory_mb is not None:
@@ -340,14 +331,17 @@ class DockerRuntime:
             network_mode="none",
             user="0:0",  # only docker-init and its idle sleep; a non-root exec holds no capability
             cap_drop=["ALL"],
-            cap_add=CAPS_KEPT,
+            cap_add=self._caps(),
             security_opt=["no-new-privileges"],
             environment={"HOME": HOME, **self.spec.env},
             volumes=volumes,
             working_dir=self.spec.workdir,
-            labels={LABEL: self.name},
+            labels={LABEL: self.name, OWNER: owner()},
             **kwargs,
         )
+
+    def _caps(self) -> list[str]:
+        return CAPS_ROOT_AGENT if self.uid == 0 and self.spec.user == "agent" else CAPS_KEPT
 
     def _put_workspace(self) -> None:
         with _tar_dir(Path(str(self.spec.source_dir)), self.uid) as data:
@@ -529,8 +523,8 @@ class DockerRuntime:
 
     def limits_report(self) -> dict[str, Any]:
         spec = self.spec
-        return {"uid": f"{self.uid} in container; {self._userns}",
-                "privileges": f"no-new-privileges; capabilities: {', '.join(CAPS_KEPT)} (du as root only); "
+        return {"uid": f"{self.uid} in container; {self._ns.line}; {self._who}",
+                "privileges": f"no-new-privileges; capabilities: {', '.join(self._caps())} (root execs only); "
                               f"relay as uid {RELAY_UID}",
                 "limits": {k: getattr(spec, k) for k in ("pids_limit", "memory_mb", "disk_mb", "output_mb", "patch_mb")},
                 "mechanisms": {"pids_limit": "docker --pids-limit (cgroup)" if spec.pids_limit else "none",

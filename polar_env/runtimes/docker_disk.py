@@ -4,7 +4,8 @@ over everything the agent can write.
 Why bind mounts: Docker's archive API (``put_archive``, which ``write_file`` and the harness's HOME
 config need) does not reach a tmpfs mounted *inside* a container, but it does reach bind mounts. So,
 as root, with ``disk_mb`` set and the agent's uid (not the grading runtime, which runs as root) on a
-dockerd without userns-remap or rootless mode (the host-side chown names the container's uid),
+dockerd whose uid map is known (no remap: the container's uid; ``--userns-remap``: its base plus that
+uid; rootless: unknown, so no tmpfs), since the host-side chown names the agent's host uid,
 ``DockerDisk.create`` mounts ``diskfs.mount_tmpfs`` (``size=<disk_mb>m,nr_inodes=...``) on a host
 directory (under the node's incarnation folder when one is given, so ``leftovers.sweep`` unmounts and
 removes what a dead node left) holding ``workspace/``, ``STICKY`` (1777) and one folder per agent
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from polar_env.runtimes import diskfs
+from polar_env.runtimes.docker_leftovers import LABEL, OWNER, owner
 from polar_env.runtimes.hostworkspace import chown_tree, copy_tree
 
 if TYPE_CHECKING:
@@ -52,22 +54,31 @@ POLL_S = 0.5  # the tmpfs's statvfs while the container lives
 STICKY = ("tmp", "vartmp", "runlock")  # 1777, as in the image: /tmp, /var/tmp, /run/lock (Debian's /var/lock)
 
 
-def no_tmpfs_reason(disk_mb: int | None, uid: int, workdir: str, agent_dirs: tuple[str, ...], userns: str) -> str | None:
-    """None when this container gets the tmpfs, else why it keeps the ``du`` watchdog."""
+def no_tmpfs_reason(disk_mb: int | None, user: str, host_uid: int | None, workdir: str, agent_dirs: tuple[str, ...],
+                    userns: str) -> str | None:
+    """None when this container gets the tmpfs, else why it keeps the ``du`` watchdog. ``host_uid``:
+    who the agent is on the host (None: unknown, e.g. rootless; the host-side chown needs it)."""
     if disk_mb is None:
         return "no disk_mb"
-    if uid == 0:
+    if user == "root" or host_uid == 0:
         return "grading runtime runs as root (user=root)"
-    if userns != "dockerd userns-remap off":  # the host-side chown to the agent's uid would be wrong
-        return userns
+    if host_uid is None:
+        return f"{userns}: the agent's host uid is unknown"
     if posixpath.normpath(workdir) in ("/", "/tmp", "/var/tmp", "/run/lock", *agent_dirs):
         return f"workdir {workdir} is itself a bound tree"
     return diskfs.tmpfs_wanted()
 
 
 def _extract(container: Any, path: str, into: Path) -> Path:
-    """``path`` of a (stopped) container, unpacked under ``into``; the unpacked tree."""
-    stream, _stat = container.get_archive(path)
+    """``path`` of a (stopped) container, unpacked under ``into``; the unpacked tree (empty when the image
+    lacks it: a root agent's image is not derived, so ``/logs`` or ``/tests`` may be missing)."""
+    import docker
+
+    try:
+        stream, _stat = container.get_archive(path)
+    except docker.errors.NotFound:
+        (into / posixpath.basename(posixpath.normpath(path))).mkdir(parents=True)
+        return into / posixpath.basename(posixpath.normpath(path))
     with tempfile.TemporaryFile() as buf:
         for chunk in stream:
             buf.write(chunk)
@@ -89,7 +100,7 @@ def image_trees(client: DockerClient, image: str, paths: list[str], cache_base: 
         cache_base.mkdir(parents=True, exist_ok=True)
         tmp = cache_base / f".{key}-{secrets.token_hex(4)}"
         tmp.mkdir(mode=0o700)
-        box = client.containers.create(image, command=["true"], network_mode="none", labels={"polar_env.runtime": "docker-cache"})
+        box = client.containers.create(image, command=["true"], network_mode="none", labels={LABEL: "docker-cache", OWNER: owner()})
         try:
             for i, p in enumerate(paths):
                 _extract(box, p, tmp / str(i))
@@ -126,13 +137,14 @@ class DockerDisk:
         self.mounted = False
 
     @classmethod
-    def setup(cls, spec: RuntimeSpec, uid: int, agent_dirs: tuple[str, ...], root_dir: str | Path | None, client: DockerClient,
-              image: str, userns: str) -> tuple[DockerDisk | None, str | None]:
-        """(the mounted, populated disk, None) or (None, why the container keeps the watchdog); blocking."""
-        why = no_tmpfs_reason(spec.disk_mb, uid, spec.workdir, agent_dirs, userns)
-        if why is not None or spec.disk_mb is None:
+    def setup(cls, spec: RuntimeSpec, host_uid: int | None, agent_dirs: tuple[str, ...], root_dir: str | Path | None,
+              client: DockerClient, image: str, userns: str) -> tuple[DockerDisk | None, str | None]:
+        """(the mounted, populated disk, None) or (None, why the container keeps the watchdog); blocking.
+        ``host_uid``: the agent's uid as the host sees it (the trees are chowned to it)."""
+        why = no_tmpfs_reason(spec.disk_mb, spec.user, host_uid, spec.workdir, agent_dirs, userns)
+        if why is not None or spec.disk_mb is None or host_uid is None:
             return None, why
-        disk = cls(spec.disk_mb, uid, spec.workdir, agent_dirs, root_dir)
+        disk = cls(spec.disk_mb, host_uid, spec.workdir, agent_dirs, root_dir)
         try:
             why = disk.create(client, image, spec.source_dir)
         except BaseException:

@@ -56,10 +56,11 @@ class Cluster:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         if self.runtime_base is not None:
-            from polar_env.runtimes import leftovers
+            from polar_env.runtimes import docker_leftovers, leftovers
 
             await asyncio.sleep(0.5)  # a killed actor's process releases its lock as it exits
             await asyncio.to_thread(leftovers.sweep, self.runtime_base)
+            await asyncio.to_thread(docker_leftovers.sweep)
 
 
 def init_ray(address: str | None) -> None:

@@ -159,10 +159,11 @@ class GatewayNode:
     async def start(self) -> None:
         from polar_env.journal.store import JournalStore
         from polar_env.proxy.gateway import Gateway
-        from polar_env.runtimes import leftovers
+        from polar_env.runtimes import docker_leftovers, leftovers
 
         base = runtime_base(self.config)
         await asyncio.to_thread(leftovers.sweep, base)  # what dead node processes left (repo copies, cgroups)
+        await asyncio.to_thread(docker_leftovers.sweep)  # and their containers, where a Docker daemon answers
         self._incarnation = await asyncio.to_thread(leftovers.claim, base, self.node_id)
         own_engine = self.engine is None
         if self.engine is None:
