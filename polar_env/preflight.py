@@ -331,8 +331,8 @@ def _docker_get(host: str, path: str) -> bytes | None:
 def _check_docker(agent_root: str = "auto") -> None:
     """The daemon answers its ping; then one line says who the agent will be (root inside only where
     the daemon remaps uids), and ``agent_root=require`` on a daemon that does not is refused."""
-    from polar_env.runtimes.docker import AGENT_UID, docker_host
-    from polar_env.runtimes.docker_userns import Userns, describe, parse_info
+    from polar_env.runtimes.docker import AGENT_UID
+    from polar_env.runtimes.docker_userns import Userns, describe, docker_host, parse_info
 
     if importlib.util.find_spec("docker") is None:
         raise ConfigError("the docker SDK is not installed, runtime docker; pip install -e '.[docker]'")

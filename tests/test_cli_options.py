@@ -115,6 +115,8 @@ APPLIED: dict[str, tuple[list[str], str, Any]] = {
     "--nodes": (["--nodes", "2"], "nodes", 2),
     "--ray": (["--ray"], "ray", True),
     "--ray-address": (["--ray-address", "auto"], "ray", True),  # implies --ray
+    "--ray-node-resource": (["--ray-node-resource", "gpu_host"], "ray_node_resource", "gpu_host"),
+    "--shared-store": (["--shared-store"], "shared_store", True),
     "--max-running": (["--max-running", "2"], "limits.ready_buffer", 6),  # the buffer is derived again
     "--max-init": (["--max-init", "3"], "limits.max_init", 3),
     "--max-postrun": (["--max-postrun", "5"], "limits.max_postrun", 5),

@@ -85,7 +85,6 @@ import os
 import posixpath
 import shlex
 import shutil
-import socket
 import tarfile
 import tempfile
 import threading
@@ -101,7 +100,7 @@ from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, R
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
 from polar_env.runtimes.docker_leftovers import AGENT_IMAGE_LABEL, LABEL, OWNER, owner
-from polar_env.runtimes.docker_userns import Userns, agent_uid, userns_of
+from polar_env.runtimes.docker_userns import Userns, agent_uid, docker_host, unix_daemon_problem, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
 from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 
@@ -150,28 +149,6 @@ def _container_cgroup(container_id: str) -> Cgroup | None:
         group = Cgroup("v2", [d], [], memory_events=d / "memory.events", pids_events=d / "pids.events")
     group.baseline = group.counters()
     return group
-
-
-def docker_host() -> str:
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-
-def unix_daemon_problem(host: str | None = None) -> str | None:
-    """For a ``unix://`` DOCKER_HOST, why nothing answers there (None when a connect succeeds).
-    Checked with our own socket first: the SDK leaks its socket when the connect fails."""
-    host = host or docker_host()
-    if not host.startswith("unix://"):
-        return None
-    path = host[len("unix://") :]
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(5)
-        s.connect(path)
-    except OSError as e:
-        return f"{path}: {e.strerror or e}"
-    finally:
-        s.close()
-    return None
 
 
 def timeout_argv(argv: list[str], timeout_s: float) -> list[str]:

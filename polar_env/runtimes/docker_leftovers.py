@@ -59,7 +59,7 @@ def sweep(client: Any = None, keep_images: int = AGENT_IMAGES_KEPT) -> list[str]
     removed: list[str] = []
     try:
         if client is None:
-            from polar_env.runtimes.docker import unix_daemon_problem
+            from polar_env.runtimes.docker_userns import unix_daemon_problem
 
             if unix_daemon_problem() is not None:
                 return removed

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,28 @@ def parse_info(info: dict[str, Any]) -> Userns:
     m = re.fullmatch(r"(\d+)\.(\d+)", os.path.basename(str(info.get("DockerRootDir") or "").rstrip("/")))
     base = int(m.group(1)) if m else None
     return Userns(True, base, f"dockerd userns-remap on (container root = host uid {base if m else 'unknown'})")
+
+
+def docker_host() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def unix_daemon_problem(host: str | None = None) -> str | None:
+    """For a ``unix://`` DOCKER_HOST, why nothing answers there (None when a connect succeeds).
+    Checked with our own socket first: the SDK leaks its socket when the connect fails."""
+    host = host or docker_host()
+    if not host.startswith("unix://"):
+        return None
+    path = host[len("unix://") :]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(5)
+        s.connect(path)
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    finally:
+        s.close()
+    return None
 
 
 _CACHE: dict[str, Userns] = {}
