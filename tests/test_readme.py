@@ -140,6 +140,31 @@ def _check_cli(line: str, tmp_path: Path) -> None:
     parse_cli(argv[1:])
 
 
+def _check_ray_start(line: str, tmp_path: Path) -> None:
+    """Not run here (NOT_RUN["ray-cluster"]): Ray's own ``ray start`` parses the options."""
+    from ray.scripts.scripts import start
+
+    argv = shlex.split(line.split("#")[0])
+    assert argv[:2] == ["ray", "start"], argv
+    start.make_context("start", argv[2:])  # click raises on an unknown option or a bad value
+
+
+def _check_ray_auth(line: str, tmp_path: Path) -> None:
+    """The variables the line sets are the ones this Ray reads for token auth: with them (and no
+    token file) Ray's own loader finds a token; with the mode alone it does not."""
+    names = [word.split("=")[0] for word in shlex.split(line.split("#")[0])[1:]]
+    assert names == ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN"], names
+    probe = "from ray._raylet import AuthenticationTokenLoader as L; print(L.instance().has_token())"
+    base = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}
+    base.pop("RAY_AUTH_TOKEN", None)
+    base.pop("RAY_AUTH_TOKEN_PATH", None)
+    found = subprocess.run([sys.executable, "-c", probe], env={**base, "RAY_AUTH_TOKEN": "t" * 32},
+                           capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == "True", found.stderr[-500:]
+    missing = subprocess.run([sys.executable, "-c", probe], env=base, capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "authentication token" in missing.stderr
+
+
 def _check_train(line: str, tmp_path: Path) -> None:
     """Not run here (NOT_RUN["job"]): the flags parse and the recipe it names exists."""
     _check_cli(line, tmp_path)
@@ -240,6 +265,9 @@ CHECKS: list[tuple[str, str | None, Callable[[str, Path], None]]] = [  # (line p
     ("polar-env serve", "ray-cluster", _check_cli),
     ("polar-env submit", "ray-cluster", _check_cli),
     ("polar-env status", "ray-cluster", _check_cli),
+    ("polar-env rollout --ray-address", "ray-cluster", _check_cli),
+    ("ray start", "ray-cluster", _check_ray_start),
+    ("export RAY_AUTH_MODE=", None, _check_ray_auth),
     ("export NEMO_GYM_EXTRA_ROOTS=", None, _check_gym_root),
     ("ng_run ", "nemo-gym", _check_gym_names),
     ("gym eval run", "nemo-gym", _check_gym_names),
