@@ -191,6 +191,60 @@ def test_serve_and_submit_from_the_head(cluster: Cluster) -> None:
     assert server.returncode == 0, (cluster.root / "serve.log").read_text()
 
 
+FAKE_VLLM = """
+import sys
+from aiohttp import web
+from fake_vllm import fake_vllm_app
+
+host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+app = fake_vllm_app()
+
+@web.middleware
+async def note(request, handler):
+    with open(log, "a") as f:
+        f.write(f"{request.remote} {request.path}\\n")
+    return await handler(request)
+
+app.middlewares.append(note)
+web.run_app(app, host=host, port=port, print=None)
+"""
+
+
+def test_engines_on_another_host_are_reached_by_url(cluster: Cluster) -> None:
+    """A vLLM pool of two servers on the head (FakeVLLM, a named test double) serves nodes on the
+    worker hosts: each host's node reaches both by URL, across the bridge."""
+    servers, urls, logs = [], [], []
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    for port in (8791, 8792):
+        log = cluster.root / f"vllm-{port}.log"
+        servers.append(cluster.head.popen([sys.executable, "-c", FAKE_VLLM, cluster.head.ip, str(port), str(log)],
+                                          {**cluster.env, "PYTHONPATH": tests_dir}, cluster.root / f"vllm-{port}.out"))
+        urls.append(f"http://{cluster.head.ip}:{port}")
+        logs.append(log)
+    try:
+        tasks = cluster.root / "weather.jsonl"
+        tasks.write_text(json.dumps({"task_id": "weather", "instruction": "what is the weather in Paris?",
+                                     "evaluator": {"name": "session_completion"}}) + "\n")
+        code, printed = cluster.polar(
+            "rollout", "--tasks", str(tasks), "--samples", "4", "--harness", "loop", "--runtime", "sandbox",
+            "--engine", "vllm", "--engine-url", ",".join(urls), "--served-model-name", "qwen3.5-4b", "--canonical",
+            "--ray-address", cluster.address,
+            "--nodes", "2", "--ray-node-resource", RESOURCE, "--out", str(cluster.runs / "e"), "--no-progress",
+            log="e.log")
+        assert code == 0, printed
+        run = (cluster.runs / "e" / "latest").resolve()
+        assert len(list((run / "capture").glob("node-*/*.jsonl"))) == 4
+        callers = {line.split()[0] for log in logs for line in log.read_text().splitlines()
+                   if line.endswith("/v1/chat/completions")}
+        assert callers == {w.ip for w in cluster.workers}, callers  # from the worker hosts, never the head
+        assert all(any(line.endswith("/v1/chat/completions") for line in log.read_text().splitlines())
+                   for log in logs)  # both servers of the pool took calls
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(30)
+
+
 def test_a_host_powered_off_mid_run_comes_back_node_lost_and_resumes(cluster: Cluster) -> None:
     """Runs last: it takes one worker host away for good."""
     out = cluster.runs / "c"
