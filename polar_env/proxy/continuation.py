@@ -10,6 +10,13 @@ Anything else (history rewritten by compaction, a changed tool list, an echo tha
 what was sampled, an assistant message the model did not write) falls back to normal templating,
 with the reason recorded. Prompts are rendered with our Qwen3.5 template, so this mode needs an
 engine serving the Qwen3.5 chat format.
+
+Siblings. A client that gives up on an answered call and retries the same prompt leaves two turns
+that extend the same history, often with the same visible text and different reasoning. The turn
+continued is the one the harness sent back: the sibling whose reasoning is the echoed reasoning
+(when the echo carries any), else the one whose reply was delivered (not ``abandoned``). Siblings
+that still cannot be told apart, and differ in their tokens, fall back to templating with the
+reason recorded: feeding the model tokens the harness never sent would be worse than the drift.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ class Turn:
     response_ids: list[int]
     message: AssistantMessage
     cache: list[int] | None = None  # prompt + response ids, kept on tips only
+    abandoned: bool = False  # its client went away: the harness never saw this reply
 
     def context(self) -> list[int]:
         if self.cache is not None:
@@ -101,6 +109,36 @@ def same_turn(echo: Mapping[str, Any], sampled: AssistantMessage) -> bool:
     return True
 
 
+def echoed_reasoning(echo: Mapping[str, Any], sampled: AssistantMessage) -> str | None:
+    """The reasoning the harness sent back with an echo that ``same_turn`` accepted (None: none):
+    its ``reasoning_content``, or the text before the content when it replays reasoning as text."""
+    own = echo.get("reasoning_content")
+    if isinstance(own, str) and own.strip():
+        return own.strip()
+    text, content = content_text(echo.get("content")).strip(), (sampled.content or "").strip()
+    if text != content and text.endswith(content):
+        return text[: len(text) - len(content)].strip() or None
+    return None
+
+
+def pick_sibling(echo: Mapping[str, Any], siblings: list[Turn]) -> tuple[Turn | None, str]:
+    """Of turns that extend the same history and match the echo, the one the harness sent back
+    (module docstring); (None, why) when they cannot be told apart and their tokens differ."""
+    candidates = siblings
+    if len(candidates) > 1:
+        said = [echoed_reasoning(echo, t.message) for t in candidates]
+        by_reasoning = [t for t, r in zip(candidates, said, strict=True)
+                        if r is not None and r == (t.message.reasoning or "").strip()]
+        if by_reasoning:
+            candidates = by_reasoning
+    if len(candidates) > 1:
+        candidates = [t for t in candidates if not t.abandoned] or candidates
+    if len({tuple(t.response_ids) for t in candidates}) > 1:
+        return None, (f"{len(candidates)} sampled turns (retries) match the echoed assistant turn and differ "
+                      "in their tokens; cannot tell which the harness sent")
+    return candidates[-1], ""
+
+
 class Continuation:
     """One session's recent turns, and the token-in prompt planner."""
 
@@ -115,11 +153,11 @@ class Continuation:
             return None, "continuation: first turn, templated"
         messages, tools = chat.messages, orjson.dumps(chat.tools)
         thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
-        best: Turn | None = None
+        siblings: list[Turn] = []  # the matching turns over the longest matching history
         reason = "history rewritten"
         for turn in self.turns:
             n = len(turn.messages)
-            if len(messages) <= n + 1 or (best is not None and n <= len(best.messages)):
+            if len(messages) <= n + 1 or (siblings and n < len(siblings[0].messages)):
                 continue
             if messages[:n] != turn.messages:
                 continue
@@ -130,7 +168,11 @@ class Continuation:
             elif any(m.get("role") in ("assistant", "system") for m in messages[n + 1 :]):
                 reason = "new messages include an assistant or system message"
             else:
-                best = turn
+                siblings = [t for t in siblings if len(t.messages) == n] + [turn]
+        best: Turn | None = None
+        if siblings:
+            best, why = pick_sibling(messages[len(siblings[0].messages)], siblings)
+            reason = why or reason
         if best is None:
             return None, f"continuation fallback: {reason}"
         start = len(best.messages) + 1
@@ -141,8 +183,16 @@ class Continuation:
         ids = context + _interned(([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text))
         return Plan(ids, best, len(context)), f"continuation: token-in over {len(context)} earlier tokens"
 
-    def remember(self, chat: ChatRequest, generation: Generation, seq: int, plan: Plan | None = None) -> None:
-        """Remember a recorded call; ``plan`` is what it was generated from (None: templated)."""
+    def abandon(self, seq: int) -> None:
+        """The reply of call ``seq`` never reached its client (the harness cannot continue it)."""
+        for turn in self.turns:
+            if turn.seq == seq:
+                turn.abandoned = True
+
+    def remember(self, chat: ChatRequest, generation: Generation, seq: int, plan: Plan | None = None,
+                 *, abandoned: bool = False) -> None:
+        """Remember a recorded call; ``plan`` is what it was generated from (None: templated);
+        ``abandoned``: its client was gone before the reply."""
         tools = orjson.dumps(chat.tools)
         last = self.turns[-1] if self.turns else None
         messages = chat.messages
@@ -166,6 +216,6 @@ class Continuation:
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
                  parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
-                 message=generation.message, cache=prompt + response)
+                 message=generation.message, cache=prompt + response, abandoned=abandoned)
         )
 

@@ -357,7 +357,7 @@ class CallPipeline:
                     session.next_seq = seq  # nothing was written: the number is free again
                 raise
         if session.continuation is not None:
-            session.continuation.remember(chat, generation, seq, plan)
+            session.continuation.remember(chat, generation, seq, plan, abandoned=CLIENT_GONE in notes)
         return generation, seq
 
     async def complete(self, request: web.Request, provider: Provider) -> web.StreamResponse:
@@ -403,6 +403,8 @@ class CallPipeline:
             if CLIENT_GONE in notes:  # gone before the record was written: the record says so already
                 return resp
             gw.stats.client_gone += 1
+            if session.continuation is not None:
+                session.continuation.abandon(seq)
             try:
                 await gw.journal_event(session.id, {"event": CLIENT_GONE_EVENT, "seq": seq})
             except CaptureError as exc:  # the record stands; builders then see it as delivered
