@@ -143,8 +143,8 @@ def metrics_response(registry: CollectorRegistry) -> web.Response:
 def install_gateway_metrics(app: web.Application, gateway: _Gateway,
                             authorized: Callable[[web.Request], bool], provider_paths: Mapping[str, str]) -> GatewayMetrics:
     """Count every request of ``app``, subscribe to ``gateway``'s events for the call series, and
-    serve ``GET /metrics`` to callers ``authorized`` admits (the gateway's admin token: Prometheus
-    sends it as ``authorization: {credentials: ...}``). ``provider_paths``: route pattern →
+    serve ``GET /metrics`` to callers ``authorized`` admits (the gateway's admin or read-only
+    metrics token: Prometheus sends it as ``authorization: {credentials: ...}``). ``provider_paths``: route pattern →
     provider label. Call before the catch-all route is added."""
     metrics = GatewayMetrics(gateway.gate, provider_paths)
     metrics.unsubscribe = gateway.events.subscribe(metrics.on_event)
@@ -153,8 +153,9 @@ def install_gateway_metrics(app: web.Application, gateway: _Gateway,
 
     async def scrape(request: web.Request) -> web.Response:
         if not authorized(request):
-            return web.json_response({"error": {"message": "admin token required (Authorization: Bearer <admin token>)",
-                                                "type": "authentication_error", "code": 401}}, status=401)
+            return web.json_response({"error": {"message": "metrics or admin token required (Authorization: "
+                                                "Bearer <token>)", "type": "authentication_error", "code": 401}},
+                                     status=401)
         return metrics_response(metrics.registry)
 
     app.router.add_get("/metrics", scrape)

@@ -5,6 +5,11 @@ another rollout, close it, or pause the gateway.
 Where it comes from: ``--admin-token`` (used as given, nothing written), else ``<store>/admin_token``
 (a previous run's), else a fresh random token written there with mode 0600, so the trainer on the
 same machine can read it and nothing else can. In-process users get ``app[CONFIG].admin_token``.
+
+Gateway nodes (``polar-env rollout`` / ``serve``) keep their admin token in memory, and write a
+read-only metrics token to ``<store>/<node>/metrics_token`` (0600, on the node's host): it opens
+``GET /metrics`` and nothing else, so an operator's Prometheus can scrape a node without holding a
+credential that can close sessions. Sandboxes never see the store.
 """
 
 from __future__ import annotations
@@ -18,17 +23,20 @@ from polar_env.errors import ConfigError
 from polar_env.journal.store import key_digest
 
 TOKEN_FILE = "admin_token"
+METRICS_TOKEN_FILE = "metrics_token"  # a node's read-only scrape credential, next to its journals
 
 
-def new_admin_token() -> str:
-    return f"polar-admin-{secrets.token_urlsafe(32)}"
+def new_admin_token(kind: str = "admin") -> str:
+    return f"polar-{kind}-{secrets.token_urlsafe(32)}"
 
 
-def load_or_create_admin_token(store_root: Path, token: str | None) -> tuple[str, Path | None]:
-    """(token, file it lives in or None when given explicitly); see the module docstring."""
+def load_or_create_admin_token(store_root: Path, token: str | None, name: str = TOKEN_FILE,
+                               kind: str = "admin") -> tuple[str, Path | None]:
+    """(token, file it lives in or None when given explicitly); see the module docstring.
+    ``name``/``kind``: another credential kept the same way (the metrics token)."""
     if token:
         return token, None
-    path = store_root / TOKEN_FILE
+    path = store_root / name
     try:
         existing = path.read_text().strip()
     except FileNotFoundError:
@@ -37,7 +45,7 @@ def load_or_create_admin_token(store_root: Path, token: str | None) -> tuple[str
         raise ConfigError(f"cannot read the admin token file {path}: {exc.strerror or exc}") from exc
     if existing:
         return existing, path
-    token = new_admin_token()
+    token = new_admin_token(kind)
     try:
         store_root.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -74,7 +74,7 @@ def build_app(core: GatewayCore) -> web.Application:
     router.add_post("/admin/pause", control.admin_pause)
     router.add_post("/admin/resume", control.admin_resume)
     router.add_get("/admin/status", control.admin_status)
-    install_gateway_metrics(app, core, control.is_admin, provider_paths())
+    install_gateway_metrics(app, core, control.reads_metrics, provider_paths())
     router.add_route("*", "/{tail:.*}", not_found)
     return app
 

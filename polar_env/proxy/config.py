@@ -42,6 +42,7 @@ class GatewayConfig(BaseModel):
     max_body_bytes: int = 32 * 1024 * 1024  # a 100k-token Claude Code history is ~1-2 MB
     sampling: Sampling = Sampling()
     admin_token: str | None = None  # None: the Gateway generates one (gateway.config.admin_token)
+    metrics_token: str | None = None  # read-only: GET /metrics only (the admin token reads it too)
     template: TemplateQuirks = QWEN35  # the engine's chat template; continuation mode renders with it
     continuation: bool = False  # default for new sessions (POST /sessions may override)
     engine_timeout_s: float = 1800.0  # per engine call; past it the harness gets a 504

@@ -88,6 +88,12 @@ class ControlPlane:
     def is_admin(self, request: web.Request) -> bool:
         return token_matches(bearer_token(request.headers.get("Authorization", "")), self.gw.config.admin_token or "")
 
+    def reads_metrics(self, request: web.Request) -> bool:
+        """The admin token, or the read-only metrics token (a scraper that can do nothing else)."""
+        given = bearer_token(request.headers.get("Authorization", ""))
+        metrics = self.gw.config.metrics_token
+        return self.is_admin(request) or (metrics is not None and token_matches(given, metrics))
+
     def require_admin(self, request: web.Request) -> None:
         if not self.is_admin(request):
             raise RequestError("admin token required (Authorization: Bearer <admin token>)", status=401)

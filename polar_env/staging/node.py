@@ -26,6 +26,7 @@ from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
 from polar_env.journal.store import JournalStore
+from polar_env.proxy.admin import METRICS_TOKEN_FILE, load_or_create_admin_token
 from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.sessions import Session
@@ -151,6 +152,7 @@ class GatewayNode:
         self._harnesses: dict[str, HarnessSpec] = {}
         self._install_locks: dict[str, asyncio.Lock] = {}
         self._incarnation: Any = None  # this process's locked runtime folder (runtimes/leftovers.py)
+        self._metrics_token_file: Path | None = None  # the read-only scrape credential (proxy/admin.py)
         self.started_at = time.monotonic()
         self.completed = 0
         self.stopping = False  # stop() cancels what runs: those sessions end interrupted, not cancelled
@@ -174,7 +176,10 @@ class GatewayNode:
             self.model = model
         self.meter = MeteredEngine(self.engine)
         store = JournalStore(self.shard_root(), fsync=self.config.fsync)
-        self.gateway = Gateway(self.meter, store, self.config.gateway_config(self.model, own_engine=own_engine))
+        metrics_token, self._metrics_token_file = await asyncio.to_thread(
+            load_or_create_admin_token, store.root, None, METRICS_TOKEN_FILE, "metrics")
+        config = self.config.gateway_config(self.model, own_engine=own_engine)
+        self.gateway = Gateway(self.meter, store, config.model_copy(update={"metrics_token": metrics_token}))
         # The unix socket is what sandboxes reach (through their relay): it serves the provider
         # routes only, never the control plane (Gateway.provider_app). Unix socket paths are
         # limited to ~107 bytes: keep it short, under the system temp dir. TCP is host loopback
@@ -375,6 +380,9 @@ class GatewayNode:
             "spool": self.config.spool,
             "port": self.port,
             "socket": str(self.socket) if self.socket else None,
+            # what an operator's Prometheus scrapes, with the token in that file (on the node's host)
+            "metrics_url": f"http://127.0.0.1:{self.port}/metrics" if self.port else None,
+            "metrics_token_file": str(self._metrics_token_file) if self._metrics_token_file else None,
         }
 
 
