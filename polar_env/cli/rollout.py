@@ -40,6 +40,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from polar_env.staging.progress import LiveProgress
     from polar_env.staging.summary import print_summary
 
+    began = time.monotonic()
     check_job_options(args)
     job, resume = job_and_resume(args)
     reqs = check_job(job, args.command)
@@ -47,7 +48,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     where = f"resuming {resume}" if resume else f"output {job.out}/<run id>"
     print(f"polar-env {args.command}: {env.engine.describe()}; harness {env.harness}; runtime {env.runtime.kind}; "
           f"{'continuation' if env.continuation else 'canonical'} mode; {env.nodes} node(s){' on Ray' if env.ray else ''}; "
-          f"{where}", flush=True)
+          f"{where}; preflight passed in {time.monotonic() - began:.1f}s", flush=True)
     live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
         report = asyncio.run(run_job(job, live, command=args.command, resume=resume, reqs=reqs))

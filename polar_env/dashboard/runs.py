@@ -202,7 +202,7 @@ class Run:
         for r in rows:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
-        state = "finished" if self.finished else ("running" if live and live.get("state") == "running" else "store")
+        state = "finished" if self.finished else ("running" if live and live.get("state") in ("running", "starting") else "store")
         return {
             "name": self.name, "path": str(self.path), "state": state, "sessions": len(rows),
             "statuses": statuses, "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,

@@ -82,6 +82,14 @@ class JobObserver:
         if self.progress is not None:
             self.progress(snapshot)
 
+    def phase(self, text: str, elapsed_s: float) -> None:
+        """A start-up step (nodes starting, engines loading) before there is a table to show:
+        ``live.json`` says it, and the display prints it as a line (``LiveProgress.note``)."""
+        self.live.write({**self.last, "phase": text, "elapsed_s": elapsed_s}, state="starting")
+        note = getattr(self.progress, "note", None)
+        if callable(note):
+            note(f"{text} (+{elapsed_s:.1f}s)")
+
     def finish(self, report: dict[str, Any]) -> None:
         from polar_env.observe.tracker import rollout_report_figures
 

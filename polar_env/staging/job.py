@@ -289,7 +289,14 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
                         signals: StopSignals) -> tuple[list[SessionResult], list[dict[str, Any]]]:
     if not todo or signals.fired:
         return [], []
-    cluster = await start_cluster(env_config.cluster(), engine=engine)
+    config = env_config.cluster()
+    where = " on Ray" if config.ray else ""
+    observer.phase(f"starting {config.nodes} node(s){where}: {env_config.engine.describe()}, gateway, runtime folders",
+                   time.monotonic() - started)
+    began = time.monotonic()
+    cluster = await start_cluster(config, engine=engine)
+    observer.phase(f"{config.nodes} node(s) ready in {time.monotonic() - began:.1f}s; dispatching {total} session(s) "
+                   "(harness installs, runtime images and tokenizers load in INIT)", time.monotonic() - started)
     try:
         server = cluster.server
         statuses = [] if signals.fired else [server.submit(req, samples=indices) for req, indices in todo]

@@ -97,6 +97,10 @@ class LiveProgress:
         else:
             self.live.update(table, refresh=p.get("state") == "done")
 
+    def note(self, line: str) -> None:
+        """One plain line (a start-up step), above the table once it is drawn."""
+        self.console.print(f"{self.title}: {line}", markup=False, highlight=False, soft_wrap=True)
+
     def stop(self) -> None:
         if self.live is not None:
             self.live.stop()

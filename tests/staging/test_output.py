@@ -98,7 +98,7 @@ def test_next_step_after_a_first_all_zero_run() -> None:
     steps = next_steps(_report(["a-1-0"], "empty patch"), Path("polar_rollouts"))
     text = "\n".join(steps)
     assert "random weights" in text and "--engine-script" in text and "README 'Scripted policy'" in text
-    assert "polar-env dashboard polar_rollouts" in text and "polar-env build --store polar_rollouts/capture/node-0" in text
+    assert "polar-env dashboard polar_rollouts" in text and "polar-env build --store polar_rollouts ·" in text
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,15 @@ def finished_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
     finally:
         live.stop()
     return report, ANSI.sub("", screen.getvalue()), Path(report["run_dir"])
+
+
+def test_start_up_says_what_it_is_doing_before_the_table(finished_job: tuple[dict[str, Any], str, Path]) -> None:
+    _, screen, _ = finished_job
+    starting = re.search(r"polar-env rollout: starting 1 node\(s\): simulated engine [^\n]*\(\+\d+\.\ds\)", screen)
+    ready = re.search(r"polar-env rollout: 1 node\(s\) ready in \d+\.\ds; dispatching 6 session\(s\)", screen)
+    assert starting and ready, screen[:2000]
+    first_frame = screen.index("/6 sessions")
+    assert starting.start() < ready.start() < first_frame  # said before the first frame, in order
 
 
 def test_final_live_frame_is_the_end_of_the_job(finished_job: tuple[dict[str, Any], str, Path]) -> None:
