@@ -276,3 +276,35 @@ def test_real_engine_and_pi_interrupt_then_resume(tmp_path: Path) -> None:
     print(f"\nresume (embedded + pi): {len(planned)} sessions, "
           f"{sum(1 for s in before if s['failure_kind'] is None)} kept; interrupted run {first_s:.1f} s, "
           f"resume {resume_s:.1f} s")
+
+
+def test_sigterm_stops_an_embedded_engine_rollout_within_seconds(tmp_path: Path) -> None:
+    """The embedded CPU engine with random weights (it decodes up to the cap on every call, so a
+    call is always in flight): the first SIGTERM aborts those decodes, finishes what was captured
+    and exits with the summary and the resume line, within the wait below (it measured 5-10 s
+    here under load; before the node aborted its engine calls it took ~113 s)."""
+    require_bwrap()
+    out, run_dir = tmp_path / "out", tmp_path / "out" / "emb"
+    proc = polar("rollout", "--task-id", "toy__calc-1", "--samples", "2", "--harness", "loop", "--out", str(out),
+                 "--run-id", "emb", "--no-progress", log=tmp_path / "log")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # wait for a session in RUNNING, its first engine call under way
+        assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
+        try:
+            live = json.loads((run_dir / "live.json").read_text())
+        except (FileNotFoundError, ValueError):
+            live = {}
+        if live.get("stages", {}).get("running", 0) >= 1:
+            break
+        time.sleep(0.1)
+    time.sleep(2)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM, (tmp_path / "log").read_text()[-3000:]
+    printed = (tmp_path / "log").read_text()
+    assert f"resume with: polar-env rollout --resume {run_dir}" in printed and "interrupted by SIGTERM" in printed
+    for name in OUTPUTS:
+        assert (run_dir / name).is_file(), name
+    sessions = lines(run_dir / "sessions.jsonl")
+    assert len(sessions) == 2 and all(s["failure_kind"] == "interrupted" and s["mask"] for s in sessions), sessions
+    print(f"\nembedded rollout: exited {time.monotonic() - sent:.1f} s after SIGTERM")
