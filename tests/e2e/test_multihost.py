@@ -34,6 +34,7 @@ from tests.staging.test_readme_script import readme_script
 pytestmark = pytest.mark.slow
 RESOURCE = "polar_host"
 PORT = 6390
+RAY = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))  # the ray extra's CLI
 
 
 @dataclass
@@ -82,10 +83,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     ray_tmp = Path(f"/tmp/polar-ray-{secrets.token_hex(3)}")
     with hostlib.hosts(root, workers=2, private=[runs, ray_tmp]) as made:
         head, *workers = made
-        head.run(["ray", "start", "--head", "--node-ip-address", head.ip, "--port", str(PORT), "--num-cpus", "1",
+        head.run([RAY, "start", "--head", "--node-ip-address", head.ip, "--port", str(PORT), "--num-cpus", "1",
                   "--include-dashboard=false", "--temp-dir", str(ray_tmp)], env, root / "head-ray.log")
         for w in workers:
-            w.run(["ray", "start", "--address", f"{head.ip}:{PORT}", "--node-ip-address", w.ip, "--num-cpus", "1",
+            w.run([RAY, "start", "--address", f"{head.ip}:{PORT}", "--node-ip-address", w.ip, "--num-cpus", "1",
                    "--resources", json.dumps({RESOURCE: 1})], env, root / f"{w.name}-ray.log")
         (root / "fix.json").write_text(json.dumps(readme_script()["script"]))
         try:
