@@ -172,7 +172,9 @@ if (( status != 0 )); then
     log "vLLM did not become healthy (status $status); last log lines:"; tail -n 60 "$VLLM_LOG"; exit 2
 fi
 VLLM_READY=$(( SECONDS - T0 ))
-log "vLLM healthy after ${VLLM_READY}s (dtype $VLLM_DTYPE)"
+# CPU seconds, not wall: the box is often shared. `ps -g` sums the server's whole process group.
+vllm_cpu_s() { ps -o times= -g "$VLLM_PID" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+log "vLLM healthy after ${VLLM_READY}s wall, $(vllm_cpu_s) CPU s (dtype $VLLM_DTYPE)"
 
 # ---- 5. the contract suite, then a multi-turn session -----------------------------------------
 # The suite starts the embedded engine itself on the same seeded weights (seed 0, what
@@ -189,6 +191,6 @@ rc=$?
     --junitxml "$WORK/multiturn.xml"
 rc_multi=$?
 set -e
-log "startup: vLLM ${VLLM_READY}s (dtype $VLLM_DTYPE, vllm $VLLM_VERSION); contract suite exit $rc, multi-turn exit $rc_multi; logs and junit XML in $WORK"
+log "startup: vLLM ${VLLM_READY}s; vLLM CPU $(vllm_cpu_s) s in all (dtype $VLLM_DTYPE, vllm $VLLM_VERSION); contract suite exit $rc, multi-turn exit $rc_multi; logs and junit XML in $WORK"
 if (( rc != 0 )); then exit "$rc"; fi
 exit "$rc_multi"
