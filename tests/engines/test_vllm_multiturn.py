@@ -110,6 +110,7 @@ async def test_three_turns_token_in_match_the_servers_prompt_ids_with_zero_drift
     assert "kv_transfer_params" not in sent1, "turn 1 is templated by the server"
     assert records[0].prompt_ids == got1["prompt_token_ids"]
     context = got1["prompt_token_ids"] + got1["choices"][0]["token_ids"]
+    summary = [f"turn 1: {len(got1['prompt_token_ids'])} prompt ids templated by the server"]
     for turn, (record, (sent, got)) in enumerate(zip(records[1:], later, strict=True), start=2):
         planned = sent["kv_transfer_params"]["prompt_token_ids"]
         assert any("token-in" in note for note in record.notes), (turn, record.notes)
@@ -118,14 +119,19 @@ async def test_three_turns_token_in_match_the_servers_prompt_ids_with_zero_drift
         glue = [] if context[-1] in EOS_IDS else [IM_END_ID]  # a turn cut by max_tokens is closed
         assert planned[: len(context) + len(glue)] == context + glue, f"turn {turn} does not extend turn {turn - 1}"
         context = planned + got["choices"][0]["token_ids"]
+        summary.append(f"turn {turn}: {len(planned)} prompt ids sent token-in == the server's prompt_token_ids, "
+                       f"{len(record.response_ids)} sampled ({got['choices'][0]['finish_reason']})")
 
     traj = build_prefix_merged(records)
     stats = traj.metadata["stats"]
     assert (stats["chains"], stats["drift_boundaries"], stats["drift_tokens"]) == (1, 0, 0), stats
-    tolerance = "1e-3" if request.config.getoption("--engine-dtype") == "float32" else "5e-2"
+    # float32: verify's own default tolerance (1e-4); another dtype gets the contract suite's 5e-2.
+    loose = [] if request.config.getoption("--engine-dtype") == "float32" else ["--tolerance", "5e-2"]
+    summary.append(f"merged: {stats['chains']} chain, {stats['drift_boundaries']} drift boundaries")
     capsys.readouterr()
-    status = cli_main(["verify", "--store", str(store.root), "--tolerance", tolerance])
+    status = cli_main(["verify", "--store", str(store.root), *loose])
     out = capsys.readouterr().out
-    print(out)
+    with capsys.disabled():  # the figures check_vllm_cpu.sh reports
+        print("\n" + "\n".join(summary) + "\n" + out)
     assert status == 0 and out.strip().splitlines()[-1].startswith("PASS"), out
 
