@@ -112,8 +112,8 @@ async def test_three_turns_token_in_match_the_servers_prompt_ids_with_zero_drift
     context = got1["prompt_token_ids"] + got1["choices"][0]["token_ids"]
     summary = [f"turn 1: {len(got1['prompt_token_ids'])} prompt ids templated by the server"]
     for turn, (record, (sent, got)) in enumerate(zip(records[1:], later, strict=True), start=2):
-        planned = sent["kv_transfer_params"]["prompt_token_ids"]
         assert any("token-in" in note for note in record.notes), (turn, record.notes)
+        planned = sent["kv_transfer_params"]["prompt_token_ids"]
         assert got["prompt_token_ids"] == planned, f"turn {turn}: the server did not run the gateway's ids"
         assert record.prompt_ids == planned and record.response_ids == got["choices"][0]["token_ids"]
         glue = [] if context[-1] in EOS_IDS else [IM_END_ID]  # a turn cut by max_tokens is closed
