@@ -166,26 +166,28 @@ def server_actor() -> Any:
             return f"http://{host}:{port}"
 
         async def stop(self) -> None:
+            """Stop serving, then the nodes, each after its last pull (this actor owns the pulls)."""
             if self.runner is not None:
                 await self.runner.cleanup()
-            for node in self.nodes:  # the process that started the nodes pulls what is left as it stops them
-                await node.halt(last_pull=True)
+            await asyncio.gather(*(node.stop() for node in self.nodes), return_exceptions=True)
 
     return ServerActor
 
 
 async def _server_on_head(cluster: Cluster, host: str, port: int, token: str, defaults: dict[str, Any]) -> Any:
     """The server actor, on this host (the head: its store is the one the run folder names); it
-    takes over pulling the nodes' journals from this process's handles, so each shard has one writer."""
+    takes over pulling the nodes' journals from this process's handles, so each shard has one writer,
+    and stops the nodes after their last pull (``Cluster.aclose`` then finds them stopped)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = []
     for handle in cluster.handles:
         assert isinstance(handle, RayNode)
+        pull = handle.puller is not None
         await handle.halt()
-        nodes.append((handle.node_id, handle.actor, str(handle.store) if handle.store else None,
-                      handle.puller is not None))
+        handle.puller = None  # one writer per shard: the server actor from now on (it stops the nodes too)
+        nodes.append((handle.node_id, handle.actor, str(handle.store) if handle.store else None, pull))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return server_actor().options(num_cpus=0, scheduling_strategy=here).remote(nodes, host, port, token, defaults)
 

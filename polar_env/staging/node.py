@@ -156,6 +156,7 @@ class GatewayNode:
         self.started_at = time.monotonic()
         self.completed = 0
         self.stopping = False  # stop() cancels what runs: those sessions end interrupted, not cancelled
+        self.stopped = False
 
     # -- lifetime -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -193,7 +194,11 @@ class GatewayNode:
     async def stop(self) -> None:
         """Cancel running sessions (each still goes through POSTRUN) and abort their engine calls
         (nobody will use them, and a generation left running would hold the engine for minutes),
-        then close the gateway."""
+        then close the gateway. A second call does nothing (the serve actor stops its nodes, then
+        the cluster does)."""
+        if self.stopped:
+            return
+        self.stopped = True
         self.stopping = True
         for session_id, work in list(self.runner.work.items()):
             if self.gateway is not None:
