@@ -27,7 +27,7 @@ from polar_env.dashboard.session import SessionCache, journal_page, trace_page, 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 COOKIE = "polar_dashboard"
-STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {"index.html": "text/html", "app.js": "text/javascript", "research.js": "text/javascript", "style.css": "text/css"}
 # The page shows what agents wrote; nothing in it may load or run anything but the shipped assets.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
