@@ -314,13 +314,16 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
     return {"a": a.name, "b": b.name, "ks": sorted({1, k}), "sections": sections}
 
 
-def counts(rows: Sequence[dict[str, Any]], key: str) -> list[list[Any]]:
-    """``[[value, sessions], ...]``, most frequent first ("-" for none): the run's histogram of ``key``."""
+def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str, Any]:
+    """The run's histogram of ``key``: the ``top`` values as ``[[value, sessions], ...]``, most
+    frequent first ("-" for none), and how many sessions the rest hold (free-text reasons can be
+    as many as the sessions, and a page stays one page)."""
     seen: dict[str, int] = {}
     for r in rows:
         value = str(r.get(key) or "-")
         seen[value] = seen.get(value, 0) + 1
-    return sorted(([k, n] for k, n in seen.items()), key=lambda kv: (-kv[1], kv[0]))
+    ranked = sorted(([k, n] for k, n in seen.items()), key=lambda kv: (-kv[1], kv[0]))
+    return {"bars": ranked[:top], "other_values": len(ranked[top:]), "other_sessions": sum(n for _, n in ranked[top:])}
 
 
 def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: str = "", sort: str = "session_id",

@@ -56,14 +56,16 @@ async function pageGroup(run, group) {
 }
 
 // -- why: the run's reasons and failure kinds as clickable bars ----------------------------------
-function histogram(id, title, counts, current, pick) {
+function histogram(id, title, hist, current, pick) {
+  const counts = hist.bars;
   const most = Math.max(1, ...counts.map(([, n]) => n));
   return h("div", {class: "card hist", id},
     h("h2", {}, title, current ? h("button", {class: "clear", onclick: () => pick("")}, `clear “${current}”`) : null),
     counts.map(([value, n]) => h("div", {class: `bar${value === current ? " on" : ""}`, "data-value": value, title: `${n} session(s): ${value}`,
       onclick: () => pick(value === current ? "" : value)},
       h("span", {class: "label", text: value}), h("span", {class: "fill", style: `width:${(100 * n / most).toFixed(1)}%`}),
-      h("span", {class: "n", text: n}))));
+      h("span", {class: "n", text: n}))),
+    hist.other_values ? h("p", {class: "muted", text: `and ${hist.other_values} more value(s) over ${hist.other_sessions} session(s): use the filter box`}) : null);
 }
 
 // -- the evaluator's verdict -----------------------------------------------------------------
