@@ -322,8 +322,9 @@ def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str,
     for r in rows:
         value = str(r.get(key) or "-")
         seen[value] = seen.get(value, 0) + 1
-    ranked = sorted(([k, n] for k, n in seen.items()), key=lambda kv: (-kv[1], kv[0]))
-    return {"bars": ranked[:top], "other_values": len(ranked[top:]), "other_sessions": sum(n for _, n in ranked[top:])}
+    ranked = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"bars": [list(kv) for kv in ranked[:top]], "other_values": len(ranked[top:]),
+            "other_sessions": sum(n for _, n in ranked[top:])}
 
 
 def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: str = "", sort: str = "session_id",
