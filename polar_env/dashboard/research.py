@@ -126,7 +126,8 @@ def integrity(evaluation: dict[str, Any]) -> dict[str, Any]:
     """What the grader threw away or distrusted: dropped paths, the tamper verdict and its
     evidence, forged result lines, and the canaries that did not come out as expected."""
     canaries = [c for c in evaluation.get("canaries") or [] if isinstance(c, dict)]
-    return {"dropped_paths": list(evaluation.get("dropped_paths") or []),
+    dropped = [d if isinstance(d, dict) else {"path": str(d), "rule": None} for d in evaluation.get("dropped_paths") or []]
+    return {"dropped_paths": dropped,
             "graded_paths": list(evaluation.get("graded_paths") or []),
             "tampered": bool(evaluation.get("tampered")), "tamper_evidence": list(evaluation.get("tamper_evidence") or []),
             "forged_lines": evaluation.get("forged_lines"),

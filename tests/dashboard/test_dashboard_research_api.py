@@ -46,7 +46,8 @@ def write_run(run: Path, rows: list[dict[str, Any]], planned: dict[str, int]) ->
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "runs" / "r1"
-    evaluated = {"swebench": SWEBENCH, "graded_patch": PATCH, "dropped_paths": ["tests/t.py"], "graded_paths": ["a.py"],
+    evaluated = {"swebench": SWEBENCH, "graded_patch": PATCH, "graded_paths": ["a.py"],
+                 "dropped_paths": [{"path": "tests/t.py", "rule": "test location"}, "old.py"],  # older runs: bare paths
                  "tampered": True, "tamper_evidence": ["rewrote conftest.py"]}
     rows = [session("alpha", 0, 1.0), session("alpha", 1, 0.0, reason="unresolved", evaluation=evaluated),
             session("alpha", 2, 1.0), session("alpha", 3, 0.0, status="error", kind="engine_error", mask=True, reason="-"),
@@ -88,7 +89,8 @@ async def test_session_tests_integrity_patch_and_trainer(run_dir: Path) -> None:
         d = await (await client.get("/api/runs/r1/sessions/alpha-g-1")).json()
         assert d["tests"] == [{"group": "FAIL_TO_PASS", "result": "failure", "test": "t.py::test_new"},
                               {"group": "PASS_TO_PASS", "result": "success", "test": "t.py::test_old"}]
-        assert d["integrity"]["dropped_paths"] == ["tests/t.py"] and d["integrity"]["tampered"] is True
+        assert d["integrity"]["dropped_paths"] == [{"path": "tests/t.py", "rule": "test location"}, {"path": "old.py", "rule": None}]
+        assert d["integrity"]["tampered"] is True
         assert d["integrity"]["tamper_evidence"] == ["rewrote conftest.py"]
         assert d["graded_patch"] == PATCH
         assert d["trainer"]["mask"] is False and d["trainer"]["trained_tokens"] == 3

@@ -90,8 +90,9 @@ function integrityView(ig) {
     ig.forged_lines ? h("p", {class: "bad", text: `${ig.forged_lines} forged result line(s)`}) : null,
     (ig.failed_canaries || []).map((c) => h("p", {class: "bad", text: `canary ${c.test}: expected ${c.expected}, got ${c.got}`})),
     h("p", {class: "muted", text: `graded paths: ${(ig.graded_paths || []).join(", ") || "—"}`}),
-    ig.dropped_paths.length ? h("div", {class: "dropped", id: "dropped"}, h("b", {text: `${ig.dropped_paths.length} dropped path(s), not graded:`}),
-      h("pre", {class: "raw", text: ig.dropped_paths.join("\n")})) : h("p", {class: "muted", text: "no dropped paths"}));
+    ig.dropped_paths.length ? h("div", {class: "dropped", id: "dropped"}, h("b", {text: `${ig.dropped_paths.length} dropped path(s): changed by the agent, not graded`}),
+      h("table", {}, h("tbody", {}, ig.dropped_paths.map((d) => h("tr", {"data-path": d.path}, h("td", {class: "bad", text: d.path}), h("td", {class: "muted", text: fmt(d.rule)}))))))
+      : h("p", {class: "muted", text: "no dropped paths"}));
 }
 
 function diffView(patch) {
