@@ -210,7 +210,7 @@ class Run:
 
     def summary(self) -> dict[str, Any]:
         """The Runs list's row, cached until the index or ``live.json`` changes: the list asks for
-        every run on each visit, and a finished run's report is megabytes at 1,000 sessions."""
+        every run on each visit, and a finished run's report is about half a megabyte per 1,000 sessions."""
         rows = self.rows()
         key = (self._signature, self._built_at, file_version(self.path / "live.json"))
         if self._summary[0] != key:

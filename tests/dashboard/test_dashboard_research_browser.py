@@ -231,9 +231,13 @@ def test_a_late_session_answer_does_not_replace_the_page_back_returned_to(runs: 
     page.go_back()
     wait_ready(page, "#/run/mixed/sessions")
     page.wait_for_selector("#sessions tbody tr >> nth=3")
+    later: list[str] = []
+    page.on("request", lambda request: later.append(request.url))
     with page.expect_response(f"**/api/runs/mixed/sessions/{sid}"):
         held[0].continue_()  # the late answer arrives
-    page.wait_for_timeout(1000)  # give the page every chance to (wrongly) render it
+    # a page that used it would at once ask for the session's trace and transcript, then draw it
+    page.wait_for_timeout(3000)
+    assert not [u for u in later if "/trace/" in u or "/transcript" in u], later
     assert page.locator("#sessions tbody tr").count() == 4 and page.locator("#s-reward").count() == 0
     assert page.url.endswith("#/run/mixed/sessions")
 
