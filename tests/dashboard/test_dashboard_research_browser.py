@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require_bwrap, unavailable
-from tests.dashboard.test_dashboard_browser import CHROMIUM, env, wait_ready
+from tests.dashboard.test_dashboard_browser import CHROMIUM, env, shot, wait_ready
 from tests.staging.test_readme_script import readme_script
 
 pytestmark = pytest.mark.slow
@@ -112,6 +112,7 @@ def test_tasks_then_a_group_then_its_samples(runs: Path, dashboard: str, context
     assert textkit.locator('td[data-col="mean_reward"]').inner_text() == "0.000"
     assert calc.locator('td[data-col="completed"]').inner_text() == "2" and calc.locator('td[data-col="errored"]').inner_text() == "0"
     assert "loop" in calc.inner_text() and "polar-tiny-qwen3" in calc.inner_text()
+    shot(page, "tasks")
     # a real link: ctrl-click opens the task's sessions in a new tab, the first tab stays put
     with context.expect_page() as opened:
         calc.locator("td a").first.click(modifiers=["Control"])
@@ -132,6 +133,7 @@ def test_tasks_then_a_group_then_its_samples(runs: Path, dashboard: str, context
     assert "reward minus the mean reward" in page.locator("#advantage-rule").inner_text()
     assert page.locator('#samples td[data-col="mask"]').all_inner_texts() == ["false", "false"]
     assert page.locator('#samples td[data-col="reason"]').all_inner_texts() == ["resolved", "resolved"]
+    shot(page, "group")
     page.locator("#group-next").click()  # step to the next group: textkit's
     wait_ready(page, "#/run/mixed/group/toy__textkit-1-mixed")
     assert page.locator('#samples td[data-col="reason"]').all_inner_texts() == ["empty patch", "empty patch"]
@@ -160,6 +162,7 @@ def test_why_histogram_filters_and_the_url_keeps_the_view(runs: Path, dashboard:
     page.wait_for_selector('#hist-reason .bar.on[data-value="empty patch"]')
     assert rows.count() == 2 and "reason=empty+patch" in page.url
     assert set(page.locator('#sessions td[data-col="reason"]').all_inner_texts()) == {"empty patch"}
+    shot(page, "why")
     page.locator('#sessions th[data-sort="session_id"]').click()  # descending: a second history entry
     page.wait_for_selector("#sessions th.sorted.desc")
     assert "desc=1" in page.url and "reason=empty+patch" in page.url
@@ -201,6 +204,7 @@ def test_evaluator_tests_diff_and_what_the_trainer_gets(runs: Path, dashboard: s
     bg = added.first.evaluate("e => getComputedStyle(e).backgroundColor")
     r, g, b = (int(v) for v in bg[bg.index("(") + 1: bg.index(")")].split(",")[:3])
     assert g > r and g > b, bg
+    shot(page, "evaluation", "#diff-box")
     # what the trainer gets: the mask, each trace's trainable flag and role, the trained tokens
     trained = sum(sum(t["loss_mask"]) for t in trajectory["traces"] if t["trainable"])
     assert page.locator("#t-mask").inner_text() == ("dropped" if rows[sid]["mask"] else "kept")

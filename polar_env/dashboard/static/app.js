@@ -215,7 +215,9 @@ async function pageSessions(run, params) {
   const prev = h("button", {id: "prev", onclick: () => { state.offset = Math.max(0, state.offset - state.limit); change(); }}, "‹ prev");
   const next = h("button", {id: "next", onclick: () => { state.offset += state.limit; change(); }}, "next ›");
   let timer = null;
-  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => { state.q = search.value; state.offset = 0; change(true); }, 200); });
+  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => {
+    const typing = Boolean(state.q);  // the first keystroke is a history entry; the next ones replace it
+    state.q = search.value; state.offset = 0; change(typing); }, 200); });
   statusSel.addEventListener("change", () => { state.status = statusSel.value; state.offset = 0; change(); });
   harnessSel.addEventListener("change", () => { state.harness = harnessSel.value; state.offset = 0; change(); });
   const taskChip = state.task ? h("span", {class: "badge", id: "task-filter"}, `task ${state.task} `,
