@@ -122,9 +122,15 @@ def tests_table(evaluation: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
-def integrity(evaluation: dict[str, Any]) -> dict[str, Any]:
+_INTEGRITY_KEYS = ("dropped_paths", "graded_paths", "tampered", "tamper_evidence", "forged_lines", "canaries")
+
+
+def integrity(evaluation: dict[str, Any]) -> dict[str, Any] | None:
     """What the grader threw away or distrusted: dropped paths, the tamper verdict and its
-    evidence, forged result lines, and the canaries that did not come out as expected."""
+    evidence, forged result lines, and the canaries that did not come out as expected. None for
+    an evaluator that grades no workspace (an output regex has nothing to tamper with)."""
+    if not any(k in evaluation for k in _INTEGRITY_KEYS):
+        return None
     canaries = [c for c in evaluation.get("canaries") or [] if isinstance(c, dict)]
     dropped = [d if isinstance(d, dict) else {"path": str(d), "rule": None} for d in evaluation.get("dropped_paths") or []]
     return {"dropped_paths": dropped,

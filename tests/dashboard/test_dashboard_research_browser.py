@@ -194,6 +194,7 @@ def test_evaluator_tests_diff_and_what_the_trainer_gets(runs: Path, dashboard: s
     assert sorted(map(tuple, shown)) == expected and len(expected) >= 2
     assert set(page.locator("#tests tbody td:nth-child(2)").all_inner_texts()) == {"passed"}
     assert page.locator("#tamper-verdict").inner_text().startswith("no tampering found")
+    shot(page, "verdict")
     # the graded patch, line by line, added lines green and removed ones red
     diff = page.locator("#diff .dl")
     assert "\n".join(diff.all_inner_texts()) == evaluation["graded_patch"].rstrip("\n")
@@ -221,6 +222,8 @@ def test_evaluator_tests_diff_and_what_the_trainer_gets(runs: Path, dashboard: s
     assert dropped == ["tests/test_calc.py"]  # a test location: changed by the agent, never graded
     assert page.locator("#dropped tr").evaluate_all("els => els.map(e => e.dataset.path)") == dropped
     assert "test location" in page.locator("#dropped").inner_text()
+    assert control[csid]["evaluation"]["graded_patch"] == "" and page.locator("#diff .dl").count() == 0
+    assert "graded patch is empty" in page.locator("#diff-box").inner_text()
 
 
 def test_a_late_session_answer_does_not_replace_the_page_back_returned_to(runs: Path, dashboard: str, context: Any) -> None:

@@ -404,8 +404,8 @@ async function pageSession(run, sid) {
       group ? " · " : null, group),
     siblingsView(run, sid, d.siblings),
     d.failure_detail ? h("div", {class: "card bad", text: d.failure_detail}) : null,
-    facts, h("div", {class: "grid2"}, trainerView(d.trainer), integrityView(d.integrity)),
-    testsView(d.tests), diffView(d.graded_patch),
+    facts, h("div", {class: "grid2"}, trainerView(d.trainer), d.integrity ? integrityView(d.integrity) : null),
+    testsView(d.tests), d.graded_patch === null || d.graded_patch === undefined ? null : diffView(d.graded_patch),
     h("div", {class: "grid2"}, evaluationView(d.evaluation), stagesView(d.stage_seconds)),
     await traceView(run, sid, d.traces),
     h("div", {class: "card"}, h("h2", {text: "Transcript (what the harness sent, and each reply)"}), transcript, more));

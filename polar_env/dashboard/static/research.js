@@ -96,7 +96,7 @@ function integrityView(ig) {
 }
 
 function diffView(patch) {
-  if (!patch) return h("div", {class: "card", id: "diff-box"}, h("h2", {text: "What the agent changed"}), h("p", {class: "muted", text: "no graded patch (nothing changed, or the evaluator keeps none)"}));
+  if (!patch) return h("div", {class: "card", id: "diff-box"}, h("h2", {text: "What the agent changed"}), h("p", {class: "muted", text: "nothing: the graded patch is empty"}));
   const kind = (line) => line.startsWith("+++") || line.startsWith("---") || line.startsWith("diff ") || line.startsWith("index ") ? "meta"
     : line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "ctx";
   const lines = patch.replace(/\n$/, "").split("\n");
