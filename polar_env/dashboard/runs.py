@@ -26,8 +26,8 @@ from polar_env.staging.job import pass_at_k
 from polar_env.staging.runs import is_run_folder, runs_in
 
 FINISHED = ("completed", "timeout", "error", "cancelled")
-COLUMNS = ("session_id", "task_id", "repo", "sample_index", "harness", "status", "failure_kind", "reward", "calls",
-           "tokens", "drift", "wall_s", "node_id")
+COLUMNS = ("session_id", "task_id", "repo", "sample_index", "harness", "status", "failure_kind", "reason", "reward",
+           "calls", "tokens", "drift", "wall_s", "node_id", "group_id", "mask", "trainable_tokens")
 _LIVE_REFRESH_S = 2.0  # journals grow without touching their folder's mtime: re-count open sessions this often
 
 
@@ -81,6 +81,15 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+def file_version(path: Path) -> tuple[int, int]:
+    """(mtime, size): what tells a cached figure that its file changed."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return (0, 0)
+    return (stat.st_mtime_ns, stat.st_size)
+
+
 def repo_of(task_id: str, task_repo: str | None = None) -> str:
     return task_repo or task_id.split("__")[0]
 
@@ -101,6 +110,8 @@ class Run:
         self._built_at = 0.0
         self._stores: dict[Path, JournalStore] = {}
         self._history: tuple[tuple[Any, ...] | None, list[list[Any]]] = (None, [])
+        self._summary: tuple[tuple[Any, ...] | None, dict[str, Any]] = (None, {})
+        self._plan: tuple[tuple[int, int] | None, dict[str, Any]] = (None, {})
 
     # -- folders ------------------------------------------------------------------------------
     def store_dirs(self) -> list[Path]:
@@ -116,15 +127,8 @@ class Run:
         return self._stores[folder]
 
     def _signature_now(self) -> tuple[Any, ...]:
-        def mtime(p: Path) -> float:
-            try:
-                return p.stat().st_mtime_ns
-            except FileNotFoundError:
-                return 0
-
-        dirs = self.store_dirs()
-        return (tuple((d, mtime(d), mtime(d / "sessions")) for d in dirs),
-                mtime(self.path / "report.json"), mtime(self.path / "sessions.jsonl"))
+        return (tuple((d, file_version(d), file_version(d / "sessions")) for d in self.store_dirs()),
+                file_version(self.path / "report.json"), file_version(self.path / "sessions.jsonl"))
 
     @property
     def finished(self) -> bool:
@@ -177,7 +181,10 @@ class Run:
             "reward": outcome.get("reward"), "calls": calls,
             "tokens": report_row.get("sampled_tokens"), "drift": report_row.get("drift_boundaries"),
             "wall_s": wall_of(outcome.get("stage_times") or {}), "node_id": outcome.get("node_id") or meta.get("node_id"),
-            "reason": (outcome.get("evaluation") or {}).get("reason"),
+            "reason": (outcome.get("evaluation") or {}).get("reason") or report_row.get("reason"),
+            "group_id": outcome.get("group_id") or meta.get("group_id"),
+            "mask": outcome.get("mask", report_row.get("mask")),  # known once the session's row is written
+            "traces": report_row.get("traces"), "trainable_tokens": report_row.get("trainable_tokens"),
             "failure_detail": outcome.get("failure_detail") or outcome.get("error"),  # "error": outcomes before kinds
         }
 
@@ -193,8 +200,24 @@ class Run:
             (r for r in _read_lines(self.path / "sessions.jsonl") if r.get("session_id") == session_id), {})
 
     # -- figures -------------------------------------------------------------------------------
+    def plan(self) -> dict[str, Any]:
+        """``plan.json`` (planned groups, the job's config), re-read only when it changes."""
+        version = file_version(self.path / "plan.json")
+        if self._plan[0] != version:
+            data = _read_json(self.path / "plan.json")
+            self._plan = (version, data if isinstance(data, dict) else {})
+        return self._plan[1]
+
     def summary(self) -> dict[str, Any]:
+        """The Runs list's row, cached until the index or ``live.json`` changes: the list asks for
+        every run on each visit, and a finished run's report is about half a megabyte per 1,000 sessions."""
         rows = self.rows()
+        key = (self._signature, self._built_at, file_version(self.path / "live.json"))
+        if self._summary[0] != key:
+            self._summary = (key, self._summarize(rows))
+        return self._summary[1]
+
+    def _summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         report = self.report()
         live = read_live(self.path)
         done = [r for r in rows if r["status"] in FINISHED]
@@ -291,13 +314,33 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
     return {"a": a.name, "b": b.name, "ks": sorted({1, k}), "sections": sections}
 
 
+def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str, Any]:
+    """The run's histogram of ``key``: the ``top`` values as ``[[value, sessions], ...]``, most
+    frequent first ("-" for none), and how many sessions the rest hold (free-text reasons can be
+    as many as the sessions, and a page stays one page)."""
+    seen: dict[str, int] = {}
+    for r in rows:
+        value = str(r.get(key) or "-")
+        seen[value] = seen.get(value, 0) + 1
+    ranked = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"bars": [list(kv) for kv in ranked[:top]], "other_values": len(ranked[top:]),
+            "other_sessions": sum(n for _, n in ranked[top:])}
+
+
 def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: str = "", sort: str = "session_id",
-         desc: bool = False, offset: int = 0, limit: int = 50) -> dict[str, Any]:
-    """Filter, sort and slice the session index server-side (the browser only ever holds a page)."""
+         desc: bool = False, offset: int = 0, limit: int = 50, reason: str = "", failure_kind: str = "",
+         task: str = "") -> dict[str, Any]:
+    """Filter, sort and slice the session index server-side (the browser only ever holds a page).
+    ``reason``/``failure_kind`` match exactly ("-": none), as the histogram's bars name them."""
     q = q.lower()
+
+    def exact(r: dict[str, Any], key: str, want: str) -> bool:
+        return not want or str(r.get(key) or "-") == want
+
     picked = [r for r in rows
               if (not q or q in r["session_id"].lower() or q in r["task_id"].lower() or q in str(r.get("reason") or "").lower())
-              and (not status or r["status"] == status) and (not harness or r["harness"] == harness)]
+              and (not status or r["status"] == status) and (not harness or r["harness"] == harness)
+              and exact(r, "reason", reason) and exact(r, "failure_kind", failure_kind) and (not task or r["task_id"] == task)]
     key = sort if sort in COLUMNS else "session_id"
     present = [r for r in picked if r.get(key) is not None]
     missing = [r for r in picked if r.get(key) is None]  # blanks last, whichever the direction
@@ -306,4 +349,5 @@ def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: 
     ordered = present + missing
     limit = max(1, min(limit, 500))
     return {"total": len(picked), "offset": offset, "limit": limit, "rows": ordered[offset: offset + limit],
-            "statuses": sorted({r["status"] for r in rows}), "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]})}
+            "statuses": sorted({r["status"] for r in rows}), "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]}),
+            "reasons": counts(rows, "reason"), "failure_kinds": counts(rows, "failure_kind")}

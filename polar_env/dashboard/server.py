@@ -21,12 +21,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from polar_env.dashboard.research import group_view, integrity, siblings, tasks_table, tests_table, trainer_view
 from polar_env.dashboard.runs import Run, compare, discover, page
 from polar_env.dashboard.session import SessionCache, journal_page, trace_page, trace_summaries, transcript_page
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 COOKIE = "polar_dashboard"
-STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {"index.html": "text/html", "app.js": "text/javascript", "research.js": "text/javascript", "style.css": "text/css"}
 # The page shows what agents wrote; nothing in it may load or run anything but the shipped assets.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
@@ -156,9 +157,24 @@ async def _sessions(request: web.Request) -> web.Response:
     q = request.query
     rows = await asyncio.to_thread(run.rows)
     data = page(rows, q=q.get("q", ""), status=q.get("status", ""), harness=q.get("harness", ""),
-                sort=q.get("sort", "session_id"), desc=q.get("desc") == "1",
+                sort=q.get("sort", "session_id"), desc=q.get("desc") == "1", reason=q.get("reason", ""),
+                failure_kind=q.get("failure_kind", ""), task=q.get("task", ""),
                 offset=_int(request, "offset", 0), limit=_int(request, "limit", 50))
     return _json({**data, "finished": run.finished})
+
+
+async def _tasks(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    return _json(await asyncio.to_thread(tasks_table, run))
+
+
+async def _group(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    data = await asyncio.to_thread(group_view, run, request.match_info["group"])
+    if data is None:
+        raise web.HTTPNotFound(text=json.dumps({"error": f"no group {request.match_info['group']!r}"}),
+                               content_type="application/json")
+    return _json(data)
 
 
 async def _live(request: web.Request) -> web.Response:
@@ -217,8 +233,11 @@ async def _session_detail(request: web.Request) -> web.Response:
         stage_s = {a: round(stage_times[b] - stage_times[a], 4) for a, b in zip(order, order[1:], strict=False)}
         traces = trace_summaries(trajectory)
         sampled = sum(t["sampled_tokens"] for t in traces)
+        evaluation = outcome.get("evaluation") or {}
         return {"run": run.name, "row": {**row, "tokens": row["tokens"] if row["tokens"] is not None else sampled},
-                "evaluation": outcome.get("evaluation") or {}, "stage_seconds": stage_s, "stage_times": stage_times,
+                "evaluation": evaluation, "tests": tests_table(evaluation), "integrity": integrity(evaluation),
+                "graded_patch": evaluation.get("graded_patch"), "trainer": trainer_view(row, outcome, trajectory),
+                "siblings": siblings(run, row), "stage_seconds": stage_s, "stage_times": stage_times,
                 "metadata": outcome.get("metadata") or {},
                 "failure_detail": (outcome.get("failure_detail") or outcome.get("error") or trajectory.failure_detail
                                    or trajectory.metadata.get("error")),
@@ -273,6 +292,8 @@ def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Appli
     r.add_get("/api/runs/{run}/live", _live)
     r.add_get("/api/runs/{run}/live/events", _live_events)
     r.add_get("/api/runs/{run}/sessions", _sessions)
+    r.add_get("/api/runs/{run}/tasks", _tasks)
+    r.add_get("/api/runs/{run}/groups/{group}", _group)
     r.add_get("/api/runs/{run}/sessions/{session}", _session_detail)
     r.add_get("/api/runs/{run}/sessions/{session}/trace/{index:\\d+}", _trace)
     r.add_get("/api/runs/{run}/sessions/{session}/transcript", _transcript)

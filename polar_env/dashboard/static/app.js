@@ -24,10 +24,17 @@ function h(tag, attrs, ...children) {
 }
 const enc = encodeURIComponent;
 const put = (...children) => main.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+// Each route() bumps routeId; an answer that arrives after the user moved on is dropped (Stale),
+// so a slow session page cannot overwrite the page Back returned to.
+let routeId = 0;
+class Stale extends Error {}
 async function api(path) {
+  const mine = routeId;
   const resp = await fetch(path, {credentials: "same-origin"});
-  if (!resp.ok) throw new Error(`${resp.status} ${await resp.text()}`);
-  return resp.json();
+  const body = resp.ok ? await resp.json() : `${resp.status} ${await resp.text()}`;
+  if (mine !== routeId) throw new Stale(path);
+  if (!resp.ok) throw new Error(body);
+  return body;
 }
 const fmt = (v, digits = 3) => v === null || v === undefined ? "—" : (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(digits)) : String(v));
 const fixed = (v, digits = 3) => v === null || v === undefined ? "—" : Number(v).toFixed(digits);
@@ -54,14 +61,14 @@ async function pageRuns() {
       compareBtn.disabled = picked.size !== 2;
     }});
     const passes = Object.entries(r.pass).filter(([k]) => k.startsWith("pass@"));
-    return h("tr", {class: "link", "data-run": r.name, onclick: () => { location.hash = `#/run/${enc(r.name)}`; }},
-      h("td", {}, box), h("td", {}, h("b", {text: r.name}), h("div", {class: "muted", text: r.path})),
+    return linkRow(`#/run/${enc(r.name)}`, {"data-run": r.name}, [
+      h("td", {}, box), h("td", {}, h("a", {href: `#/run/${enc(r.name)}`}, h("b", {text: r.name})), h("div", {class: "muted", text: r.path})),
       h("td", {}, badge(r.state)), h("td", {class: "num", text: r.sessions}),
       h("td", {text: Object.entries(r.statuses).map(([k, v]) => `${k} ${v}`).join(", ")}),
       h("td", {class: "num", text: fixed(r.mean_reward)}),
       h("td", {text: passes.map(([k, v]) => `${k} ${fixed(v)}`).join("  ")}),
       h("td", {class: "num", text: r.wall_s === null || r.wall_s === undefined ? "—" : fmt(r.wall_s, 1) + " s"}),
-      h("td", {class: "num", text: pct(r.engine_busy_fraction)}));
+      h("td", {class: "num", text: pct(r.engine_busy_fraction)})]);
   });
   put(
     h("h1", {text: "Runs"}),
@@ -103,6 +110,7 @@ async function pageCompare(a, b) {
 function runTabs(run, on) {
   return h("div", {class: "tabs"},
     h("a", {href: `#/run/${enc(run)}`, class: on === "live" ? "on" : "", text: "Live"}),
+    h("a", {href: `#/run/${enc(run)}/tasks`, class: on === "tasks" ? "on" : "", text: "Tasks"}),
     h("a", {href: `#/run/${enc(run)}/sessions`, class: on === "sessions" ? "on" : "", text: "Sessions"}));
 }
 
@@ -175,26 +183,47 @@ async function pageLive(run) {
 }
 
 const SESSION_COLUMNS = [["session_id", "session"], ["task_id", "task"], ["sample_index", "sample", "num"],
-  ["harness", "harness"], ["status", "status"], ["failure_kind", "failure kind"], ["reward", "reward", "num"],
+  ["harness", "harness"], ["status", "status"], ["failure_kind", "failure kind"], ["reason", "reason"], ["reward", "reward", "num"],
+  ["mask", "mask"],
   ["calls", "calls", "num"], ["tokens", "tokens", "num"], ["drift", "drift", "num"], ["wall_s", "wall s", "num"]];
 
 async function pageSessions(run, params) {
   crumbs(["runs", "#/"], [run, `#/run/${enc(run)}`], ["sessions"]);
   const q = new URLSearchParams(params);
-  const state = {q: q.get("q") || "", status: q.get("status") || "", harness: q.get("harness") || "",
-    sort: q.get("sort") || "session_id", desc: q.get("desc") === "1", offset: Number(q.get("offset") || 0), limit: 50};
+  const FILTERS = ["q", "status", "harness", "reason", "failure_kind", "task"];
+  const state = {sort: q.get("sort") || "session_id", desc: q.get("desc") === "1", offset: Number(q.get("offset") || 0), limit: 50};
+  for (const k of FILTERS) state[k] = q.get(k) || "";
+  // paging, sort and filters live in the URL: each change is a history entry (typing replaces
+  // its own), so Back restores the previous view and a link reproduces it
+  const remember = (replace) => {
+    const p = new URLSearchParams();
+    for (const k of FILTERS) if (state[k]) p.set(k, state[k]);
+    if (state.sort !== "session_id") p.set("sort", state.sort);
+    if (state.desc) p.set("desc", "1");
+    if (state.offset) p.set("offset", state.offset);
+    const hash = `#/run/${enc(run)}/sessions${String(p) ? "?" + p : ""}`;
+    if (hash === location.hash) return;
+    replace ? history.replaceState(null, "", hash) : history.pushState(null, "", hash);
+    routed = location.hash;
+  };
+  const change = (replace) => { remember(replace); load(); };
+  const hists = h("div", {class: "grid2", id: "why"});
   const search = h("input", {id: "filter", placeholder: "filter: session, task, reason", value: state.q});
   const statusSel = h("select", {id: "status-filter"}), harnessSel = h("select", {id: "harness-filter"});
   const table = h("table", {id: "sessions"});
   const info = h("span", {id: "page-info", class: "muted"});
-  const prev = h("button", {id: "prev", onclick: () => { state.offset = Math.max(0, state.offset - state.limit); load(); }}, "‹ prev");
-  const next = h("button", {id: "next", onclick: () => { state.offset += state.limit; load(); }}, "next ›");
+  const prev = h("button", {id: "prev", onclick: () => { state.offset = Math.max(0, state.offset - state.limit); change(); }}, "‹ prev");
+  const next = h("button", {id: "next", onclick: () => { state.offset += state.limit; change(); }}, "next ›");
   let timer = null;
-  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => { state.q = search.value; state.offset = 0; load(); }, 200); });
-  statusSel.addEventListener("change", () => { state.status = statusSel.value; state.offset = 0; load(); });
-  harnessSel.addEventListener("change", () => { state.harness = harnessSel.value; state.offset = 0; load(); });
-  put(h("h1", {text: run}), runTabs(run, "sessions"),
-    h("div", {class: "filters"}, search, statusSel, harnessSel, prev, next, info), table);
+  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => {
+    const typing = Boolean(state.q);  // the first keystroke is a history entry; the next ones replace it
+    state.q = search.value; state.offset = 0; change(typing); }, 200); });
+  statusSel.addEventListener("change", () => { state.status = statusSel.value; state.offset = 0; change(); });
+  harnessSel.addEventListener("change", () => { state.harness = harnessSel.value; state.offset = 0; change(); });
+  const taskChip = state.task ? h("span", {class: "badge", id: "task-filter"}, `task ${state.task} `,
+    h("a", {href: "#", text: "×", onclick: (ev) => { ev.preventDefault(); state.task = ""; state.offset = 0; taskChip.remove(); change(); }})) : null;
+  put(h("h1", {text: run}), runTabs(run, "sessions"), hists,
+    h("div", {class: "filters"}, search, statusSel, harnessSel, taskChip, prev, next, info), table);
   const fill = (sel, values, current, label) => {
     if (sel.dataset.values === values.join("\n")) return;  // a live refresh must not close an open menu
     sel.dataset.values = values.join("\n");
@@ -204,17 +233,24 @@ async function pageSessions(run, params) {
   async function load() {
     const p = new URLSearchParams({q: state.q, status: state.status, harness: state.harness, sort: state.sort,
       desc: state.desc ? "1" : "0", offset: state.offset, limit: state.limit});
+    for (const k of ["reason", "failure_kind", "task"]) if (state[k]) p.set(k, state[k]);
     const data = await api(`/api/runs/${enc(run)}/sessions?${p}`);
+    const pick = (key) => (value) => { state[key] = value; state.offset = 0; change(); };
+    hists.replaceChildren(histogram("hist-reason", "Reasons (the evaluator's)", data.reasons, state.reason, pick("reason")),
+      histogram("hist-failure", "Failure kinds (- : completed)", data.failure_kinds, state.failure_kind, pick("failure_kind")));
     fill(statusSel, data.statuses, state.status, "statuses");
     fill(harnessSel, data.harnesses, state.harness, "harnesses");
     const head = h("tr", {}, SESSION_COLUMNS.map(([key, label, cls]) => h("th", {
       class: `sortable ${cls || ""} ${state.sort === key ? "sorted" : ""} ${state.sort === key && state.desc ? "desc" : ""}`,
       "data-sort": key, text: label,
-      onclick: () => { state.desc = state.sort === key ? !state.desc : false; state.sort = key; state.offset = 0; load(); }})));
-    const body = data.rows.map((r) => h("tr", {class: "link", "data-session": r.session_id,
-      onclick: () => { location.hash = `#/run/${enc(run)}/session/${enc(r.session_id)}`; }},
-      SESSION_COLUMNS.map(([key, , cls]) => key === "status" ? h("td", {}, badge(r.status))
-        : h("td", {class: cls || "", "data-col": key, text: key === "reward" && r[key] !== null ? r[key].toFixed(2) : fmt(r[key], 2)}))));
+      onclick: () => { state.desc = state.sort === key ? !state.desc : false; state.sort = key; state.offset = 0; change(); }})));
+    const body = data.rows.map((r) => {
+      const href = `#/run/${enc(run)}/session/${enc(r.session_id)}`;
+      return linkRow(href, {"data-session": r.session_id}, SESSION_COLUMNS.map(([key, , cls]) => key === "status" ? h("td", {}, badge(r.status))
+        : key === "session_id" ? cellLink(href, r.session_id, {"data-col": key})
+        : h("td", {class: `${cls || ""}${key === "failure_kind" && r[key] ? " bad" : ""}`, "data-col": key,
+          text: key === "reward" && r[key] !== null ? r[key].toFixed(2) : fmt(r[key], 2)})));
+    });
     table.replaceChildren(h("thead", {}, head), h("tbody", {}, body));
     const end = Math.min(data.total, state.offset + data.rows.length);
     info.textContent = data.total ? `${state.offset + 1}–${end} of ${data.total}` : "no sessions";
@@ -323,17 +359,14 @@ async function traceView(run, sid, traces) {
 }
 
 function evaluationView(ev) {
-  const rows = Object.entries(ev).filter(([k]) => !["tests_status", "log_tail", "apply_logs", "dropped_paths"].includes(k));
-  const tests = ev.tests_status || (ev.graded || {}).tests_status;
+  // the tests, integrity and patch have their own cards; the rest, one value per line
+  const shown = ["tests_status", "log_tail", "apply_logs", "dropped_paths", "graded_paths", "graded_patch", "swebench", "graded",
+    "canaries", "tamper_evidence", "forged_lines", "tampered"];
+  const rows = Object.entries(ev).filter(([k]) => !shown.includes(k));
   const parts = [h("h2", {text: "Evaluator report"}),
     h("table", {id: "evaluation"}, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", {text: k}),
       h("td", {style: "white-space:pre-wrap", text: typeof v === "object" ? JSON.stringify(v) : String(v)})))))];
-  if (tests) {
-    parts.push(h("h2", {text: "Tests"}), h("table", {id: "tests"}, h("thead", {}, h("tr", {}, h("th", {text: "group"}), h("th", {text: "result"}), h("th", {text: "test"}))),
-      h("tbody", {}, Object.entries(tests).flatMap(([group, res]) => Object.entries(res || {}).flatMap(([outcome, names]) =>
-        (names || []).map((n) => h("tr", {}, h("td", {text: group}), h("td", {class: outcome === "success" ? "good" : "bad", text: outcome}), h("td", {text: n}))))))));
-  }
-  if (ev.dropped_paths && ev.dropped_paths.length) parts.push(h("h2", {text: "Dropped paths"}), h("pre", {class: "raw", id: "dropped", text: ev.dropped_paths.join("\n")}));
+  if (Object.keys(ev).length) parts.push(h("details", {}, h("summary", {text: "the whole report (JSON)"}), h("pre", {class: "raw", text: JSON.stringify(ev, null, 1)})));
   if (ev.log_tail) parts.push(h("details", {}, h("summary", {text: "eval log tail"}), h("pre", {class: "raw", text: ev.log_tail})));
   return h("div", {class: "card"}, parts);
 }
@@ -350,6 +383,7 @@ async function pageSession(run, sid) {
   crumbs(["runs", "#/"], [run, `#/run/${enc(run)}`], ["sessions", `#/run/${enc(run)}/sessions`], [sid]);
   const d = await api(`/api/runs/${enc(run)}/sessions/${enc(sid)}`);
   const r = d.row;
+  const group = r.group_id ? h("a", {id: "group-link", href: `#/run/${enc(run)}/group/${enc(r.group_id)}`, text: `group ${r.group_id}`}) : null;
   const transcript = h("div", {id: "transcript"});
   const more = h("button", {id: "more-calls"}, "more calls");
   let offset = 0;
@@ -366,9 +400,13 @@ async function pageSession(run, sid) {
   put(
     h("h1", {}, `${sid} `, badge(r.status), r.failure_kind ? h("span", {class: "badge error", text: r.failure_kind}) : null),
     h("p", {class: "muted"}, `task ${r.task_id} · sample ${fmt(r.sample_index)} · harness ${fmt(r.harness)} · node ${fmt(r.node_id)} · `,
-      h("a", {href: `#/run/${enc(run)}/session/${enc(sid)}/journal`, id: "journal-link", text: "raw journal records"})),
+      h("a", {href: `#/run/${enc(run)}/session/${enc(sid)}/journal`, id: "journal-link", text: "raw journal records"}),
+      group ? " · " : null, group),
+    siblingsView(run, sid, d.siblings),
     d.failure_detail ? h("div", {class: "card bad", text: d.failure_detail}) : null,
-    facts, h("div", {class: "grid2"}, evaluationView(d.evaluation), stagesView(d.stage_seconds)),
+    facts, h("div", {class: "grid2"}, trainerView(d.trainer), d.integrity ? integrityView(d.integrity) : null),
+    testsView(d.tests), d.graded_patch === null || d.graded_patch === undefined ? null : diffView(d.graded_patch),
+    h("div", {class: "grid2"}, evaluationView(d.evaluation), stagesView(d.stage_seconds)),
     await traceView(run, sid, d.traces),
     h("div", {class: "card"}, h("h2", {text: "Transcript (what the harness sent, and each reply)"}), transcript, more));
   await loadCalls();
@@ -388,7 +426,11 @@ async function pageJournal(run, sid, params) {
 }
 
 // -- routing -------------------------------------------------------------------------------
+let routed = null;  // the hash last rendered (Back fires popstate and hashchange: render once)
 async function route() {
+  if (location.hash === routed) return;
+  routed = location.hash;
+  const mine = ++routeId;
   if (liveSource) { liveSource.close(); liveSource = null; }
   if (refreshTimer) { clearTimeout(refreshTimer); refreshTimer = null; }
   const [path, params] = (location.hash.slice(1) || "/").split("?");
@@ -398,13 +440,19 @@ async function route() {
     else if (parts[0] === "compare") await pageCompare(parts[1], parts[2]);
     else if (parts[0] === "run" && parts.length === 2) await pageLive(parts[1]);
     else if (parts[0] === "run" && parts[2] === "sessions") await pageSessions(parts[1], params || "");
+    else if (parts[0] === "run" && parts[2] === "tasks") await pageTasks(parts[1]);
+    else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);
     else if (parts[0] === "run" && parts[2] === "session" && parts[4] === "journal") await pageJournal(parts[1], parts[3], params || "");
     else if (parts[0] === "run" && parts[2] === "session") await pageSession(parts[1], parts[3]);
     else put(h("p", {text: "unknown page"}));
   } catch (err) {
+    if (err instanceof Stale || mine !== routeId) return;  // the user has moved on: leave their page alone
     put(h("div", {class: "card bad", id: "error", text: String(err)}));
   }
-  document.body.dataset.ready = location.hash || "#/";
+  if (mine === routeId) document.body.dataset.ready = location.hash || "#/";
 }
 window.addEventListener("hashchange", route);
+window.addEventListener("popstate", route);
+// a stale answer to a click's or timer's request (not awaited by route) is not an error either
+window.addEventListener("unhandledrejection", (ev) => { if (ev.reason instanceof Stale) ev.preventDefault(); });
 route();

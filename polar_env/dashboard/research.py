@@ -1,0 +1,154 @@
+"""The researcher's figures over a run's session index: per task, per GRPO group, and one
+session's evaluation and training view.
+
+A researcher asks "which tasks did it solve, and why did the rest fail?" before "what did one
+session do?", so these are computed from the same cached rows the sessions table pages
+(``Run.rows``), with the planned groups of ``plan.json`` for what has not started yet. Nothing
+here reads a journal.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from polar_env.dashboard.runs import FINISHED, Run
+from polar_env.records import Trajectory
+
+_ERRORED = ("error", "timeout", "cancelled")
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def _groups(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """Each group's rows in sample order, planned groups first (in plan order), then any others."""
+    rows = run.rows()
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for g in run.plan().get("groups") or []:
+        by_group[str(g["group_id"])] = []
+    for r in rows:
+        by_group.setdefault(str(r.get("group_id") or r["task_id"]), []).append(r)
+    for members in by_group.values():
+        members.sort(key=lambda r: (r["sample_index"] is None, r["sample_index"] or 0, r["session_id"]))
+    return by_group
+
+
+def model_of(run: Run) -> str | None:
+    engine = ((run.plan().get("job") or {}).get("env") or {}).get("engine") or {}
+    config_engine = (((run.report().get("config") or {}).get("env") or {}).get("engine")) or {}
+    return engine.get("model") or config_engine.get("model")
+
+
+def tasks_table(run: Run) -> dict[str, Any]:
+    """One row per task: state, harness, model, planned and finished samples, completed/errored,
+    mean reward over finished samples, mean traces and calls per session, and its groups."""
+    planned: dict[str, int] = {}
+    for g in run.plan().get("groups") or []:
+        planned[str(g["task_id"])] = planned.get(str(g["task_id"]), 0) + len(g.get("session_ids") or [])
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[str]] = {}
+    for gid, members in _groups(run).items():
+        for r in members:
+            by_task.setdefault(r["task_id"], []).append(r)
+            if gid not in groups.setdefault(r["task_id"], []):
+                groups[r["task_id"]].append(gid)
+    for g in run.plan().get("groups") or []:
+        by_task.setdefault(str(g["task_id"]), [])
+        if str(g["group_id"]) not in groups.setdefault(str(g["task_id"]), []):
+            groups[str(g["task_id"])].append(str(g["group_id"]))
+    model = model_of(run)
+    out = []
+    for task_id, members in sorted(by_task.items()):
+        done = [r for r in members if r["status"] in FINISHED]
+        samples = max(planned.get(task_id, 0), len(members))
+        state = "done" if samples and len(done) == samples else ("pending" if not members else "running")
+        out.append({
+            "task_id": task_id, "state": state, "harness": ", ".join(sorted({str(r["harness"]) for r in members if r["harness"]})) or None,
+            "model": model, "samples": samples, "finished": len(done),
+            "completed": sum(r["status"] == "completed" for r in done),
+            "errored": sum(r["status"] in _ERRORED for r in done),
+            "mean_reward": _mean([float(r["reward"]) for r in done if r["reward"] is not None]),
+            "mean_traces": _mean([float(r["traces"]) for r in done if r.get("traces") is not None]),
+            "mean_calls": _mean([float(r["calls"]) for r in done if r.get("calls") is not None]),
+            "masked": sum(bool(r.get("mask")) for r in members), "groups": groups.get(task_id, []),
+        })
+    return {"run": run.name, "model": model, "tasks": out}
+
+
+def group_view(run: Run, group_id: str) -> dict[str, Any] | None:
+    """One GRPO group's samples side by side. ``advantage`` is the reward minus the mean reward of
+    the group's finished, unmasked samples (what a GRPO trainer normalises against, before any
+    division by the spread); a masked sample has none, since the trainer drops it."""
+    groups = _groups(run)
+    if group_id not in groups:
+        return None
+    members = groups[group_id]
+    counted = [float(r["reward"]) for r in members
+               if r["status"] in FINISHED and not r.get("mask") and r["reward"] is not None]
+    mean = statistics.fmean(counted) if counted else None
+    samples = []
+    for r in members:
+        advantage = None
+        if mean is not None and r["reward"] is not None and r["status"] in FINISHED and not r.get("mask"):
+            advantage = round(float(r["reward"]) - mean, 4)
+        samples.append({**r, "advantage": advantage})
+    order = list(groups)
+    at = order.index(group_id)
+    return {"run": run.name, "group_id": group_id, "task_id": members[0]["task_id"] if members else None,
+            "mean_reward": None if mean is None else round(mean, 4), "counted": len(counted),
+            "advantage_rule": "reward minus the mean reward of the group's finished, unmasked samples",
+            "samples": samples, "prev": order[at - 1] if at > 0 else None,
+            "next": order[at + 1] if at + 1 < len(order) else None, "groups": len(order), "index": at}
+
+
+def siblings(run: Run, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The other samples of a session's group (itself included), in sample order, for stepping."""
+    members = _groups(run).get(str(row.get("group_id") or row["task_id"]), [])
+    return [{"session_id": r["session_id"], "sample_index": r["sample_index"], "reward": r["reward"],
+             "status": r["status"]} for r in members]
+
+
+def tests_table(evaluation: dict[str, Any]) -> list[dict[str, str]]:
+    """The evaluator's FAIL_TO_PASS / PASS_TO_PASS (and any other group) with each test's result,
+    from swebench's ``tests_status`` (``evaluation.swebench`` or, older, ``graded``/top level)."""
+    status = ((evaluation.get("swebench") or {}).get("tests_status") or (evaluation.get("graded") or {}).get("tests_status")
+              or evaluation.get("tests_status") or {})
+    rows: list[dict[str, str]] = []
+    for group in sorted(status, key=lambda g: (g not in ("FAIL_TO_PASS", "PASS_TO_PASS"), g)):
+        for result, names in sorted((status[group] or {}).items()):
+            rows.extend({"group": group, "result": result, "test": str(n)} for n in names or [])
+    return rows
+
+
+_INTEGRITY_KEYS = ("dropped_paths", "graded_paths", "tampered", "tamper_evidence", "forged_lines", "canaries")
+
+
+def integrity(evaluation: dict[str, Any]) -> dict[str, Any] | None:
+    """What the grader threw away or distrusted: dropped paths, the tamper verdict and its
+    evidence, forged result lines, and the canaries that did not come out as expected. None for
+    an evaluator that grades no workspace (an output regex has nothing to tamper with)."""
+    if not any(k in evaluation for k in _INTEGRITY_KEYS):
+        return None
+    canaries = [c for c in evaluation.get("canaries") or [] if isinstance(c, dict)]
+    dropped = [d if isinstance(d, dict) else {"path": str(d), "rule": None} for d in evaluation.get("dropped_paths") or []]
+    return {"dropped_paths": dropped,
+            "graded_paths": list(evaluation.get("graded_paths") or []),
+            "tampered": bool(evaluation.get("tampered")), "tamper_evidence": list(evaluation.get("tamper_evidence") or []),
+            "forged_lines": evaluation.get("forged_lines"),
+            "canaries": len(canaries), "failed_canaries": [c for c in canaries if not c.get("ok", True)]}
+
+
+def trainer_view(row: dict[str, Any], outcome: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+    """What a trainer takes from the session: its ``mask`` (True: dropped from the loss), and per
+    trace its role, ``trainable`` flag and mask-1 tokens; ``trained_tokens`` counts the sampled
+    tokens of trainable traces, 0 when the session is masked."""
+    mask = outcome.get("mask", row.get("mask"))
+    if mask is None:
+        mask = trajectory.mask
+    traces: list[dict[str, Any]] = [{"index": i, "role": t.role, "trainable": t.trainable, "sampled_tokens": sum(t.loss_mask)}
+                                    for i, t in enumerate(trajectory.traces)]
+    trained = 0 if mask else sum(int(t["sampled_tokens"]) for t in traces if t["trainable"])
+    return {"mask": bool(mask), "trained_tokens": trained, "traces": traces,
+            "reward": row.get("reward"), "failure_kind": row.get("failure_kind")}
