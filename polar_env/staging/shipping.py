@@ -68,12 +68,13 @@ def read_shard(root: Path, cursors: dict[str, int], budget: int = _BUDGET) -> tu
         seen = cursors.get(rel)
         path = root / rel
         if rel.endswith(_APPEND):
-            start = 0 if seen is None or st.st_size < seen else seen
-            if st.st_size == start and seen is not None:
+            cut = seen is not None and st.st_size < seen  # cut back: the head's copy is rewritten whole
+            start = 0 if seen is None or cut else seen
+            if st.st_size == start and seen is not None and not cut:
                 continue
             data = _read(path, start, st.st_size - start)
             end = data.rfind(b"\n") + 1
-            if end or (start == 0 and seen is None):
+            if end or seen is None or cut:
                 chunks.append((rel, start, data[:end], start == 0))
                 sent += end
         elif seen != st.st_mtime_ns:

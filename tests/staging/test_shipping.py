@@ -71,6 +71,12 @@ def test_a_journal_cut_back_is_sent_again_whole(tmp_path: Path) -> None:
     (node / "s1.jsonl.torn").write_bytes(b"tw")
     pull_all(node, mirror)
     assert tree(tmp_path / "head") == tree(node)
+    journal.write_bytes(b"")  # cut back to nothing (its only record was the torn one) ...
+    pull_all(node, mirror)
+    assert tree(tmp_path / "head") == tree(node)
+    journal.write_bytes(b"three\n")  # ... then appended to again
+    pull_all(node, mirror)
+    assert (tmp_path / "head" / "s1.jsonl").read_bytes() == b"three\n"
 
 
 def test_only_journal_files_in_the_shard_are_sent(tmp_path: Path) -> None:
