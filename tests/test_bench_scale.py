@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # a reduced benchmark run
 
 
 def test_bench_scale_reduced_size(tmp_path: Path) -> None:

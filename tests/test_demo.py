@@ -8,6 +8,8 @@ from polar_env.cli import main
 from polar_env.demo import run_demo
 from polar_env.trajectory.builders import BUILDERS
 
+pytestmark = pytest.mark.slow  # the demo's gateway and engine
+
 
 async def test_demo_episode_end_to_end(tmp_path, capsys) -> None:
     """README command 1: engine + gateway + a streamed Anthropic tool loop + merged trajectory."""

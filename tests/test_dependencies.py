@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # fresh interpreters and rollouts without torch
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("torch", "transformers", "safetensors")
 

@@ -50,6 +50,7 @@ def one_line(capsys: pytest.CaptureFixture[str], argv: list[str], *expected: str
     return errors[0]
 
 
+@pytest.mark.slow  # waits out the preflight's engine probe
 def test_unreachable_engine_is_one_line_after_the_preflight_wait(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """"In seconds" is the preflight's own wait (ENGINE_WAIT_S): every probe of the dead URL is bounded

@@ -16,6 +16,8 @@ from polar_env.qwen.tokenizer import IM_END_ID
 from polar_env.records import ChatRequest
 from tests.conftest import SHELL_TOOL
 
+pytestmark = pytest.mark.slow  # loads and decodes the embedded engine
+
 USER = [{"role": "user", "content": "Say something."}]
 
 

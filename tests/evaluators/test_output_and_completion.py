@@ -7,6 +7,8 @@ import pytest
 from polar_env.evaluators import EvalContext, run_evaluator
 from polar_env.records import Status
 
+pytestmark = pytest.mark.slow  # grades in real sandboxes
+
 
 @pytest.mark.parametrize(
     ("exit_code", "timed_out", "reward", "reason"),

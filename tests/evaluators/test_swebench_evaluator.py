@@ -13,6 +13,8 @@ from polar_env.records import Status
 from polar_env.tasks.swe import END_TEST_OUTPUT, START_TEST_OUTPUT, SweTask, patch_files
 from polar_env.tasks.toy.calc import _CALC_FIXED
 
+pytestmark = pytest.mark.slow  # grades in real sandboxes
+
 TOY_IDS = ["toy__calc-1", "toy__textkit-1", "toy__bsearch-1"]
 HANG_TIMEOUT_S = 4.0  # the bsearch bug loops forever; this bounds each test that trips it
 

@@ -20,6 +20,8 @@ from polar_env.runtimes.sandbox import DEFAULT_PATH
 from polar_env.tasks.swe import SweTask
 from tests.conftest import DOCKER_IMAGE, require_bwrap
 
+pytestmark = pytest.mark.slow  # grades in real sandboxes and containers
+
 HANG_TIMEOUT_S = 5.0
 
 

@@ -21,6 +21,8 @@ from polar_env.runtimes.sandbox import DEFAULT_PATH
 from polar_env.tasks.swe import SweTask
 from tests.conftest import require_bwrap
 
+pytestmark = pytest.mark.slow  # grades in real sandboxes
+
 FILES = {
     "setup.py": "from setuptools import setup\nsetup()\n",
     "setup.cfg": "[metadata]\nname = moto\n\n[tool:pytest]\nmarkers =\n    network: needs a network\n",

@@ -17,6 +17,8 @@ from polar_env.journal.store import JournalStore
 from polar_env.proxy.config import Sampling
 from polar_env.records import ChatRequest, Generation
 
+pytestmark = pytest.mark.slow  # real Polar sessions
+
 
 class RecordingEngine:
     """The simulated engine (a named test double), keeping every request the gateway sent it."""

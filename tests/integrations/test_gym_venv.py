@@ -17,9 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("POLAR_NEMO_GYM_VENV", "/tmp/polar_nemo_gym_check/venv"))
 PYTHON = VENV / "bin" / "python"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (PYTHON.exists() and (VENV / ".polar-ready").exists()),
-    reason=f"no nemo-gym 0.7.0 venv at {VENV}: run scripts/check_nemo_gym.sh once (or set POLAR_NEMO_GYM_VENV)")
+    reason=f"no nemo-gym 0.7.0 venv at {VENV}: run scripts/check_nemo_gym.sh once (or set POLAR_NEMO_GYM_VENV)")]
 
 SCHEMA_CHECK = f"""
 import sys

@@ -17,6 +17,8 @@ from polar_env.integrations.nemo_gym.agent import PolarGymAgent, gym_ids, task_r
 from polar_env.integrations.nemo_gym.convert import check_contiguous, generation_spans, output_items
 from polar_env.records import FailureKind
 
+pytestmark = pytest.mark.slow  # real Polar sessions
+
 
 def nemo_rl_message_log(result: dict[str, Any]) -> list[dict[str, Any]]:
     """What NeMo RL's post-processing does with a /run result: walk the output items that carry

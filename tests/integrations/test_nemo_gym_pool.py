@@ -17,10 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from polar_env.integrations.nemo_gym import GYM_ROOT
 from polar_env.integrations.nemo_gym.agent import PolarGymAgent, polar_env_config
+
+pytestmark = pytest.mark.slow  # two engines and real sessions
 
 REPO = Path(__file__).resolve().parents[2]
 SESSIONS = 4

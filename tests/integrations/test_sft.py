@@ -24,6 +24,8 @@ from polar_env.records import (
     ToolCall,
 )
 
+pytestmark = pytest.mark.slow  # CLI runs
+
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}
 
 

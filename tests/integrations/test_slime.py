@@ -30,6 +30,8 @@ from polar_env.integrations.slime import (
 )
 from polar_env.records import FailureKind, Status
 
+pytestmark = pytest.mark.slow  # real Polar sessions
+
 ARGS = SimpleNamespace(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
                        reward_key=None, rollout_max_context_len=None)
 

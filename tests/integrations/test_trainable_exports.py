@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from integration_doubles import SampleDouble
 from test_gym_delivery import opencode_capture
 
@@ -23,6 +24,8 @@ from polar_env.trajectory.export import trace_rows
 from polar_env.trajectory.outcome import with_outcome
 from polar_env.trajectory.per_request import build_per_request
 from polar_env.trajectory.prefix_merge import build_prefix_merged
+
+pytestmark = pytest.mark.slow  # real Polar sessions
 
 OUTCOME = {"session_id": "oc", "status": "completed", "reward": 1.0, "metadata": {"task_id": "t"}}
 

@@ -15,6 +15,8 @@ import yaml
 from polar_env.cli import main
 from tests.conftest import require_bwrap
 
+pytestmark = pytest.mark.slow  # real tracker libraries
+
 TINY = {
     "name": "tiny", "steps": 2, "rollouts_per_task": 3, "source": "local",
     "tasks": [{"task_id": "k", "instruction": "Say a word with a k."}],

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.proxy.fuzz_bodies import Case, FuzzGateway, Tally, cases
+
+pytestmark = pytest.mark.slow  # hypothesis over the live gateway
 
 EXAMPLES = 300
 

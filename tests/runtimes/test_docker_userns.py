@@ -30,6 +30,8 @@ from tests.conftest import BUILD_ROOTFS, DOCKER_IMAGE, IN_CI, START_DOCKERD, una
 from tests.runtimes.conftest import GATEWAY_PORT, Gateway
 from tests.runtimes.test_docker_privileges import FETCH
 
+pytestmark = pytest.mark.slow  # its own remapped dockerd
+
 REMAP_DIR = "/tmp/polar-dockerd-userns"  # its own daemon: the default one (/tmp/polar-dockerd) stays as it is
 BASE, COUNT = 1_000_000, 262_144  # start_dockerd.sh's default range
 SWE_IMAGE = "polar-test/swe:bookworm"

@@ -9,6 +9,8 @@ import asyncio
 import os
 from typing import Any
 
+import pytest
+
 from polar_env.evaluators import EVALUATORS, EvalContext, EvalResult, register_evaluator
 from polar_env.evaluators.base import EvaluatorSpec
 from polar_env.records import Status
@@ -18,6 +20,8 @@ from polar_env.staging.models import AgentSpec, SessionStatus, TaskRequest
 from polar_env.staging.server import LocalNode, RolloutServer
 from tests.staging.conftest import FakeRuntimeNode
 from tests.waits import until
+
+pytestmark = pytest.mark.slow  # grading worker processes
 
 
 @register_evaluator("test_where", replace=True)

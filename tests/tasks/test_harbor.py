@@ -20,6 +20,8 @@ from polar_env.evaluators.harbor import parse_reward
 from polar_env.tasks.harbor import TOY_ROOT, harbor_row, load_harbor_rows
 from tests.conftest import require_bwrap
 
+pytestmark = pytest.mark.slow  # Harbor tasks in real sandboxes
+
 GREETING = TOY_ROOT / "fix-greeting"
 
 

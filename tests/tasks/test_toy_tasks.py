@@ -19,6 +19,8 @@ from polar_env.errors import ConfigError
 from polar_env.tasks.swe import SweTask
 from polar_env.tasks.toy import TOY_SOURCES, toy_tasks
 
+pytestmark = pytest.mark.slow  # runs the toy tasks' test suites
+
 # Pinned: the toy repos are committed with fixed identities and dates, so these never change
 # unless a toy source does (then update them on purpose).
 BASE_COMMITS = {

@@ -21,6 +21,8 @@ from polar_env.train.rollout import LocalGateway, ToyTask
 from polar_env.train.trainer import GRPOTrainer, TrainerConfig
 from tests.conftest import require_bwrap
 
+pytestmark = pytest.mark.slow  # CPU GRPO steps
+
 TINY = {
     "name": "tiny", "steps": 3, "rollouts_per_task": 3, "source": "local",
     "tasks": [{"task_id": "k", "instruction": "Say a word with a k.", "follow_ups": ["Again."]}],

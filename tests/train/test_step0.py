@@ -17,6 +17,8 @@ from polar_env.train.rollout import LocalGateway
 from polar_env.train.step0 import Step0Mismatch, check_step0
 from polar_env.train.trainer import GRPOTrainer, TrainerConfig
 
+pytestmark = pytest.mark.slow  # trainer logprobs on the embedded model
+
 
 def _interstitial(trace: Trace) -> int:
     """Index of a mask-0 token between two sampled turns (a template token the harness inserted)."""
