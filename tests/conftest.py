@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from fake_vllm import fake_vllm_app
 
+from polar_env.chat import chat_format
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy
-from polar_env.qwen.template import APPEND_ONLY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_ROOTFS = REPO_ROOT / "scripts" / "build_rootfs.sh"
@@ -56,7 +56,7 @@ def scripted_engine(engine: EmbeddedEngine) -> EmbeddedEngine:
 
 @pytest.fixture(scope="session")
 def append_only_engine() -> EmbeddedEngine:
-    return EmbeddedEngine(policy=ScriptedPolicy(), quirks=APPEND_ONLY)
+    return EmbeddedEngine(policy=ScriptedPolicy(), chat=chat_format("append_only"))
 
 
 # ----- shared infrastructure: locally skipped when missing, built or started (or failed) under CI ---

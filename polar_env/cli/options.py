@@ -53,6 +53,8 @@ class Flag:
         return self.path.startswith("env.")
 
 
+TEMPLATE_HELP = ("the model family's chat format (qwen3.5: what vLLM serving Qwen3.5 renders; append_only: Qwen3.5 "
+                 "without its prefix-breaking quirks; smollm2; hf:PATH: a model folder's or .gguf's own template)")
 ENGINE_URL_HELP = ("a served engine's base URL (a /v1 suffix is fine); several, comma-separated: a session-sticky "
                    "vLLM pool (SGLang workers with --engine sglang); router:URL: an SGLang router")
 ENGINE_KIND_HELP = ("the engine; when not given: sglang for --engine-url router:URL, vllm for any other --engine-url "
@@ -79,8 +81,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--engine", "env.engine.kind", ENGINE_KIND_HELP, shown="inferred", choices="engines"),
     Flag("--engine-url", "env.engine.url", ENGINE_URL_HELP, shown="none: the engine runs in-process"),
     Flag("--served-model-name", "env.engine.model", "the engine's model name"),
-    Flag("--template", "env.engine.template", "chat template quirks (qwen3.5: what vLLM does; append_only: none)",
-         choices="templates"),
+    Flag("--template", "env.engine.template", TEMPLATE_HELP, choices="templates"),
     Flag("--logprobs-mode", "env.engine.logprobs_mode", "embedded/vllm: logprobs of the sampled distribution "
          "(processed) or of the raw logits"),
     Flag("--model-dir", "env.engine.model_dir", "embedded: a HF Qwen3 folder", shown="seeded random tiny weights"),
@@ -246,9 +247,9 @@ def choices(name: str) -> list[str]:
 
         return PROVIDERS.names()
     if name == "templates":
-        from polar_env.qwen.template import QUIRKS
+        from polar_env.chat import TEMPLATES
 
-        return sorted(QUIRKS)
+        return list(TEMPLATES)
     raise KeyError(name)
 
 

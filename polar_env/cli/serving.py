@@ -14,9 +14,8 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 from polar_env.cli.checks import add_command, load_script, model_dir, store_to_write
-from polar_env.cli.options import ENGINE_URL_HELP, choices, engine_kind, literal_values, model_default
+from polar_env.cli.options import ENGINE_URL_HELP, TEMPLATE_HELP, choices, engine_kind, literal_values, metavar, model_default
 from polar_env.errors import ConfigError
-from polar_env.qwen.template import QUIRKS
 
 EMBEDDED_MODEL_NAME = "polar-tiny-qwen3"
 EMBEDDED_MAX_TOKENS = 1024  # a random tiny model rarely samples EOS: the engine's own cap when none is given
@@ -27,7 +26,17 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _template(value: str) -> str:
+    from polar_env.chat import check_template
+
+    try:
+        return check_template(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from polar_env.chat import chat_format
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.model import ModelSpec
     from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
@@ -45,7 +54,7 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return EmbeddedEngine(
         model_dir=model_dir(args.model_dir) if args.model_dir else None,
         spec=ModelSpec(seed=args.seed),
-        quirks=QUIRKS[args.template],
+        chat=chat_format(args.template),
         policy=policy,
         logprobs_mode=args.logprobs_mode,
         max_tokens=args.max_tokens or EMBEDDED_MAX_TOKENS,
@@ -60,8 +69,8 @@ def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) ->
     p.add_argument("--served-model-name", help=(
         "model name sent to the engine (default: the one model a vllm/sglang engine lists at /v1/models; "
         f"{EMBEDDED_MODEL_NAME} for the embedded engine)") if gateway else f"model name served (default: {EMBEDDED_MODEL_NAME})")
-    p.add_argument("--template", choices=choices("templates"), default=model_default("env.engine.template"),
-                   help="chat template quirks (qwen3.5: what vLLM does; append_only: none)")
+    p.add_argument("--template", type=_template, metavar=metavar(choices("templates")),
+                   default=model_default("env.engine.template"), help=TEMPLATE_HELP)
     p.add_argument("--logprobs-mode", choices=literal_values("env.engine.logprobs_mode"), default=model_default("env.engine.logprobs_mode"),
                    help="logprobs of the sampled distribution (processed) or of the raw logits")
     if not gateway:  # the gateway's --max-tokens caps every engine, this one included
@@ -154,7 +163,7 @@ async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) ->
         public_url=args.public_url,
         sampling=Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens),
         admin_token=token,
-        template=QUIRKS[args.template],
+        template=args.template,
         continuation=args.continuation,
         engine_timeout_s=args.engine_timeout,
     )

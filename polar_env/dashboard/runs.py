@@ -208,6 +208,12 @@ class Run:
             self._plan = (version, data if isinstance(data, dict) else {})
         return self._plan[1]
 
+    def template(self) -> str:
+        """The engine's chat template the run was served with (its tokens decode with it)."""
+        engine = ((self.plan().get("job") or {}).get("env") or {}).get("engine") or {}
+        template = engine.get("template") if isinstance(engine, dict) else None
+        return template if isinstance(template, str) else "qwen3.5"
+
     def summary(self) -> dict[str, Any]:
         """The Runs list's row, cached until the index or ``live.json`` changes: the list asks for
         every run on each visit, and a finished run's report is about half a megabyte per 1,000 sessions."""

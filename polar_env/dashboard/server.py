@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from polar_env.chat import chat_format
 from polar_env.dashboard.research import group_view, integrity, siblings, tasks_table, tests_table, trainer_view
 from polar_env.dashboard.runs import Run, compare, discover, page
 from polar_env.dashboard.session import SessionCache, journal_page, trace_page, trace_summaries, transcript_page
@@ -249,11 +250,12 @@ async def _session_detail(request: web.Request) -> web.Response:
 
 async def _trace(request: web.Request) -> web.Response:
     def one() -> dict[str, Any]:
-        trajectory = _load(request)[4]
+        run, trajectory = _load(request)[::4]
         index = int(request.match_info["index"])
         if not 0 <= index < len(trajectory.traces):
             raise web.HTTPNotFound(text=json.dumps({"error": f"no trace {index}"}), content_type="application/json")
-        return trace_page(trajectory, index, _int(request, "offset", 0), _int(request, "limit", 2000))
+        tokenizer = chat_format(run.template()).tokenizer
+        return trace_page(trajectory, index, _int(request, "offset", 0), _int(request, "limit", 2000), tokenizer)
 
     return _json(await asyncio.to_thread(one))
 

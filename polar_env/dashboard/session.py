@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from polar_env.chat import Tokenizer
 from polar_env.journal.protocols import JournalSource
-from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.reader import build_session
@@ -58,7 +58,7 @@ def trace_summaries(trajectory: Trajectory) -> list[dict[str, Any]]:
     return out
 
 
-def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int) -> dict[str, Any]:
+def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int, tokenizer: Tokenizer) -> dict[str, Any]:
     """Tokens ``[offset, offset + limit)`` of trace ``index`` over prompt + response: id, text,
     region, mask (None in the prompt), logprob; plus where calls start and drift begins."""
     trace = trajectory.traces[index]
@@ -67,7 +67,7 @@ def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int) -> d
     offset = max(0, min(offset, total))
     end = min(total, offset + max(1, min(limit, 5000)))
     ids = [trace.prompt_ids[i] if i < n_prompt else trace.response_ids[i - n_prompt] for i in range(offset, end)]
-    texts = load_tokenizer().token_texts(ids)
+    texts = tokenizer.token_texts(ids)
     tokens = []
     for j, pos in enumerate(range(offset, end)):
         if pos < n_prompt:

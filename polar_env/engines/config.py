@@ -22,6 +22,7 @@ from polar_env.records import LogprobsMode
 from polar_env.registry import Registry
 
 if TYPE_CHECKING:
+    from polar_env.chat import ChatFormat
     from polar_env.engines.embedded.policy import ScriptedPolicy
 
 DEFAULT_KIND = "embedded"
@@ -34,16 +35,20 @@ class _Engine(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "polar-tiny-qwen3"  # the served model name
-    template: str = "qwen3.5"  # a polar_env.qwen.template.QUIRKS name
+    template: str = "qwen3.5"  # the model family's chat format (polar_env.chat.TEMPLATES)
 
     @field_validator("template")
     @classmethod
     def _known_template(cls, value: str) -> str:
-        from polar_env.qwen.template import QUIRKS
+        from polar_env.chat import check_template
 
-        if value not in QUIRKS:
-            raise ValueError(f"unknown template {value!r}; known: {', '.join(sorted(QUIRKS))}")
-        return value
+        return check_template(value)
+
+    def chat(self) -> ChatFormat:
+        """The served model's ``ChatFormat`` (the gateway, the builders and local engines use it)."""
+        from polar_env.chat import chat_format
+
+        return chat_format(self.template)
 
     def default_max_tokens(self) -> int | None:
         """The per-call token cap when the config sets none (``sampling.max_tokens``): served
@@ -91,11 +96,10 @@ class EmbeddedEngineConfig(_Scripted):
     def build(self, max_tokens: int | None = None) -> EngineClient:
         from polar_env.engines.embedded.engine import EmbeddedEngine
         from polar_env.engines.embedded.model import ModelSpec
-        from polar_env.qwen.template import QUIRKS
 
         if self.model_dir is not None and not Path(self.model_dir).is_dir():
             raise ConfigError(f"engine model_dir {self.model_dir} is not a directory")
-        return EmbeddedEngine(model_dir=self.model_dir, spec=ModelSpec(seed=self.seed), quirks=QUIRKS[self.template],
+        return EmbeddedEngine(model_dir=self.model_dir, spec=ModelSpec(seed=self.seed), chat=self.chat(),
                               policy=self.policy(), logprobs_mode=self.logprobs_mode,
                               max_tokens=max_tokens or self.default_max_tokens(), model_name=self.model)
 
@@ -115,7 +119,7 @@ class SimulatedEngineConfig(_Scripted):
         from polar_env.engines.simulated import SimulatedEngine
 
         return SimulatedEngine(latency_s=self.latency_s, jitter=self.jitter, policy=self.policy(),
-                               model_name=self.model, seed=self.seed)
+                               chat=self.chat(), model_name=self.model, seed=self.seed)
 
     def describe(self) -> str:
         return f"simulated engine (test double, {self.latency_s * 1000:.0f} ms per call)"
@@ -155,10 +159,11 @@ class SGLangEngineConfig(_Engine):
 
         urls = _urls(self.kind, self.url)
         if len(urls) == 1 and urls[0].startswith("router:"):
-            return SGLangClient(model=self.model, router_url=engine_base_url(urls[0].removeprefix("router:")))
+            return SGLangClient(model=self.model, router_url=engine_base_url(urls[0].removeprefix("router:")),
+                                chat=self.chat())
         if any(u.startswith("router:") for u in urls):
             raise ConfigError("engine url: give one router:URL or a list of SGLang worker URLs, not both")
-        return SGLangClient([engine_base_url(u) for u in urls], self.model)
+        return SGLangClient([engine_base_url(u) for u in urls], self.model, chat=self.chat())
 
     def describe(self) -> str:
         return f"sglang at {', '.join(engine_urls_of(self.url))}"

@@ -16,11 +16,11 @@ cancelled), the client posts ``/abort_request {"rid"}`` to that worker so the en
 generating for nobody.
 
 Launch the workers (Qwen3.5) with ``--tool-call-parser qwen3_coder --reasoning-parser qwen3``
-(those parsers serve ``mode="chat"``; ``mode="generate"`` parses locally with ``polar_env.qwen``).
+(those parsers serve ``mode="chat"``; ``mode="generate"`` parses locally with ``polar_env.chat``).
 
 - ``mode="chat"``: ``/v1/chat/completions`` with ``return_token_ids`` (per-choice
   ``prompt_token_ids`` / ``response_token_ids``), token-in through top-level ``input_ids``.
-- ``mode="generate"``: the slime path. We render the Qwen3.5 template and tokenize ourselves (or
+- ``mode="generate"``: the slime path. We render the served family's template (its ChatFormat) and tokenize ourselves (or
   take ``prompt_ids``), post ids to ``/generate`` and decode + parse the sampled ids locally.
   ``tool_choice`` and ``response_format`` are not enforced there. Set ``max_tokens``: SGLang's
   ``max_new_tokens`` default is small.
@@ -38,6 +38,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import ValidationError
 
+from polar_env.chat import ChatFormat, Tokenizer, chat_format
 from polar_env.engines.base import new_session, post_json, request_json
 from polar_env.engines.vllm import BadFactory, chat_logprobs, chat_message
 from polar_env.errors import (
@@ -48,10 +49,6 @@ from polar_env.errors import (
 )
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
-EOS_IDS = frozenset({248046, 248044})  # <|im_end|>, <|endoftext|>: never part of the decoded text
-IM_START_ID = 248045
-THINK_ID = 248068
-END_THINK_ID = 248069
 _DISCOVERY_TIMEOUT_S = 30.0
 _ABORT_TIMEOUT_S = 5.0
 _FAILOVER_STATUS = frozenset({502, 503, 504})
@@ -74,6 +71,7 @@ class SGLangClient:
         timeout_s: float = 3600.0,
         refresh_s: float = 10.0,
         rejoin_wait_s: float = 300.0,
+        chat: ChatFormat | None = None,  # the served family's format (generate mode renders and parses with it)
     ) -> None:
         if not worker_urls and not router_url:
             raise ConfigError("SGLangClient needs worker_urls or a router_url to discover them from")
@@ -93,7 +91,8 @@ class SGLangClient:
         self._lock = asyncio.Lock()
         self._session = session
         self._owns_session = session is None
-        self._tokenizer: Any = None
+        self.chat = chat or chat_format("qwen3.5")
+        self._tokenizer: Tokenizer | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
@@ -378,33 +377,27 @@ class SGLangClient:
             out.append(float(lp))
         return out
 
-    # ---- local Qwen rendering / parsing (generate mode) ----------------------------------------
+    # ---- local rendering / parsing (generate mode), in the served family's format -------------
 
-    async def _tok(self) -> Any:
+    async def _tok(self) -> Tokenizer:
         if self._tokenizer is None:
-            from polar_env.qwen.tokenizer import load_tokenizer
-
             # Loading takes seconds; keep the event loop serving other requests meanwhile.
-            self._tokenizer = await asyncio.to_thread(load_tokenizer)
+            self._tokenizer = await asyncio.to_thread(lambda: self.chat.tokenizer)
         return self._tokenizer
 
     async def _render(self, req: ChatRequest) -> list[int]:
-        from polar_env.qwen.template import render
-
         thinking = bool(req.chat_template_kwargs.get("enable_thinking", True))
-        text = render(req.messages, req.tools, add_generation_prompt=True, enable_thinking=thinking)
-        return list((await self._tok()).encode(text))
+        tok = await self._tok()
+        return list(tok.encode(self.chat.render(req.messages, req.tools, enable_thinking=thinking)))
 
     async def _parse_text(
         self, output_ids: list[int], matched: Any, req: ChatRequest, prompt_ids: list[int]
     ) -> AssistantMessage:
-        from polar_env.qwen.parser import parse_output
-
-        ids = output_ids[:-1] if output_ids and output_ids[-1] in EOS_IDS else output_ids
+        ids = output_ids[:-1] if output_ids and output_ids[-1] in self.chat.eos_ids else output_ids
         text = (await self._tok()).decode(list(ids))
         if isinstance(matched, str) and matched and text.endswith(matched):
             text = text[: -len(matched)]  # like the chat endpoint: a stop string is not content
-        return parse_output(text, tools=req.tools, thinking=opens_think(prompt_ids))
+        return self.chat.parse(text, tools=req.tools, thinking=self.chat.opens_thinking(prompt_ids))
 
     def _bad_at(self, url: str) -> BadFactory:
         def bad(message: str) -> EngineProtocolError:
@@ -417,17 +410,6 @@ class SGLangClient:
             await asyncio.gather(*self._aborts, return_exceptions=True)
         if self._owns_session and self._session is not None and not self._session.closed:
             await self._session.close()
-
-
-def opens_think(prompt_ids: list[int]) -> bool:
-    """True when the prompt's last turn opened ``<think>`` without closing it, i.e. the sampled
-    text starts inside the reasoning (Qwen3.5 with thinking on). Read from the ids, so it is also
-    right for token-in prompts built elsewhere."""
-    start = max((i for i, t in enumerate(prompt_ids) if t == IM_START_ID), default=-1)
-    tail = prompt_ids[start + 1 :]
-    if THINK_ID not in tail:
-        return False
-    return END_THINK_ID not in tail[tail.index(THINK_ID) :]
 
 
 def _dedupe(urls: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """``SimulatedEngine``: a test double for pipeline tests and benchmarks, named as one.
 
 It answers like the embedded engine in scripted mode, without a model: the prompt is rendered with
-the real Qwen3.5 template and tokenizer (so prompt ids, prefix merging and continuation behave as
+the real chat format (Qwen3.5 by default) (so prompt ids, prefix merging and continuation behave as
 with a real engine), the scripted turn is tokenized as the model would write it, every sampled
 token gets a fixed logprob, and the answer arrives after ``latency_s`` of simulated generation.
 Use it to measure staging and gateway overhead; real token data comes from ``embedded``/vLLM/SGLang.
@@ -12,14 +12,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+from polar_env.chat import ChatFormat, chat_format
 from polar_env.engines.embedded.policy import ScriptedPolicy
-from polar_env.qwen.parser import parse_output
-from polar_env.qwen.template import (
-    QWEN35,
-    TemplateQuirks,
-    render,
-)
-from polar_env.qwen.tokenizer import IM_END_ID, load_tokenizer
 from polar_env.records import ChatRequest, Generation
 
 SIMULATED_LOGPROB = -0.125
@@ -29,13 +23,13 @@ class SimulatedEngine:
     name = "simulated"
 
     def __init__(self, *, latency_s: float = 0.05, jitter: float = 0.0, policy: ScriptedPolicy | None = None,
-                 quirks: TemplateQuirks = QWEN35, model_name: str = "simulated", seed: int = 0) -> None:
+                 chat: ChatFormat | None = None, model_name: str = "simulated", seed: int = 0) -> None:
         self.latency_s = latency_s
         self.jitter = jitter
         self.policy = policy or ScriptedPolicy()
-        self.quirks = quirks
+        self.chat = chat or chat_format("qwen3.5")
         self.model_name = model_name
-        self.tokenizer = load_tokenizer()
+        self.tokenizer = self.chat.tokenizer
         self.weight_version = 0
         self._rng = random.Random(seed)
 
@@ -44,14 +38,13 @@ class SimulatedEngine:
         if request.prompt_ids is not None:
             prompt_ids = list(request.prompt_ids)
         else:
-            text = render(request.messages, request.tools, add_generation_prompt=True, enable_thinking=thinking,
-                          quirks=self.quirks)
+            text = self.chat.render(request.messages, request.tools, enable_thinking=thinking)
             prompt_ids = self.tokenizer.encode(text)
-        body = self.policy.response_text(request.messages, request.tools, thinking=thinking, quirks=self.quirks)
-        response_ids = self.tokenizer.encode(body) + [IM_END_ID]
+        body = self.policy.response_text(request.messages, request.tools, thinking=thinking, chat=self.chat)
+        response_ids = self.tokenizer.encode(body) + [self.chat.end_of_turn_id]
         delay = self.latency_s * (1 + self.jitter * (2 * self._rng.random() - 1))
         await asyncio.sleep(max(0.0, delay))
-        message = parse_output(body, tools=request.tools, thinking=thinking)
+        message = self.chat.parse(body, tools=request.tools, thinking=self.chat.opens_thinking(prompt_ids))
         return Generation(
             message=message, prompt_ids=prompt_ids, response_ids=response_ids,
             response_logprobs=[SIMULATED_LOGPROB] * len(response_ids),

@@ -25,9 +25,9 @@ from typing import Any
 
 import orjson
 
+from polar_env.chat.content import content_text
 from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
-from polar_env.qwen.template import content_text
 from polar_env.records import AssistantMessage, CompletionRecord, FailureKind, Status, Trajectory
 from polar_env.trajectory.outcome import failure_kind_of
 

@@ -3,9 +3,7 @@ model, trainer-owned sampling, body limits, timeouts, the engine's template)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from polar_env.qwen.template import QWEN35, TemplateQuirks
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Sampling(BaseModel):
@@ -43,8 +41,15 @@ class GatewayConfig(BaseModel):
     sampling: Sampling = Sampling()
     admin_token: str | None = None  # None: the Gateway generates one (gateway.config.admin_token)
     metrics_token: str | None = None  # read-only: GET /metrics only (the admin token reads it too)
-    template: TemplateQuirks = QWEN35  # the engine's chat template; continuation mode renders with it
+    template: str = "qwen3.5"  # the engine's chat format (polar_env.chat): rules, continuation, count_tokens
     continuation: bool = False  # default for new sessions (POST /sessions may override)
     engine_timeout_s: float = 1800.0  # per engine call; past it the harness gets a 504
     session_idle_s: float | None = 24 * 3600.0  # open sessions unused this long are closed; None: never
     drain_s: float = 30.0  # aclose waits this long for in-flight captures before closing the journal
+
+    @field_validator("template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from polar_env.chat import check_template
+
+        return check_template(value)

@@ -8,8 +8,8 @@ arguments or trim whitespace in what the model already saw, so merged chains hav
 
 Anything else (history rewritten by compaction, a changed tool list, an echo that does not match
 what was sampled, an assistant message the model did not write) falls back to normal templating,
-with the reason recorded. Prompts are rendered with our Qwen3.5 template, so this mode needs an
-engine serving the Qwen3.5 chat format.
+with the reason recorded. The new messages are rendered by the engine's ``ChatFormat``, which also
+says when its template cannot be continued token-in (``NotContinuable``: a recorded fallback).
 
 Siblings. A client that gives up on an answered call and retries the same prompt leaves two turns
 that extend the same history, often with the same visible text and different reasoning. The turn
@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
+from polar_env.chat import ChatFormat, NotContinuable
+from polar_env.chat.content import content_text
 from polar_env.journal.format import common_prefix
-from polar_env.qwen.template import TemplateQuirks, content_text, render
-from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, QwenTokenizer
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 _KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
@@ -142,9 +142,8 @@ def pick_sibling(echo: Mapping[str, Any], siblings: list[Turn]) -> tuple[Turn | 
 class Continuation:
     """One session's recent turns, and the token-in prompt planner."""
 
-    def __init__(self, tokenizer: QwenTokenizer, quirks: TemplateQuirks) -> None:
-        self.tokenizer = tokenizer
-        self.quirks = quirks
+    def __init__(self, chat: ChatFormat) -> None:
+        self.chat = chat
         self.turns: deque[Turn] = deque(maxlen=_KEEP_TURNS)
 
     def plan(self, chat: ChatRequest) -> tuple[Plan | None, str]:
@@ -176,11 +175,14 @@ class Continuation:
         if best is None:
             return None, f"continuation fallback: {reason}"
         start = len(best.messages) + 1
-        ended = bool(best.response_ids) and best.response_ids[-1] in EOS_IDS
-        glue = "\n" if self.quirks.newline_after_turn else ""
-        new_text = glue + render(messages, chat.tools, enable_thinking=thinking, quirks=self.quirks, from_index=start)
+        ended = bool(best.response_ids) and best.response_ids[-1] in self.chat.eos_ids
+        try:
+            new_text = self.chat.continuation_text(messages, chat.tools, from_index=start, enable_thinking=thinking)
+        except NotContinuable as exc:
+            return None, f"continuation fallback: {exc.reason}"
         context = best.context()
-        ids = context + _interned(([] if ended else [IM_END_ID]) + self.tokenizer.encode(new_text))
+        end = [] if ended else [self.chat.end_of_turn_id]
+        ids = context + _interned(end + self.chat.tokenizer.encode(new_text))
         return Plan(ids, best, len(context)), f"continuation: token-in over {len(context)} earlier tokens"
 
     def abandon(self, seq: int) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from polar_env.chat import ChatFormat, chat_format
 from polar_env.engines.base import EngineClient
 from polar_env.journal.format import PromptRef
 from polar_env.journal.protocols import JournalSink
@@ -31,7 +32,6 @@ from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Continuation
 from polar_env.proxy.gate import EngineGate
 from polar_env.proxy.sessions import Session, SessionRegistry
-from polar_env.qwen.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from polar_env.records import CompletionRecord, Generation
@@ -215,8 +215,13 @@ class GatewayCore:
                 self.events.emit("session_closed", sid, reason="idle")
 
     # -- sessions -----------------------------------------------------------------------------
+    @property
+    def chat(self) -> ChatFormat:
+        """The engine's model family: the request rules, continuation and count_tokens use it."""
+        return chat_format(self.config.template)
+
     def new_continuation(self) -> Continuation:
-        return Continuation(load_tokenizer(), self.config.template)
+        return Continuation(self.chat)
 
     def open_session(self, session_id: str | None = None, metadata: dict[str, Any] | None = None,
                      continuation: bool | Continuation | None = None, sampling: Sampling | None = None) -> Session:

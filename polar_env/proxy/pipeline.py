@@ -370,13 +370,16 @@ class CallPipeline:
         inbound = translate(provider, body, request.match_info)
         notes = inbound.notes
         updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
-        chat = apply_quirks(inbound.chat, notes).model_copy(update=updates)
-        check_messages(chat.messages)  # what the template would refuse, refused before the engine
+        chat = apply_quirks(inbound.chat, notes, gw.chat).model_copy(update=updates)
+        check_messages(chat.messages, gw.chat.rules)  # what the template would refuse, refused before the engine
         # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
         engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
         plan = None
         if session.continuation is not None:
-            plan, note = session.continuation.plan(chat)
+            if gw.chat.cheap_continuation:
+                plan, note = session.continuation.plan(chat)
+            else:  # the family's continuation renders the history: not on the event loop
+                plan, note = await asyncio.to_thread(session.continuation.plan, chat)
             notes.append(note)
             if plan is not None:
                 engine_update["prompt_ids"] = plan.ids
@@ -424,10 +427,9 @@ class CallPipeline:
                                           "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}]})
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        """Anthropic ``/v1/messages/count_tokens``: the engine-side prompt length via our Qwen3.5 render."""
+        """Anthropic ``/v1/messages/count_tokens``: the engine-side prompt length, rendered in the
+        engine's chat format."""
         from polar_env.proxy.providers import anthropic
-        from polar_env.qwen.template import render
-        from polar_env.qwen.tokenizer import load_tokenizer
 
         provider = PROVIDERS[ProviderAPI.ANTHROPIC]
         try:
@@ -438,14 +440,11 @@ class CallPipeline:
             except (ValidationError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
                 raise RequestError(f"invalid request: ill-typed field ({type(exc).__name__})") from exc
             notes: list[str] = []
-            chat = apply_quirks(chat, notes)
+            family = self.gw.chat
+            chat = apply_quirks(chat, notes, family)
             thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
-            quirks = self.gw.config.template
-
-            def count() -> int:  # a whole history's render + tokenization: not on the event loop
-                return len(load_tokenizer().encode(render(chat.messages, chat.tools, enable_thinking=thinking, quirks=quirks)))
-
-            n = await asyncio.to_thread(count)
+            # a whole history's render + tokenization: not on the event loop
+            n = await asyncio.to_thread(family.count_tokens, chat.messages, chat.tools, enable_thinking=thinking)
         except RequestError as exc:
             return json_response(provider.error_body(exc.status, exc.message), exc.status)
         return json_response({"input_tokens": n})

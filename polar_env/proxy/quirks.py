@@ -5,13 +5,15 @@ Each fix says which template or harness needs it, and leaves a note on the captu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from polar_env.qwen.template import content_text
+from polar_env.chat import ChatFormat
 from polar_env.records import ChatRequest
 
 
-def fit_system_messages(messages: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:
+def fit_system_messages(messages: list[dict[str, Any]], notes: list[str],
+                        content_text: Callable[[Any], str]) -> list[dict[str, Any]]:
     """Qwen3.5's template accepts one system message, first ("System message must be at the
     beginning"). Claude Code 2.1 sends ``system`` entries mid-conversation (agent and skill
     listings) and Anthropic's top-level ``system`` also becomes a leading one. Leading system
@@ -32,5 +34,8 @@ def fit_system_messages(messages: list[dict[str, Any]], notes: list[str]) -> lis
     return out
 
 
-def apply_quirks(chat: ChatRequest, notes: list[str]) -> ChatRequest:
-    return chat.model_copy(update={"messages": fit_system_messages(chat.messages, notes)})
+def apply_quirks(chat: ChatRequest, notes: list[str], family: ChatFormat) -> ChatRequest:
+    """The fixes the engine family's rules call for; the request unchanged when none apply."""
+    if not family.rules.system_first:
+        return chat
+    return chat.model_copy(update={"messages": fit_system_messages(chat.messages, notes, family.content_text)})

@@ -1,9 +1,9 @@
 """What the engine's chat template would refuse, checked by the gateway before the engine is
 called, so a malformed conversation costs no engine time and always gets the same 400.
 
-The rules are the Qwen3.5 template's (``polar_env.qwen.template``, the same checks vLLM's Jinja
-render makes): content is null, a string or a list of text/image/video parts; tool-call arguments
-are a JSON object (or its JSON text); system messages only first; at least one real user query.
+Every family: content is null, a string or a list of text/image/video parts; tool-call arguments
+are a JSON object (or its JSON text). The family's ``RequestRules`` add the rest (Qwen3.5's, the
+checks its Jinja render makes: system messages only first, at least one real user query).
 Cost is linear in the text, without rendering it (a 1 MB Claude Code history: ~0.3 ms).
 """
 
@@ -13,10 +13,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from polar_env.chat import RequestRules
+from polar_env.chat.content import content_text
 from polar_env.errors import RequestError
-from polar_env.qwen.template import content_text
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
+ANY_TEMPLATE = RequestRules()  # the checks every family makes
 MAX_ARGUMENT_DEPTH = 128  # nesting of tool-call arguments; the template re-parses them recursively
 
 
@@ -55,7 +57,7 @@ def _check_arguments(call: Any, where: str) -> None:
         raise RequestError(f"{where}: tool call arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels")
 
 
-def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+def check_messages(messages: Sequence[Mapping[str, Any]], rules: RequestRules = ANY_TEMPLATE) -> None:
     """Raise the RequestError the template render would raise, without rendering."""
     if not messages:
         raise RequestError("No messages provided.")
@@ -64,7 +66,7 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
         role = msg.get("role")
         if role not in _ROLES:
             raise RequestError(f"messages[{index}]: unexpected message role {str(role)[:40]!r}")
-        if role == "system" and index != 0:
+        if role == "system" and index != 0 and rules.system_first:
             raise RequestError("System message must be at the beginning.")
         try:
             text = content_text(msg.get("content"))
@@ -79,5 +81,5 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
                 raise RequestError(f"messages[{index}].tool_calls must be a list")
             for k, call in enumerate(calls):
                 _check_arguments(call, f"messages[{index}].tool_calls[{k}]")
-    if not has_query:
+    if not has_query and rules.needs_user_query:
         raise RequestError("No user query found in messages.")

@@ -66,12 +66,10 @@ class NodeConfig(BaseModel):
     def gateway_config(self, engine_model: str, *, own_engine: bool = True) -> GatewayConfig:
         """The gateway's settings for this node. ``own_engine``: the node built its engine from
         ``engine``, so that config's default per-call cap applies (the embedded engine's 256)."""
-        from polar_env.qwen.template import QUIRKS
-
         sampling = self.sampling
         if sampling.max_tokens is None and own_engine:
             sampling = sampling.model_copy(update={"max_tokens": self.engine.default_max_tokens()})
-        return GatewayConfig(engine_model=engine_model, sampling=sampling, template=QUIRKS[self.engine.template])
+        return GatewayConfig(engine_model=engine_model, sampling=sampling, template=self.engine.template)
 
 
 class MeteredEngine:
@@ -263,13 +261,12 @@ class GatewayNode:
 
     async def open_session(self, spec: SessionSpec, metadata: dict[str, Any]) -> None:
         from polar_env.proxy.continuation import Continuation
-        from polar_env.qwen.template import QUIRKS
-        from polar_env.qwen.tokenizer import load_tokenizer
 
         continuation = None
         if spec.request.continuation:
-            tokenizer = await asyncio.to_thread(load_tokenizer)
-            continuation = Continuation(tokenizer, QUIRKS[self.config.engine.template])
+            chat = self.config.engine.chat()
+            await asyncio.to_thread(lambda: chat.tokenizer)  # its first load takes seconds: off the loop
+            continuation = Continuation(chat)
         gateway = self._gateway()
         gateway.open_session(spec.session_id, metadata, continuation or False,
                                      self.session_sampling(spec.request, gateway.config.sampling))

@@ -137,8 +137,8 @@ def judge_records(records: Sequence[CompletionRecord], result: CheckResult, fini
     """Fill ``turns``, ``aligned``, ``tool_round_trip``, ``tool_name`` and ``answer`` from records.
     The answer is a reply without tool calls, or (for a harness with a ``finish_command``) whose
     only tool calls run that command."""
+    from polar_env.chat.content import content_text
     from polar_env.engines.embedded.policy import SHELL_TOOLS
-    from polar_env.qwen.template import content_text
 
     result.turns = len(records)
     result.aligned = bool(records) and all(
@@ -272,7 +272,6 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     from polar_env.proxy.continuation import Continuation
     from polar_env.proxy.gateway import Gateway
     from polar_env.proxy.providers import PROVIDERS
-    from polar_env.qwen.tokenizer import load_tokenizer
     from polar_env.trajectory.prefix_merge import build_prefix_merged
 
     result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir), continuation=continuation)
@@ -282,7 +281,7 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     store = JournalStore(workdir / "capture")
     gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name))
     gateway.app.middlewares.append(http_logger(result))
-    tracker = Continuation(load_tokenizer(), engine.quirks) if continuation else False
+    tracker = Continuation(engine.chat) if continuation else False
     session = gateway.open_session(metadata={"check": spec.id}, continuation=tracker)
     assert session.key is not None  # only sessions restored from disk lack their key
     await gateway.start("127.0.0.1", 0)

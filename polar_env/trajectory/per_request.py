@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from polar_env.qwen.tokenizer import IM_START_ID
 from polar_env.records import CompletionRecord, Status, Trace, Trajectory
 from polar_env.trajectory.checks import check_records, error_trajectory
 from polar_env.trajectory.lineage import TRAINABLE_ROLES, lineage
-from polar_env.trajectory.prefix import detect_eot_ids, prompts_of
+from polar_env.trajectory.prefix import detect_eot_ids, detect_turn_start_ids, prompts_of
 
 if TYPE_CHECKING:
     from polar_env.harnesses.spec import SideRequest
@@ -26,7 +25,8 @@ def build_per_request(records: Sequence[CompletionRecord], session_id: str | Non
     if problem is not None:
         return error_trajectory(records, session_id, problem)
     ordered = sorted(records, key=lambda r: r.seq)
-    found = lineage(ordered, detect_eot_ids(ordered), (IM_START_ID,), prompts_of(ordered, prompt_refs), side_requests)
+    eot = detect_eot_ids(ordered)
+    found = lineage(ordered, eot, detect_turn_start_ids(ordered, eot), prompts_of(ordered, prompt_refs), side_requests)
     roles = found.role_of()
     traces = [
         Trace(

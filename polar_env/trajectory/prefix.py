@@ -23,19 +23,56 @@ from dataclasses import dataclass
 
 import orjson
 
-from polar_env.qwen.tokenizer import EOS_IDS
 from polar_env.records import CompletionRecord
+
+_TURNS_READ = 4  # closed turns read per prompt to find the turn-start token
 
 
 def detect_eot_ids(records: Sequence[CompletionRecord]) -> frozenset[int]:
     """End-of-turn ids: the last sampled token of calls that stopped on their own (not on a stop
-    string); falls back to Qwen3.5's ``<|im_end|>``/``<|endoftext|>`` when no call shows one."""
-    found = {
+    string). Read off the records, so any model family's builds the same way; empty when no call
+    ended on its own and no later prompt shows what closed a cut one."""
+    found = frozenset(
         r.response_ids[-1]
         for r in records
         if r.response_ids and r.finish_reason in ("stop", "tool_calls") and not isinstance(r.stop_reason, str)
-    }
-    return frozenset(found or EOS_IDS)
+    )
+    return found or _closing_ids(records)
+
+
+def _closing_ids(records: Sequence[CompletionRecord]) -> frozenset[int]:
+    """When every call was cut short (a random model at its token cap): the token a later prompt
+    put right after an earlier call's sampled ids (the template's or the continuation's close)."""
+    counts: dict[int, int] = {}
+    for prev, record in zip(records, records[1:], strict=False):
+        k = len(prev.prompt_ids) + len(prev.response_ids)
+        if not prev.response_ids or len(record.prompt_ids) <= k:
+            continue
+        if record.prompt_ids[k - 1] == prev.response_ids[-1] and record.prompt_ids[: len(prev.prompt_ids)] == prev.prompt_ids:
+            counts[record.prompt_ids[k]] = counts.get(record.prompt_ids[k], 0) + 1
+    return frozenset((max(counts, key=counts.__getitem__),)) if counts else frozenset()
+
+
+def detect_turn_start_ids(records: Sequence[CompletionRecord], eot: Collection[int]) -> frozenset[int]:
+    """The token that opens a turn, read off the prompts: the one at a fixed distance (1 or 2)
+    after every end-of-turn token (``<|im_end|>`` "\n" ``<|im_start|>`` for ChatML and Qwen3.5,
+    ``<|eot_id|>`` ``<|start_header_id|>`` for Llama 3), the farther when both are fixed (the
+    nearer is the template's glue). Reads the last few closed turns of each prompt; falls back
+    to the first prompt's first token."""
+    after: list[set[int]] = [set(), set()]
+    for record in records:
+        ids, seen, i = record.prompt_ids, 0, len(record.prompt_ids) - 3
+        while i >= 0 and seen < _TURNS_READ:
+            if ids[i] in eot:
+                after[0].add(ids[i + 1])
+                after[1].add(ids[i + 2])
+                seen += 1
+            i -= 1
+    for found in (after[1], after[0]):
+        if len(found) == 1:
+            return frozenset(found)
+    first = next((r.prompt_ids[0] for r in records if r.prompt_ids), None)
+    return frozenset(() if first is None else (first,))
 
 
 @dataclass(slots=True)

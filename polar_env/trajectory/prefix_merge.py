@@ -31,11 +31,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from polar_env.qwen.tokenizer import IM_START_ID
 from polar_env.records import CompletionRecord, Status, Trace, Trajectory
 from polar_env.trajectory.checks import check_records, error_trajectory
 from polar_env.trajectory.lineage import Chain, lineage
-from polar_env.trajectory.prefix import detect_eot_ids, prompts_of, turn_end
+from polar_env.trajectory.prefix import detect_eot_ids, detect_turn_start_ids, prompts_of, turn_end
 
 if TYPE_CHECKING:
     from polar_env.harnesses.spec import SideRequest
@@ -136,7 +135,7 @@ def build_prefix_merged(
     session_id: str | None = None,
     *,
     eot_ids: Collection[int] | None = None,
-    turn_start_ids: Collection[int] = (IM_START_ID,),
+    turn_start_ids: Collection[int] | None = None,
     strict: bool = False,
     prompt_refs: Mapping[int, tuple[int, int]] | None = None,
     side_requests: Sequence[SideRequest] | None = None,
@@ -150,7 +149,8 @@ def build_prefix_merged(
     ordered = sorted(records, key=lambda r: r.seq)
     eot = frozenset(eot_ids) if eot_ids is not None else detect_eot_ids(ordered)
     packed = prompts_of(ordered, prompt_refs)
-    found = lineage(ordered, eot, turn_start_ids, packed, side_requests)
+    turn_start = frozenset(turn_start_ids) if turn_start_ids is not None else detect_turn_start_ids(ordered, eot)
+    found = lineage(ordered, eot, turn_start, packed, side_requests)
     chains = found.chains
     traces = [t for chain in chains for t in _merge_chain(chain, eot, strict)]
     drift = [d for t in traces for d in t.metadata["drift"]]

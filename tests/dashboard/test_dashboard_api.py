@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from polar_env.chat import chat_format
 from polar_env.cli import main
 from polar_env.dashboard.command import is_loopback
 from polar_env.dashboard.server import Dashboard, build_dashboard
@@ -155,7 +156,7 @@ def test_drift_points_and_chain_starts_are_marked(tmp_path: Path) -> None:
     records = [record("d", 0, [1, 2, 3], [10, 11, eot]), record("d", 1, [1, 2, 3, 10, 99, eot, 20, 21], [13, eot])]
     trajectory = build_prefix_merged(records)
     (trace,) = trajectory.traces
-    page = trace_page(trajectory, 0, 0, 100)
+    page = trace_page(trajectory, 0, 0, 100, chat_format("qwen3.5").tokenizer)
     assert page["drift"] == [{"at": 3, "span": trace.metadata["drift"][0]["span"], "seq": 1}]
     assert [c["seq"] for c in page["calls"]] == [0, 1] and page["all_calls"] == 2
     assert [t[2] for t in page["tokens"]] == [None] * 3 + trace.loss_mask

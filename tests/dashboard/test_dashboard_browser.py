@@ -51,12 +51,17 @@ def rollout_argv(root: Path, name: str, command: str, *extra: str) -> list[str]:
             "--out", str(root / "runs"), "--run-id", name, "--no-progress", *extra]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def require_browser() -> None:
+    """What the browser tests need: bwrap for their rollouts, Debian's chromium, Playwright."""
     require_bwrap()
     if not Path(CHROMIUM).exists():
         unavailable("Debian's chromium is not installed (apt-get install -y chromium)")
     pytest.importorskip("playwright", reason="pip install playwright (the Python package only)")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_browser()
     path = tmp_path_factory.mktemp("dash")
     (path / "runs").mkdir()
     return path

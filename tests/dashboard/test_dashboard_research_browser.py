@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_bwrap, unavailable
-from tests.dashboard.test_dashboard_browser import CHROMIUM, env, shot, wait_ready
+from tests.conftest import unavailable
+from tests.dashboard.test_dashboard_browser import CHROMIUM, env, require_browser, shot, wait_ready
 from tests.staging.test_readme_script import readme_script
 
 pytestmark = pytest.mark.slow
@@ -41,10 +41,7 @@ def rollout(root: Path, name: str, script: dict[str, Any], tasks: list[str]) -> 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_bwrap()
-    if not Path(CHROMIUM).exists():
-        unavailable("Debian's chromium is not installed (apt-get install -y chromium)")
-    pytest.importorskip("playwright", reason="pip install playwright (the Python package only)")
+    require_browser()
     try:
         import swebench.harness.grading  # noqa: F401
     except ImportError:

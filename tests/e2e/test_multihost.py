@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from polar_env.journal.store import JournalStore
 from tests.conftest import require_bwrap, unavailable
 from tests.e2e import hosts as hostlib
 from tests.staging.test_readme_script import readme_script
+from tests.waits import until_sync
 
 pytestmark = pytest.mark.slow
 RESOURCE = "polar_host"
@@ -166,10 +166,12 @@ def test_serve_and_submit_from_the_head(cluster: Cluster) -> None:
                                  "--config", engine_config(cluster, "serve", 0.05)], cluster.env,
                                 cluster.root / "serve.log")
     try:
-        until_ready = time.monotonic() + 180
-        while "polar-env serve ready" not in (cluster.root / "serve.log").read_text():
-            assert server.poll() is None and time.monotonic() < until_ready, (cluster.root / "serve.log").read_text()
-            time.sleep(0.2)
+        def ready() -> bool:
+            log = (cluster.root / "serve.log").read_text()
+            assert server.poll() is None, log
+            return "polar-env serve ready" in log
+
+        until_sync(ready, "polar-env serve to be ready", timeout_s=180)
         tasks = cluster.root / "echo.jsonl"
         tasks.write_text(json.dumps({"task_id": "echo", "instruction": "run echo hi",
                                      "evaluator": {"name": "output", "regex": "printed"}}) + "\n")
@@ -251,15 +253,13 @@ def test_a_host_powered_off_mid_run_comes_back_node_lost_and_resumes(cluster: Cl
     out = cluster.runs / "c"
     proc = cluster.head.popen([sys.executable, "-m", "polar_env.cli", *rollout_args(cluster, out, 4, 1.0)],
                               cluster.env, cluster.root / "c.log")
-    deadline = time.monotonic() + 240
-    lost: str | None = None
-    while lost is None and time.monotonic() < deadline:  # a node's calls reach the head as the run goes
-        for shard in (out.glob("*/capture/node-*") if out.exists() else []):
-            if any(p.stat().st_size for p in shard.glob("*.jsonl")):
-                lost = shard.name
-                break
-        time.sleep(0.2)
-    assert lost is not None, (cluster.root / "c.log").read_text()
+    def journaled() -> str | None:  # a node whose calls reached the head as the run goes
+        shards = out.glob("*/capture/node-*") if out.exists() else []
+        return next((s.name for s in shards if any(p.stat().st_size for p in s.glob("*.jsonl"))), None)
+
+    until_sync(journaled, "a node's journal to reach the head's run folder", timeout_s=240)
+    lost = journaled()
+    assert lost is not None
     # the host that runs that node: its spool is on that host's disk
     victim = next(w for w in cluster.workers if (w.disk / "tmp" / "polar-runtimes" / lost).exists())
     victim.power_off()

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
+from polar_env.chat.qwen35.template import render
+from polar_env.chat.qwen35.tokenizer import IM_END_ID
 from polar_env.engines.embedded.engine import EmbeddedEngine, SamplingExtras
 from polar_env.engines.embedded.model import ModelSpec, build_model, teacher_forced_logprobs
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
 from polar_env.errors import RequestError
-from polar_env.qwen.template import render
-from polar_env.qwen.tokenizer import IM_END_ID
 from polar_env.records import ChatRequest
 from tests.conftest import SHELL_TOOL
 

@@ -15,10 +15,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from safetensors.torch import save as save_safetensors
 
+from polar_env.chat.qwen35.tokenizer import IM_END_ID
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.model import ModelSpec, build_model
 from polar_env.engines.embedded.server import build_app
-from polar_env.qwen.tokenizer import IM_END_ID
 from tests.conftest import SHELL_TOOL
 
 USER = [{"role": "user", "content": "Use the tool."}]

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
+from polar_env.chat.qwen35.parser import parse_output
+from polar_env.chat.qwen35.template import render
+from polar_env.chat.qwen35.tokenizer import ENDOFTEXT_ID, IM_END_ID, QwenTokenizer, load_tokenizer
 from polar_env.engines.vllm import VLLMClient
-from polar_env.qwen.parser import parse_output
-from polar_env.qwen.template import QWEN35, render
-from polar_env.qwen.tokenizer import ENDOFTEXT_ID, IM_END_ID, QwenTokenizer, load_tokenizer
 from polar_env.records import ChatRequest
 from tests.engines.contract_cases import (
     BASH_TOOL,
@@ -103,8 +103,7 @@ def expected_prompt_ids(case: str, tokenizer: QwenTokenizer) -> list[int]:
     chat = ChatRequest(messages=spec["messages"], tools=spec.get("tools") or [],
                        chat_template_kwargs=spec.get("chat_template_kwargs") or {})
     thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
-    return tokenizer.encode(render(chat.messages, chat.tools, add_generation_prompt=True, enable_thinking=thinking,
-                                   quirks=QWEN35))
+    return tokenizer.encode(render(chat.messages, chat.tools, add_generation_prompt=True, enable_thinking=thinking))
 
 
 def diff_ids(a: list[int], b: list[int], tokenizer: QwenTokenizer) -> str:

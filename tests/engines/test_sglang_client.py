@@ -2,7 +2,7 @@
 
 Generate-mode tests come in two sets: ``test_generate_*`` swap in tiny fakes for the Qwen tokenizer,
 template and parser (so they pin the wire contract alone), and ``test_generate_real_qwen_*`` use
-``polar_env.qwen`` for real.
+``polar_env.chat`` for real.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import asyncio
 import copy
 import json
 import socket
-import sys
-import types
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from polar_env.chat import chat_format
+from polar_env.chat.qwen35.format import Qwen35Format
+from polar_env.chat.qwen35.template import QWEN35
 from polar_env.engines.base import EngineClient
-from polar_env.engines.sglang import SGLangClient, opens_think
+from polar_env.engines.sglang import SGLangClient
 from polar_env.errors import (
     ConfigError,
     EngineHTTPError,
@@ -332,10 +333,12 @@ VOCAB = {50438: "Simple", 34784: " arithmetic", 13: ".", 198: "\n", 248069: "</t
          248046: "<|im_end|>", 248044: "<|endoftext|>", 248058: "<tool_call>", 248059: "</tool_call>"}
 
 
-class FakeQwen:
-    """Stands in for polar_env.qwen.{tokenizer,template,parser}; records how it was called."""
+class FakeQwen(Qwen35Format):
+    """A test double of the Qwen3.5 ChatFormat: its tokenizer, render and parse are fakes that record
+    how they were called; its ids and ``opens_thinking`` are the real family's."""
 
     def __init__(self, prompt: list[int]) -> None:
+        super().__init__("qwen3.5", QWEN35)
         self.prompt = prompt
         self.rendered: list[tuple[Any, Any, dict[str, Any]]] = []
         self.parsed: list[tuple[str, bool]] = []
@@ -346,11 +349,15 @@ class FakeQwen:
     def decode(self, ids: list[int]) -> str:
         return "".join(VOCAB[i] for i in ids)
 
-    def render(self, messages: Any, tools: Any, **kw: Any) -> str:
+    @property
+    def tokenizer(self) -> Any:
+        return self
+
+    def render(self, messages: Any, tools: Any = None, **kw: Any) -> str:  # type: ignore[override]
         self.rendered.append((messages, tools, kw))
         return "<rendered>"
 
-    def parse_output(self, text: str, *, tools: list[dict[str, Any]], thinking: bool) -> AssistantMessage:
+    def parse(self, text: str, *, tools: Any, thinking: bool) -> AssistantMessage:
         self.parsed.append((text, thinking))
         reasoning, _, content = text.partition("</think>") if thinking else ("", "", text)
         calls = []
@@ -364,13 +371,7 @@ class FakeQwen:
 @pytest.fixture
 def fake_qwen(monkeypatch: pytest.MonkeyPatch) -> FakeQwen:
     fake = FakeQwen(PROMPT_THINKING)
-    mods = {
-        "polar_env.qwen.tokenizer": {"load_tokenizer": lambda: fake},
-        "polar_env.qwen.template": {"render": fake.render},
-        "polar_env.qwen.parser": {"parse_output": fake.parse_output},
-    }
-    for name, attrs in mods.items():
-        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
+    monkeypatch.setattr("polar_env.engines.sglang.chat_format", lambda template: fake)
     return fake
 
 
@@ -405,7 +406,7 @@ async def test_generate_request_body(
     }
     assert body["return_logprob"] is True and body["logprob_start_len"] == -1 and body["rid"] == "r-1"
     assert "messages" not in body and "session_id" not in body
-    assert fake_qwen.rendered == [(USER, TOOLS, {"add_generation_prompt": True, "enable_thinking": True})]
+    assert fake_qwen.rendered == [(USER, TOOLS, {"enable_thinking": True})]
 
 
 async def test_generate_stop_parse(
@@ -502,6 +503,7 @@ async def test_generate_unusable_bodies(
 
 
 def test_opens_think() -> None:
+    opens_think = chat_format("qwen3.5").opens_thinking
     assert opens_think(PROMPT_THINKING) is True
     assert opens_think(PROMPT_NO_THINKING) is False
     assert opens_think([248045, 74455, 198]) is False
@@ -509,7 +511,7 @@ def test_opens_think() -> None:
     assert opens_think([248045, 248068, 248069, 248046, 248045, 74455, 198, 248068, 198]) is True
 
 
-# ---- generate mode with the real polar_env.qwen modules ------------------------------------------
+# ---- generate mode with the real polar_env.chat.qwen35 modules ------------------------------------------
 
 
 def _generate_reply(output_ids: list[int]) -> dict[str, Any]:
@@ -526,8 +528,8 @@ def _generate_reply(output_ids: list[int]) -> dict[str, Any]:
 
 
 async def test_generate_real_qwen_tool_call(worker: Upstream, closing: list[SGLangClient]) -> None:
-    from polar_env.qwen.template import render
-    from polar_env.qwen.tokenizer import load_tokenizer
+    from polar_env.chat.qwen35.template import render
+    from polar_env.chat.qwen35.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     sampled = (
@@ -551,7 +553,7 @@ async def test_generate_real_qwen_tool_call(worker: Upstream, closing: list[SGLa
 
 
 async def test_generate_real_qwen_no_thinking(worker: Upstream, closing: list[SGLangClient]) -> None:
-    from polar_env.qwen.tokenizer import load_tokenizer
+    from polar_env.chat.qwen35.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     output_ids = [*tok.encode("Four."), 248046]

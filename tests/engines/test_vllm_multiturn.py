@@ -23,9 +23,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from polar_env.chat.qwen35.tokenizer import EOS_IDS, IM_END_ID
 from polar_env.cli import main as cli_main
 from polar_env.engines.vllm import VLLMClient
-from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID
 from polar_env.records import CompletionRecord
 from polar_env.trajectory.prefix_merge import build_prefix_merged
 from tests.conftest import SHELL_TOOL

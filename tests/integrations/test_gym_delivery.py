@@ -12,12 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from polar_env.chat import chat_format
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
 from polar_env.integrations.delivery import DeliveryTally, choose_delivered
 from polar_env.integrations.nemo_gym.agent import build_result
 from polar_env.integrations.nemo_gym.convert import check_contiguous
-from polar_env.qwen.template import QWEN35
 from polar_env.trajectory.prefix_merge import build_prefix_merged
 from tests.proxy.conftest import Gateway, start_gateway
 
@@ -36,8 +36,8 @@ def _body(name: str) -> dict[str, Any]:
 async def opencode_capture(tmp_path: Path) -> list[Any]:
     """opencode's recorded session (title request, tool call, tool result) replayed through the
     gateway; returns the captured records."""
-    engine = EmbeddedEngine(policy=POLICY, quirks=QWEN35)
-    client, store = await start_gateway(engine, tmp_path, template=QWEN35)
+    engine = EmbeddedEngine(policy=POLICY, chat=chat_format("qwen3.5"))
+    client, store = await start_gateway(engine, tmp_path, template="qwen3.5")
     try:
         gw = Gateway(client, store)
         s = await gw.session(session_id="oc")

@@ -41,7 +41,7 @@ policy = types.ModuleType("nemo_rl.models.policy"); policy.PolicyConfig = dict; 
 sys.modules["nemo_rl.models.policy"] = policy
 from nemo_rl.environments.nemo_gym import NemoGym
 cls = getattr(NemoGym, "__ray_actor_class__", None) or NemoGym.__ray_metadata__.modified_class
-from polar_env.qwen.tokenizer import load_tokenizer
+from polar_env.chat.qwen35.tokenizer import load_tokenizer
 tok = load_tokenizer()
 tokenizer = SimpleNamespace(batch_decode=lambda seqs: [tok.decode(list(s)) for s in seqs])
 row, result = json.loads(Path(sys.argv[2]).read_text())

@@ -25,11 +25,11 @@ import orjson
 from aiohttp import web
 from hypothesis import strategies as st
 
+from polar_env.chat.qwen35.template import render
+from polar_env.chat.qwen35.tokenizer import load_tokenizer
 from polar_env.journal.store import JournalStore
 from polar_env.proxy.config import GatewayConfig
 from polar_env.proxy.gateway import Gateway
-from polar_env.qwen.template import render
-from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
 
 # -- the engine double ---------------------------------------------------------------------------

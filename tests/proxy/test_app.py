@@ -8,10 +8,10 @@ import json
 import orjson
 import pytest
 
+from polar_env.chat.qwen35.tokenizer import IM_END_ID
 from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
 from polar_env.journal.store import JournalStore
 from polar_env.proxy.config import Sampling
-from polar_env.qwen.tokenizer import IM_END_ID
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine, Gateway
 

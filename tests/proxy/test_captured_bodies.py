@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.chat import chat_format
+from polar_env.chat.qwen35.template import render
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.quirks import apply_quirks
-from polar_env.qwen.template import render
 from polar_env.records import ProviderAPI
 
 CAPTURED = Path(__file__).parents[1] / "fixtures" / "providers" / "captured"
@@ -35,7 +36,7 @@ def normalize(api: ProviderAPI, meta: dict, body: dict):  # type: ignore[no-unty
         params = {"model": model, "method": method}
     inbound = PROVIDERS[api].to_chat(body, params)
     notes: list[str] = []
-    return inbound, apply_quirks(inbound.chat, notes)
+    return inbound, apply_quirks(inbound.chat, notes, chat_format("qwen3.5"))
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)

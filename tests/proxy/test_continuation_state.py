@@ -3,14 +3,13 @@ context), and the planned prompt is exactly the parent's context plus the new to
 
 from __future__ import annotations
 
+from polar_env.chat import chat_format
 from polar_env.proxy.continuation import Continuation
-from polar_env.qwen.template import QWEN35
-from polar_env.qwen.tokenizer import load_tokenizer
 from polar_env.records import AssistantMessage, ChatRequest, Generation
 
 
 def test_100_turns_keep_one_context_not_100() -> None:
-    tracker = Continuation(load_tokenizer(), QWEN35)
+    tracker = Continuation(chat_format("qwen3.5"))
     messages: list[dict] = [{"role": "user", "content": "start " * 200}]
     prompt = list(range(10, 1010))
     for seq in range(100):

@@ -287,16 +287,15 @@ def test_sigterm_stops_an_embedded_engine_rollout_within_seconds(tmp_path: Path)
     out, run_dir = tmp_path / "out", tmp_path / "out" / "emb"
     proc = polar("rollout", "--task-id", "toy__calc-1", "--samples", "2", "--harness", "loop", "--out", str(out),
                  "--run-id", "emb", "--no-progress", log=tmp_path / "log")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # wait for a session in RUNNING, its first engine call under way
+    def running() -> bool:  # a session in RUNNING, its first engine call under way
         assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
         try:
             live = json.loads((run_dir / "live.json").read_text())
         except (FileNotFoundError, ValueError):
-            live = {}
-        if live.get("stages", {}).get("running", 0) >= 1:
-            break
-        time.sleep(0.1)
+            return False
+        return bool(live.get("stages", {}).get("running", 0) >= 1)
+
+    until_sync(running, "a session in RUNNING", timeout_s=300)
     time.sleep(2)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.chat import chat_format
+from polar_env.chat.qwen35.template import APPEND_ONLY, QWEN35, TemplateQuirks
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
 from polar_env.journal.reader import read_with_refs
-from polar_env.qwen.template import APPEND_ONLY, QWEN35, TemplateQuirks
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.trajectory.fidelity import verify
 from polar_env.trajectory.per_request import build_per_request
@@ -28,7 +29,7 @@ POLICY = ScriptedPolicy(steps=(
 
 @pytest.fixture(scope="module")
 def engines() -> dict[str, EmbeddedEngine]:
-    return {"qwen3.5": EmbeddedEngine(policy=POLICY, quirks=QWEN35), "append_only": EmbeddedEngine(policy=POLICY, quirks=APPEND_ONLY)}
+    return {name: EmbeddedEngine(policy=POLICY, chat=chat_format(name)) for name in ("qwen3.5", "append_only")}
 
 
 class Agent:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from polar_env.chat import ChatFormat, chat_format
 from polar_env.engines.embedded.model import (
     Decoded,
     DecodeParams,
@@ -27,13 +28,6 @@ from polar_env.engines.embedded.model import (
 )
 from polar_env.engines.embedded.policy import ScriptedPolicy
 from polar_env.errors import RequestError
-from polar_env.qwen.parser import parse_output
-from polar_env.qwen.template import (
-    QWEN35,
-    TemplateQuirks,
-    render,
-)
-from polar_env.qwen.tokenizer import IM_END_ID, load_tokenizer
 from polar_env.records import ChatRequest, Generation, LogprobsMode
 
 DEFAULT_MODEL_NAME = "polar-tiny-qwen3"
@@ -66,16 +60,16 @@ class EmbeddedEngine:
         *,
         model_dir: Path | None = None,
         spec: ModelSpec = ModelSpec(),
-        quirks: TemplateQuirks = QWEN35,
+        chat: ChatFormat | None = None,  # the model family's format (default: Qwen3.5)
         policy: ScriptedPolicy | None = None,
         logprobs_mode: LogprobsMode = "processed",
         max_tokens: int = 1024,  # the cap on tokens sampled per call (sampling.max_tokens)
         model_name: str = DEFAULT_MODEL_NAME,
     ) -> None:
-        self.tokenizer = load_tokenizer()
-        self.model = load_model(model_dir) if model_dir else build_model(spec)
+        self.chat = chat or chat_format("qwen3.5")
+        self.tokenizer = self.chat.tokenizer
+        self.model = load_model(model_dir) if model_dir else build_model(spec, self.chat)
         self.max_model_len = int(self.model.config.max_position_embeddings)
-        self.quirks = quirks
         self.policy = policy
         self.logprobs_mode: LogprobsMode = logprobs_mode
         # A random tiny model practically never samples EOS; without a cap a harness asking for
@@ -111,13 +105,7 @@ class EmbeddedEngine:
     def prompt_ids(self, request: ChatRequest) -> tuple[list[int], str | None]:
         if request.prompt_ids is not None:
             return list(request.prompt_ids), None
-        text = render(
-            request.messages,
-            request.tools,
-            add_generation_prompt=True,
-            enable_thinking=self._thinking(request),
-            quirks=self.quirks,
-        )
+        text = self.chat.render(request.messages, request.tools, enable_thinking=self._thinking(request))
         return self.tokenizer.encode(text), text
 
     def complete(self, request: ChatRequest, extras: SamplingExtras | None = None,
@@ -153,13 +141,13 @@ class EmbeddedEngine:
         forced = self._scripted_ids(request) if self.policy is not None else None
         with self._lock:
             if stop is None:
-                decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced)
+                decoded = decode(self.model, self.chat, prompt_ids, params, forced)
             else:
-                decoded = decode(self.model, self.tokenizer, prompt_ids, params, forced, stop.is_set)
+                decoded = decode(self.model, self.chat, prompt_ids, params, forced, stop.is_set)
             version = self.version_label or str(self.weight_version)
         if not all(map(math.isfinite, decoded.logprobs)):
             raise RequestError("sampling produced non-finite logprobs (check logit_bias and temperature)")
-        message = parse_output(decoded.text, tools=request.tools, thinking=self._thinking(request))
+        message = self.chat.parse(decoded.text, tools=request.tools, thinking=self.chat.opens_thinking(prompt_ids))
         finish = decoded.finish_reason
         if finish == "stop" and message.tool_calls:
             finish = "tool_calls"
@@ -184,8 +172,8 @@ class EmbeddedEngine:
         """Token ids of the scripted turn as the model would write it after the generation prompt."""
         assert self.policy is not None
         text = self.policy.response_text(request.messages, request.tools, thinking=self._thinking(request),
-                                         quirks=self.quirks)
-        return self.tokenizer.encode(text) + [IM_END_ID]
+                                         chat=self.chat)
+        return self.tokenizer.encode(text) + [self.chat.end_of_turn_id]
 
     # -- weights ------------------------------------------------------------------------------
     def set_weight_version(self, label: str) -> None:
@@ -224,7 +212,7 @@ class EmbeddedEngine:
             "hidden_size": cfg.hidden_size,
             "layers": cfg.num_hidden_layers,
             "max_model_len": self.max_model_len,
-            "template": "qwen3.5" if self.quirks == QWEN35 else "append_only",
+            "template": self.chat.name,
             "scripted": self.policy is not None,
             "logprobs_mode": self.logprobs_mode,
             "weight_version": self.weight_version,

@@ -1,4 +1,4 @@
-"""The tiny Qwen3 model and its decode loop.
+"""The tiny Qwen3 model and its decode loop (over any family's ``ChatFormat``).
 
 Weights are created deterministically from a seed (or loaded from a HF folder), so every machine
 gets the same model without downloading anything. The shape follows engines.md: hidden 64, one
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from polar_env.qwen.tokenizer import EOS_IDS, IM_END_ID, VOCAB_SIZE, QwenTokenizer
+from polar_env.chat import ChatFormat, chat_format
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, Qwen3Config
@@ -39,11 +39,11 @@ class ModelSpec:
     seed: int = 0
 
 
-def _config(spec: ModelSpec) -> Qwen3Config:
+def _config(spec: ModelSpec, chat: ChatFormat) -> Qwen3Config:
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=chat.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -52,20 +52,21 @@ def _config(spec: ModelSpec) -> Qwen3Config:
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
-        eos_token_id=IM_END_ID,
+        eos_token_id=chat.end_of_turn_id,
         bos_token_id=None,
         pad_token_id=None,
         dtype="float32",
     )
 
 
-def build_model(spec: ModelSpec = ModelSpec()) -> PreTrainedModel:
-    """A randomly initialised Qwen3 model; the same seed gives the same weights."""
+def build_model(spec: ModelSpec = ModelSpec(), chat: ChatFormat | None = None) -> PreTrainedModel:
+    """A randomly initialised Qwen3 model over ``chat``'s vocabulary (default Qwen3.5's); the same
+    seed gives the same weights."""
     from transformers import Qwen3ForCausalLM
 
     with torch.random.fork_rng():
         torch.manual_seed(spec.seed)
-        model = Qwen3ForCausalLM(_config(spec))
+        model = Qwen3ForCausalLM(_config(spec, chat or chat_format("qwen3.5")))
     model.eval()
     return model
 
@@ -78,17 +79,16 @@ def load_model(path: Path) -> PreTrainedModel:
     return model
 
 
-def save_model(model: PreTrainedModel, path: Path) -> None:
-    """Write a HF model folder (config, safetensors, generation config, Qwen3.5 tokenizer)."""
+def save_model(model: PreTrainedModel, path: Path, chat: ChatFormat | None = None) -> None:
+    """Write a HF model folder (config, safetensors, generation config, ``chat``'s tokenizer)."""
     import json
 
-    from polar_env.qwen.tokenizer import export_hf_tokenizer
-
+    chat = chat or chat_format("qwen3.5")
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
-    # vLLM reads extra EOS ids from here; <|endoftext|> becomes a secondary stop (stop_reason = id).
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": list(EOS_IDS)}))
-    export_hf_tokenizer(path)
+    # vLLM reads extra EOS ids from here; a secondary one becomes a stop with stop_reason = its id.
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": list(chat.eos_ids)}))
+    chat.save_tokenizer(path)
 
 
 GREEDY_BELOW = 1e-5
@@ -141,7 +141,7 @@ def _never() -> bool:
 
 def decode(
     model: torch.nn.Module,
-    tokenizer: QwenTokenizer,
+    chat: ChatFormat,
     prompt_ids: list[int],
     params: DecodeParams,
     forced_ids: list[int] | None = None,
@@ -153,7 +153,8 @@ def decode(
     from transformers import DynamicCache
 
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-    eos = set() if params.ignore_eos else set(EOS_IDS)
+    tokenizer, end_of_turn = chat.tokenizer, chat.end_of_turn_id
+    eos = set() if params.ignore_eos else set(chat.eos_ids)
     stop_ids = set(params.stop_token_ids)
     bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
     bias_vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
@@ -194,7 +195,7 @@ def decode(
                 values, indices = torch.topk(reported, params.top_logprobs)
                 top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
             if token in eos:
-                finish, stop_reason = "stop", (None if token == IM_END_ID else token)
+                finish, stop_reason = "stop", (None if token == end_of_turn else token)
                 break
             if token in stop_ids:
                 finish, stop_reason = "stop", token

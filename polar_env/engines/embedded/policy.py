@@ -13,12 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar_env.qwen.template import (
-    QWEN35,
-    TemplateQuirks,
-    content_text,
-    render_assistant_body,
-)
+from polar_env.chat import ChatFormat
+from polar_env.chat.content import content_text
 
 SHELL_TOOLS = ("bash", "Bash", "exec_command", "run_shell_command", "shell", "shell_command", "terminal")
 COMMAND_PARAMS = ("command", "cmd")
@@ -62,11 +58,10 @@ class ScriptedPolicy:
         return {"role": "assistant", "content": text, "reasoning_content": step.reasoning}
 
     def response_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]], *,
-                      thinking: bool, quirks: TemplateQuirks = QWEN35) -> str:
+                      thinking: bool, chat: ChatFormat) -> str:
         """The scripted turn as the model writes it after the generation prompt (before its
-        end-of-turn token): with thinking on, the prompt already opened ``<think>\n``."""
-        body = render_assistant_body(self.next_turn(messages, tools), with_think=thinking, quirks=quirks)
-        return body[len("<think>\n"):] if thinking else body
+        end-of-turn token), in ``chat``'s format."""
+        return chat.assistant_text(self.next_turn(messages, tools), thinking=thinking)
 
     def _shell_call(self, command: str, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         declared = {fn.get("name"): fn for fn in (t.get("function", t) for t in tools)

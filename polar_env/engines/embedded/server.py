@@ -191,14 +191,11 @@ async def tokenize(request: web.Request) -> web.Response:
         chat = ChatRequest(
             messages=body["messages"], tools=body.get("tools") or [], chat_template_kwargs=body.get("chat_template_kwargs") or {}
         )
-        from polar_env.qwen.template import render
-
-        text = render(
+        text = engine.chat.render(
             chat.messages,
             chat.tools,
             add_generation_prompt=body.get("add_generation_prompt", True),
             enable_thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
-            quirks=engine.quirks,
         )
     elif isinstance(body.get("prompt"), str):
         text = body["prompt"]

@@ -29,13 +29,20 @@ from polar_env.proxy.providers.base import (
     stop_list,
 )
 from polar_env.proxy.sse import DONE, sse
-from polar_env.qwen.template import content_text
 from polar_env.records import ChatRequest, ProviderAPI
 
 API = ProviderAPI.OPENAI_CHAT
 ROUTES = (Route("POST", "/v1/chat/completions"), Route("POST", "/chat/completions"))
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+def _text_parts(content: Any) -> Any:
+    """A list of only text parts as one string; anything else unchanged."""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and set(p) <= {"type", "text"} and "text" in p
+                                         for p in content):
+        return "".join(str(p["text"]) for p in content)
+    return content
 
 
 def _message(msg: Any, index: int) -> dict[str, Any]:
@@ -47,8 +54,9 @@ def _message(msg: Any, index: int) -> dict[str, Any]:
         raise RequestError(f"messages[{index}].role {str(given)[:50]!r} is not one of {sorted(_ROLES)}")
     out: dict[str, Any] = {"role": role, "content": msg.get("content")}
     if role == "tool":
-        # Qwen Code sends tool results as [{"type": "text", "text": ...}].
-        out["content"] = content_text(msg.get("content"))
+        # Qwen Code sends tool results as [{"type": "text", "text": ...}]; parts with media stay
+        # parts, for the engine family's render to place.
+        out["content"] = _text_parts(msg.get("content"))
         out["tool_call_id"] = msg.get("tool_call_id")
     if role == "assistant":
         calls = msg.get("tool_calls")

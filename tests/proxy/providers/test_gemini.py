@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from polar_env.chat.qwen35.template import render
 from polar_env.errors import RequestError
 from polar_env.proxy.providers import gemini
 from polar_env.proxy.providers.base import Reply, compact_arguments
-from polar_env.qwen.template import render
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ProviderAPI, ToolCall
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "providers" / "gemini"

@@ -10,12 +10,12 @@ from typing import Any
 import orjson
 import pytest
 
+from polar_env.chat.qwen35.template import render
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.errors import RequestError
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers import openai_responses as responses
 from polar_env.proxy.providers.base import Reply
-from polar_env.qwen.template import render
 from polar_env.records import AssistantMessage, Generation, ToolCall
 from tests.proxy.conftest import admin_headers, start_gateway
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from polar_env.qwen.parser import parse_output
+from polar_env.chat.qwen35.parser import parse_output
 
 TOOLS = [
     {

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar_env.qwen.tokenizer import IM_END_ID, load_tokenizer
+from polar_env.chat.qwen35.tokenizer import IM_END_ID, load_tokenizer
 
 SAMPLES = [
     "OK",
@@ -34,7 +34,7 @@ def test_hf_export_encodes_identically(tmp_path) -> None:
     """The exported tokenizer.json (what vLLM loads) must agree with ours id for id."""
     from tokenizers import Tokenizer
 
-    from polar_env.qwen.tokenizer import export_hf_tokenizer
+    from polar_env.chat.qwen35.tokenizer import export_hf_tokenizer
 
     export_hf_tokenizer(tmp_path)
     hf = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from polar_env.chat.content import content_text as _content_text
 from polar_env.errors import RequestError
 
 
@@ -47,27 +48,12 @@ _TOOLS_FORMAT = (
 )
 
 
+MEDIA = {"image": "<|vision_start|><|image_pad|><|vision_end|>", "video": "<|vision_start|><|video_pad|><|vision_end|>"}
+
+
 def content_text(content: Any) -> str:
-    """Flatten OpenAI message content (string, parts list, or null) to template text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out: list[str] = []
-        for part in content:
-            if not isinstance(part, Mapping):
-                raise RequestError("Unexpected item type in content.")
-            if "image" in part or "image_url" in part or part.get("type") == "image":
-                out.append("<|vision_start|><|image_pad|><|vision_end|>")
-            elif "video" in part or part.get("type") == "video":
-                out.append("<|vision_start|><|video_pad|><|vision_end|>")
-            elif "text" in part:
-                out.append(str(part["text"]))
-            else:
-                raise RequestError("Unexpected item type in content.")
-        return "".join(out)
-    raise RequestError("Unexpected content type.")
+    """Flatten OpenAI message content (string, parts list, or null) to Qwen3.5 template text."""
+    return _content_text(content, MEDIA)
 
 
 def _jinja_string(value: Any) -> str:

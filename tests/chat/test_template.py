@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.chat.qwen35.template import APPEND_ONLY, QWEN35, TemplateQuirks, render, render_assistant_body
 from polar_env.errors import RequestError
-from polar_env.qwen.template import APPEND_ONLY, QWEN35, TemplateQuirks, render, render_assistant_body
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "fixtures" / "qwen" / "template_golden.json").read_text())
 
