@@ -27,7 +27,7 @@ PACKAGE = "polar_env"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "access_log"),
     ("registry", "records"),
-    ("yaml_config", "qwen", "runtimes", "journal", "observe"),
+    ("yaml_config", "chat", "runtimes", "journal", "observe"),
     ("tasks", "engines"),
     ("proxy", "evaluators", "harnesses"),
     ("trajectory",),

@@ -279,7 +279,8 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
         result.problems.append(f"the gateway has no provider registered for {spec.api.value}")
     engine = EmbeddedEngine(policy=policy_for(spec, ScriptedPolicy()))
     store = JournalStore(workdir / "capture")
-    gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name))
+    gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name,
+                                                                 template=engine.chat.name))
     gateway.app.middlewares.append(http_logger(result))
     tracker = Continuation(engine.chat) if continuation else False
     session = gateway.open_session(metadata={"check": spec.id}, continuation=tracker)
