@@ -13,13 +13,15 @@ references go to the builder (``journal/reader.py``). Evaluations have their own
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
 from polar_env.records import Status, Trajectory
-from polar_env.staging.deathsig import forkserver_context, run_with_deathsig
+from polar_env.staging.deathsig import forkserver_context, launch_forkserver, lower_priority, run_with_deathsig
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +67,18 @@ def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
 
 def _warm() -> None:
     """Each worker at start: lower its CPU priority (POSTRUN is throughput work; the gateway's
-    replies are latency work and must win the cores) and import what builds need."""
-    import os
-
-    os.nice(POSTRUN_NICE)
+    replies are latency work and must win the cores) and import what builds need (preloaded in
+    the forkserver: normally nothing left to do)."""
+    lower_priority()
     import polar_env.journal.reader
     import polar_env.journal.store
     import polar_env.trajectory.builders  # noqa: F401
 
 
-POSTRUN_NICE = 10  # on a node whose cores the gateway shares, a finishing session yields to running ones
+def _start_one(pool: ProcessPoolExecutor) -> None:
+    """A submit that finds no idle worker starts one (blocking: call it off the loop)."""
+    with contextlib.suppress(RuntimeError):  # closed (or broken) meanwhile: nothing to warm
+        pool.submit(os.getpid)
 
 
 class PostrunPool:
@@ -91,9 +95,24 @@ class PostrunPool:
                                              initargs=(_warm,))
         return self._pool
 
+    def warm(self) -> None:
+        """Start the forkserver and a first worker in the background, once (the node calls it when
+        its first session is admitted): that session's POSTRUN then finds them up, instead of
+        waiting for the forkserver's preload (~1.5 s of niced CPU, longer on a busy machine).
+        The forkserver is launched from the loop's thread, which lives as long as the node (the
+        death signal follows the launching thread: deathsig.py); the worker from a helper thread."""
+        if self._pool is None:
+            launch_forkserver()
+            asyncio.get_running_loop().run_in_executor(None, _start_one, self._executor())
+
     async def build(self, store_root: Path, session_id: str, builder: str) -> Built:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor(), read_and_build, str(store_root), session_id, builder)
+        # Submitted from a thread, never the loop: a submit that finds no idle worker starts one,
+        # and that waits on the forkserver (until its preload is done, and for the fork) — on a
+        # loaded machine, seconds in which no running session was answered (bench_staging.py).
+        self.warm()
+        pool = self._executor()
+        future = await asyncio.to_thread(pool.submit, read_and_build, str(store_root), session_id, builder)
+        return await asyncio.wrap_future(future)
 
     def close(self) -> None:
         if self._pool is not None:
