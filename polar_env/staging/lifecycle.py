@@ -178,7 +178,6 @@ class SessionRunner:
         """One session from QUEUED to DONE; never raises except when the node itself is cancelled."""
         run = Run(spec)
         self.runs[spec.session_id] = run
-        self.node.postrun.warm()  # its workers start while this session runs
         try:
             work = asyncio.ensure_future(self._until_postrun(run))
             self.work[spec.session_id] = work

@@ -105,8 +105,8 @@ async def test_workers_fork_from_a_preloaded_forkserver_and_run_niced() -> None:
 
     pool = PostrunPool(1)
     try:
-        pool.warm()
-        future = await asyncio.to_thread(pool._executor().submit, eval, _FACTS)
+        executor = pool._executor()  # launches the forkserver from this (the loop's) thread
+        future = await asyncio.to_thread(executor.submit, eval, _FACTS)
         nice, preloaded = await asyncio.wrap_future(future)
     finally:
         await asyncio.to_thread(pool.close)
