@@ -6,7 +6,7 @@ gateway process runs the real pipeline against it (OpenAI-Chat provider, session
 journal on disk). The load generator drives both at 1, 50 and 200 concurrent sessions, streaming
 and not, and prints latency p50/p99, the gateway's added latency and the throughput ratio.
 
-    python scripts/bench_gateway.py [--engine-ms 200] [--seconds 8]
+    python scripts/bench_gateway.py [--engine-ms 200] [--seconds 8] [--loop uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import aiohttp
@@ -107,10 +108,11 @@ async def drive(url: str, body: dict, headers: dict[str, str], concurrency: int,
     return latencies
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (Linux /proc)."""
+def cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds a process has used so far (Linux /proc)."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def pct(values: list[float], q: float) -> float:
@@ -127,11 +129,15 @@ async def main_async(args: argparse.Namespace) -> None:
         subprocess.Popen([sys.executable, __file__, "--serve-engine", str(engine_port), "--engine-ms", str(args.engine_ms)]),
         subprocess.Popen([sys.executable, "-m", "polar_env.cli", "gateway", "--port", str(gateway_port), "--engine", "vllm",
                           "--admin-token", ADMIN_TOKEN,
-                          "--engine-url", f"http://127.0.0.1:{engine_port}", "--store", store], stdout=subprocess.DEVNULL),
+                          "--engine-url", f"http://127.0.0.1:{engine_port}", "--store", store], stdout=subprocess.PIPE,
+                         env={**os.environ, "POLAR_ENV_LOOP": args.loop} if args.loop else None, text=True),
     ]
     try:
         wait_port(engine_port)
         wait_port(gateway_port)
+        assert procs[1].stdout is not None
+        ready = procs[1].stdout.readline().strip()  # names the gateway's event loop
+        threading.Thread(target=procs[1].stdout.read, daemon=True).start()  # whatever follows, drained
         engine_url = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         request = {"model": "bench", "messages": [{"role": "user", "content": "go " * 200}],
@@ -142,9 +148,10 @@ async def main_async(args: argparse.Namespace) -> None:
                 key = (await r.json())["key"]
         auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         print(f"mock engine: {PROMPT_IDS} prompt ids, {RESPONSE_IDS} response ids + logprobs, {len(engine_body()) / 1e3:.0f} kB, "
-              f"{args.engine_ms:g} ms per call; {args.seconds:g} s per cell; {os.cpu_count()} CPUs shared by all three processes")
+              f"{args.engine_ms:g} ms per call; {args.seconds:g} s per cell; {os.cpu_count()} CPUs shared by all three processes; "
+              f"load {os.getloadavg()[0]:.2f}\n{ready}")
         print(f"{'sessions':>8} {'stream':>6} | {'direct p50':>10} {'p99':>7} | {'gateway p50':>11} {'p99':>7} | "
-              f"{'added p50':>9} {'p99':>7} | {'direct rps':>10} {'gw rps':>7} {'ratio':>6} | {'gw CPU/req':>10}")
+              f"{'added p50':>9} {'p99':>7} | {'direct rps':>10} {'gw rps':>7} {'ratio':>6} | {'gw CPU/req':>10} {'of it sys':>9}")
         for concurrency in args.concurrency:
             for stream in args.stream:
                 spread = args.engine_ms / 1000
@@ -154,11 +161,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 gw_cpu = cpu_s(procs[1].pid)
                 via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency,
                                   args.seconds, spread)
-                gw_cpu_ms = (cpu_s(procs[1].pid) - gw_cpu) / max(len(via), 1) * 1000
+                user, system = (b - a for a, b in zip(gw_cpu, cpu_s(procs[1].pid), strict=True))
+                gw_cpu_ms = (user + system) / max(len(via), 1) * 1000  # sys: the kernel's socket work (loopback sends)
+                sys_ms = system / max(len(via), 1) * 1000
                 d50, d99, g50, g99 = pct(direct, 50), pct(direct, 99), pct(via, 50), pct(via, 99)
                 drps, grps = len(direct) / args.seconds, len(via) / args.seconds
                 print(f"{concurrency:>8} {str(stream):>6} | {d50:>8.1f}ms {d99:>5.1f}ms | {g50:>9.1f}ms {g99:>5.1f}ms | "
-                      f"{g50 - d50:>7.2f}ms {g99 - d99:>5.2f}ms | {drps:>10.1f} {grps:>7.1f} {grps / drps:>6.2f} | {gw_cpu_ms:>8.2f}ms")
+                      f"{g50 - d50:>7.2f}ms {g99 - d99:>5.2f}ms | {drps:>10.1f} {grps:>7.1f} {grps / drps:>6.2f} | "
+                      f"{gw_cpu_ms:>8.2f}ms {sys_ms:>7.2f}ms")
     finally:
         for p in procs:
             p.terminate()
@@ -172,6 +182,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 200], help="concurrent sessions per cell")
     parser.add_argument("--stream", type=lambda v: v.lower() in ("1", "true", "yes"), nargs="+", default=[False, True],
                         help="streaming modes to measure (true/false)")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"],
+                        help="the gateway's event loop (POLAR_ENV_LOOP; default: uvloop where installed)")
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:

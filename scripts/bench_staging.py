@@ -9,7 +9,8 @@ in a plain ``for`` loop per worker); the *staged* pipeline runs the same session
 node's pools (INIT and POSTRUN have their own workers; READY buffers prepared runtimes). Printed:
 RUNNING-slot occupancy (time-integrated sessions in RUNNING / slots), engine slot utilization
 (time-integrated in-flight calls / slots) and engine-busy fraction (time with ≥1 call in flight),
-whole run and steady state (first to last RUNNING start), and the speed-up. Target: ≥95% staged.
+whole run and steady state (first to last RUNNING start), CPU seconds of the node process and of its
+worker processes (forkserver, POSTRUN and evaluation workers), and the speed-up. Target: ≥95% staged.
 
 Part 2 (Ray): N node actors, each its own process with its own gateway in front of one mock
 vLLM-shaped engine process (the bench_gateway body: 4k prompt ids, 1k response ids + logprobs,
@@ -81,19 +82,41 @@ def request(n: int) -> TaskRequest:
                        evaluator={"name": "simulated_cost"}, continuation=False)
 
 
+def workers_cpu_s() -> float:
+    """CPU seconds of this process's live descendants (the node's forkserver and worker processes),
+    read from /proc before they are stopped; 0 where there is no /proc."""
+    parents: dict[int, list[tuple[int, float]]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents.setdefault(int(fields[1]), []).append((int(entry), (int(fields[11]) + int(fields[12])) / tick))
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        for pid, cpu in parents.get(todo.pop(), []):
+            total += cpu
+            todo.append(pid)
+    return total
+
+
 async def staged_run(args: argparse.Namespace, store: Path) -> dict[str, float]:
     node = SimulatedCostNode(node_config(args, store, args.slots, staged=True), args.unit_s)
     await node.start()
     server = RolloutServer([LocalNode(node)])
-    started = time.monotonic()
+    before = workers_cpu_s()
+    started, cpu = time.monotonic(), time.process_time()
     status = await server.run(request(args.sessions))
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu
+    workers = workers_cpu_s() - before
     stats = node.stats()
     steady = steady_state(status.results, args.slots)
     await server.aclose()
     assert all(r.status is SessionStatus.COMPLETED for r in status.results), [r.failure_detail for r in status.results][:3]
     return {"wall_s": wall, "occupancy": stats["running_occupancy"], "slot_util": stats["engine_slot_utilization"],
-            "busy": stats["engine_busy_fraction"], **steady}
+            "busy": stats["engine_busy_fraction"], "cpu_s": cpu, "workers_cpu_s": workers, **steady}
 
 
 def steady_state(results: list[Any], slots: int) -> dict[str, float]:
@@ -139,10 +162,12 @@ async def sequential_run(args: argparse.Namespace, store: Path) -> dict[str, flo
             node.close_session(sid)
             runs.append({"running": t0, "postrun": t1})
 
-    started = time.monotonic()
+    before = workers_cpu_s()
+    started, cpu = time.monotonic(), time.process_time()
     occupancy.started = started
     await asyncio.gather(*(worker() for _ in range(args.slots)))
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu
+    workers = workers_cpu_s() - before
     stats = node.stats()
     await node.stop()
 
@@ -152,7 +177,7 @@ async def sequential_run(args: argparse.Namespace, store: Path) -> dict[str, flo
 
     return {"wall_s": wall, "occupancy": occupancy.mean(Stage.RUNNING, started) / args.slots,
             "slot_util": stats["engine_slot_utilization"], "busy": stats["engine_busy_fraction"],
-            **steady_state([R(d) for d in runs], args.slots)}
+            "cpu_s": cpu, "workers_cpu_s": workers, **steady_state([R(d) for d in runs], args.slots)}
 
 
 # -- part 2: gateway throughput over Ray node actors ---------------------------------------------
@@ -236,10 +261,11 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="polar-bench-staging-") as tmp:
         seq = await sequential_run(args, Path(tmp) / "seq")
         staged = await staged_run(args, Path(tmp) / "staged")
-    print(f"{'pipeline':>10} | {'wall s':>7} | {'RUNNING occ.':>12} {'steady':>7} | {'engine slots':>12} | {'engine busy':>11}")
+    print(f"{'pipeline':>10} | {'wall s':>7} | {'RUNNING occ.':>12} {'steady':>7} | {'engine slots':>12} | "
+          f"{'engine busy':>11} | {'node CPU s':>10} | {'workers CPU s':>13}")
     for name, r in (("sequential", seq), ("staged", staged)):
         print(f"{name:>10} | {r['wall_s']:>7.2f} | {r['occupancy']:>12.1%} {r['steady_occupancy']:>7.1%} | "
-              f"{r['slot_util']:>12.1%} | {r['busy']:>11.1%}")
+              f"{r['slot_util']:>12.1%} | {r['busy']:>11.1%} | {r['cpu_s']:>10.2f} | {r['workers_cpu_s']:>13.2f}")
     print(f"staged / sequential: wall {seq['wall_s'] / staged['wall_s']:.2f}x faster, RUNNING occupancy "
           f"{staged['occupancy'] / seq['occupancy']:.2f}x (steady {staged['steady_occupancy']:.1%}; target ≥95%)")
     if args.skip_ray:

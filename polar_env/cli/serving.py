@@ -144,11 +144,14 @@ async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[
 def cmd_gateway(args: argparse.Namespace) -> int:
     kind = resolve_engine_kind(args)
     store_root = store_to_write(args.store)
-    asyncio.run(_run_gateway(args, kind, store_root))
+    from polar_env import eventloop
+
+    eventloop.run(_run_gateway(args, kind, store_root))  # uvloop where installed: less CPU per hop
     return 0
 
 
 async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) -> None:
+    from polar_env import eventloop
     from polar_env.journal.store import JournalStore
     from polar_env.proxy.admin import load_or_create_admin_token
     from polar_env.proxy.config import GatewayConfig, Sampling
@@ -169,7 +172,7 @@ async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) ->
     )
     gateway = Gateway(engine, store, config)
     where = f"; store {store_root}; " + (f"admin token in {token_path}" if token_path else "admin token from --admin-token")
-    what = f"polar-env gateway (engine: {engine_text}, model {model!r})"
+    what = f"polar-env gateway (engine: {engine_text}, model {model!r}, {eventloop.loop_name()} loop)"
     # sandboxes get the provider routes only (runtimes/relay.py)
     sandbox = gateway.provider_app if args.unix_socket else None
     await _serve(gateway.app, args.host, args.port, what, started, unix_socket=args.unix_socket, unix_app=sandbox, suffix=where)

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -42,10 +41,9 @@ from polar_env.evaluators.base import NoAgentRuntime, error_report
 from polar_env.evaluators.workspace import Changes
 from polar_env.records import Status
 from polar_env.runtimes import RuntimeSpec, make_runtime
-from polar_env.staging.deathsig import forkserver_context, run_with_deathsig
+from polar_env.staging.deathsig import forkserver_context, launch_forkserver, lower_priority, run_with_deathsig
 
 _log = logging.getLogger(__name__)
-WORKER_NICE = 10  # grading is throughput work; the gateway's replies win the cores
 NEEDS_AGENT_RUNTIME = f"{NoAgentRuntime.__module__}.{NoAgentRuntime.__qualname__}"
 
 
@@ -192,8 +190,7 @@ async def _serve(conn: Connection) -> None:
 
 def worker_main(conn: Connection) -> None:
     """The worker process's entry point."""
-    with contextlib.suppress(OSError):
-        os.nice(WORKER_NICE)
+    lower_priority()  # grading is throughput work: the gateway's replies win the cores
     asyncio.run(_serve(conn))
 
 
@@ -257,6 +254,7 @@ class EvalWorkers:
         async with self._start_lock:
             self._workers = [w for w in self._workers if w.alive]  # a dead one is replaced
             if len(self._workers) < self.size:
+                launch_forkserver()  # from the loop's thread (deathsig.py); the worker's start waits, off the loop
                 self._workers.append(await asyncio.to_thread(_Worker, asyncio.get_running_loop()))
         alive = [w for w in self._workers if w.alive] or self._workers
         return min(alive, key=lambda w: w.sessions)

@@ -6,8 +6,10 @@ live session's replies (the GIL), so it runs in a ``ProcessPoolExecutor`` (forks
 process has threads, which ``fork`` must not copy) with ``max_postrun`` workers. The worker reads
 the journal itself (by path), so only the small result crosses back: the trajectory plus the few
 facts POSTRUN needs (record count, final answer, weight versions); the journal's prompt
-references go to the builder (``journal/reader.py``). Evaluations have their own worker processes
-(``eval_worker.py``): a session keeps one from pre-warm to verdict, which a pool cannot promise.
+references go to the builder (``journal/reader.py``). A journal of a few calls
+(``INLINE_JOURNAL_BYTES``) is built in the node: ~1 ms, as the journal writer writes small records
+on the loop. Evaluations have their own worker processes (``eval_worker.py``): a session keeps one
+from pre-warm to verdict, which a pool cannot promise.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
+from polar_env.journal.store import JournalStore
 from polar_env.records import Status, Trajectory
-from polar_env.staging.deathsig import forkserver_context, run_with_deathsig
+from polar_env.staging.deathsig import launch_forkserver, lower_priority, run_with_deathsig
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,37 +66,55 @@ def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
     return Built(trajectory, len(records), final, versions)
 
 
+def journal_bytes(store_root: Path, session_id: str) -> int:
+    """The session's journal size on disk (0: none yet)."""
+    try:
+        return JournalStore(store_root).path(session_id).stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _warm() -> None:
     """Each worker at start: lower its CPU priority (POSTRUN is throughput work; the gateway's
-    replies are latency work and must win the cores) and import what builds need."""
-    import os
-
-    os.nice(POSTRUN_NICE)
+    replies are latency work and must win the cores) and import what builds need (preloaded in
+    the forkserver: normally nothing left to do)."""
+    lower_priority()
     import polar_env.journal.reader
     import polar_env.journal.store
     import polar_env.trajectory.builders  # noqa: F401
 
 
-POSTRUN_NICE = 10  # on a node whose cores the gateway shares, a finishing session yields to running ones
+INLINE_JOURNAL_BYTES = 16 * 1024  # a journal this small (a few calls) reads and builds in ~1 ms
 
 
 class PostrunPool:
-    """A node's POSTRUN worker processes (started on first use, stopped by ``close``)."""
+    """A node's POSTRUN worker processes (started on first use, stopped by ``close``). A small
+    journal builds in the node instead: ~1 ms of loop time, less than the hand-off, and never
+    waiting for a worker (on a busy machine the niced workers, and the forkserver's first start,
+    wait behind every other process: bench_staging.py)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
         self._pool: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:
+        """The pool. On first use its forkserver is launched from this thread, the loop's, which
+        lives as long as the node (the death signal follows the launching thread: deathsig.py)."""
         if self._pool is None:
-            context = forkserver_context()  # the forkserver and each worker die with the node (deathsig.py)
+            context = launch_forkserver()  # the forkserver and each worker die with the node (deathsig.py)
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=run_with_deathsig,
                                              initargs=(_warm,))
         return self._pool
 
     async def build(self, store_root: Path, session_id: str, builder: str) -> Built:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor(), read_and_build, str(store_root), session_id, builder)
+        if journal_bytes(store_root, session_id) <= INLINE_JOURNAL_BYTES:
+            return read_and_build(str(store_root), session_id, builder)
+        # Submitted from a thread, never the loop: a submit that finds no idle worker starts one,
+        # and that waits on the forkserver (until its preload is done, and for the fork) — on a
+        # loaded machine, seconds in which no running session was answered (bench_staging.py).
+        pool = self._executor()
+        future = await asyncio.to_thread(pool.submit, read_and_build, str(store_root), session_id, builder)
+        return await asyncio.wrap_future(future)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from polar_env import eventloop
 from tests.conftest import REPO_ROOT
 
 
@@ -48,6 +49,7 @@ def test_gateway_process_admin_token_and_sandbox_socket(tmp_path: Path, fake_vll
         line = proc.stdout.readline()
         token_file = store / "admin_token"
         assert "ready" in line and str(token_file) in line, line
+        assert f"{eventloop.loop_name()} loop" in line, line  # uvloop where installed (polar_env/eventloop.py)
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         token = token_file.read_text().strip()
         base = f"http://127.0.0.1:{port}"

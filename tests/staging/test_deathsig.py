@@ -87,3 +87,28 @@ def test_workers_and_forkserver_die_with_their_parent(sig: signal.Signals) -> No
             proc.kill()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+# What a worker reports about itself: its niceness, and whether the node's modules were there
+# before it imported anything (eval: a builtin, so nothing of the test's is imported to run it).
+_FACTS = "(__import__('os').getpriority(0, 0), 'polar_env.staging.node' in __import__('sys').modules)"
+
+
+async def test_workers_fork_from_a_preloaded_forkserver_and_run_niced() -> None:
+    """A worker's start is a fork of a forkserver that has the node's modules loaded (each worker
+    importing them itself, at the node's priority, was the bench_staging regression), and the
+    worker then runs WORKER_NICE below the node."""
+    import asyncio
+
+    from polar_env.staging.deathsig import WORKER_NICE
+    from polar_env.staging.postrun_pool import PostrunPool
+
+    pool = PostrunPool(1)
+    try:
+        executor = pool._executor()  # launches the forkserver from this (the loop's) thread
+        future = await asyncio.to_thread(executor.submit, eval, _FACTS)
+        nice, preloaded = await asyncio.wrap_future(future)
+    finally:
+        await asyncio.to_thread(pool.close)
+    assert preloaded
+    assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)
