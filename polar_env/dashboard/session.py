@@ -9,6 +9,7 @@ Token text is decoded id by id for display only; nothing decoded here is ever re
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -19,6 +20,22 @@ from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.reader import build_session
 
 _CACHE_SESSIONS = 8  # parsed journals kept in memory (one is ~the journal's size)
+_TOKENIZER_LOCK = threading.Lock()  # one load, whether the warm-up thread or a first trace page starts it
+
+
+def tokenizer() -> Any:
+    """The tokenizer token texts are decoded with (loaded once; a page that asks while the
+    warm-up thread loads it waits for that load instead of starting a second one)."""
+    with _TOKENIZER_LOCK:
+        return load_tokenizer()
+
+
+def warm_tokenizer() -> threading.Thread:
+    """Load the tokenizer in the background (seconds of CPU on first use), so the first session
+    page a user opens after ``polar-env dashboard`` starts does not wait for it."""
+    thread = threading.Thread(target=tokenizer, name="dashboard-tokenizer", daemon=True)
+    thread.start()
+    return thread
 
 
 class SessionCache:
@@ -67,7 +84,7 @@ def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int) -> d
     offset = max(0, min(offset, total))
     end = min(total, offset + max(1, min(limit, 5000)))
     ids = [trace.prompt_ids[i] if i < n_prompt else trace.response_ids[i - n_prompt] for i in range(offset, end)]
-    texts = load_tokenizer().token_texts(ids)
+    texts = tokenizer().token_texts(ids)
     tokens = []
     for j, pos in enumerate(range(offset, end)):
         if pos < n_prompt:
