@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any
 
 from polar_env.journal.protocols import JournalSource
-from polar_env.qwen.tokenizer import load_tokenizer
+from polar_env.qwen.tokenizer import QwenTokenizer, load_tokenizer
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.reader import build_session
@@ -23,7 +23,7 @@ _CACHE_SESSIONS = 8  # parsed journals kept in memory (one is ~the journal's siz
 _TOKENIZER_LOCK = threading.Lock()  # one load, whether the warm-up thread or a first trace page starts it
 
 
-def tokenizer() -> Any:
+def tokenizer() -> QwenTokenizer:
     """The tokenizer token texts are decoded with (loaded once; a page that asks while the
     warm-up thread loads it waits for that load instead of starting a second one)."""
     with _TOKENIZER_LOCK:
