@@ -169,6 +169,11 @@ class Run:
             self._staged = (key, with_stages(self._rows, self.live_snapshot() if self.is_live() else None))
         return self._staged[1]
 
+    def version(self) -> tuple[Any, ...] | None:
+        """What the rows were built from: equal versions, equal rows (a cache key for figures over them)."""
+        self.rows()
+        return self._staged[0]
+
     def _build_rows(self) -> tuple[list[dict[str, Any]], dict[str, JournalSource]]:
         finished = {r["session_id"]: r for r in _read_lines(self.path / "sessions.jsonl") if "session_id" in r}
         report_rows = {r["session_id"]: r for r in self.report().get("session_rows", [])}

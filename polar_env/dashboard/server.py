@@ -49,6 +49,7 @@ class Dashboard:
         self.live_interval_s = live_interval_s
         self.runs: dict[str, Run] = {}
         self.cache = SessionCache()
+        self.compared: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}  # Compare answers, per pair
         self.refresh()
 
     def refresh(self) -> dict[str, Run]:
@@ -324,7 +325,15 @@ async def _journal(request: web.Request) -> web.Response:
 async def _compare(request: web.Request) -> web.Response:
     dash = request.app[DASHBOARD]
     a, b = dash.run(request.query.get("a", "")), dash.run(request.query.get("b", ""))
-    return _json(await asyncio.to_thread(compare, a, b))
+
+    def cached() -> dict[str, Any]:  # recomputed only when either run's rows change
+        key = (a.version(), b.version())
+        hit = dash.compared.get((a.name, b.name))
+        if hit is None or hit[0] != key:
+            hit = dash.compared[(a.name, b.name)] = (key, compare(a, b))
+        return hit[1]
+
+    return _json(await asyncio.to_thread(cached))
 
 
 def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Application:

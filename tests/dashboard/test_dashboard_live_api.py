@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from polar_env.dashboard import runs as runs_module
+from polar_env.dashboard import server as server_module
 from polar_env.dashboard.server import Dashboard, build_dashboard
 from polar_env.journal.store import JournalStore, SessionMeta
 from polar_env.observe.live import LiveFile
@@ -76,7 +79,10 @@ async def test_a_dead_node_and_a_run_that_stopped(tmp_path: Path) -> None:
         assert {r["session_id"]: r["status"] for r in page["rows"]}["alpha-g-3"] == "not started"
 
 
-async def test_compare_per_task_and_a_task_set_warning(tmp_path: Path) -> None:
+async def test_compare_per_task_and_a_task_set_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    computed: list[int] = []
+    real = runs_module.compare
+    monkeypatch.setattr(server_module, "compare", lambda a, b: computed.append(1) or real(a, b))
     write_run(tmp_path / "runs" / "a", [session("alpha", 0, 1.0), session("beta", 0, 0.0, status="error", kind="engine_error")],
               {"alpha": 1, "beta": 1})
     write_run(tmp_path / "runs" / "b", [session("alpha", 0, 0.0, status="timeout", kind="agent_timeout")], {"alpha": 1})
@@ -88,5 +94,10 @@ async def test_compare_per_task_and_a_task_set_warning(tmp_path: Path) -> None:
         assert beta["task_id"] == "beta" and beta["b"] is None
         kinds = {f["kind"]: (f["a"], f["b"]) for f in data["failure_kinds"]}
         assert kinds == {"-": (1, 0), "engine_error": (1, 0), "agent_timeout": (0, 1)}
-        same = await (await client.get("/api/compare?a=a&b=a")).json()
-        assert same["task_sets"]["same"] is True
+        assert await (await client.get("/api/compare?a=a&b=b")).json() == data and computed == [1]  # cached
+        extra = session("beta", 0, 1.0)
+        store = JournalStore(tmp_path / "runs" / "b" / "capture" / "node-0")
+        store.write_outcome(extra["session_id"], extra)
+        store.close()
+        again = await (await client.get("/api/compare?a=a&b=b")).json()
+        assert again["task_sets"]["same"] is True and computed == [1, 1]  # b's rows changed: computed again
