@@ -94,10 +94,26 @@ def trackers(path: Path) -> list[dict[str, str]]:
     return out
 
 
+def per_rollout(done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A slime run's finished sessions per rollout id (slime's W&B step): sessions, mean reward,
+    pass rate and sampled tokens, in rollout order."""
+    by_id: dict[int, list[dict[str, Any]]] = {}
+    for r in done:
+        if isinstance(r.get("rollout_id"), int):
+            by_id.setdefault(int(r["rollout_id"]), []).append(r)
+    out = []
+    for rid, rows in sorted(by_id.items()):
+        rewards = [float(r["reward"] or 0.0) for r in rows]
+        out.append({"rollout_id": rid, "sessions": len(rows), "mean_reward": round(statistics.fmean(rewards), 4),
+                    "pass_rate": round(sum(x >= 1.0 for x in rewards) / len(rows), 4),
+                    "sampled_tokens": sum(int(r.get("tokens") or 0) for r in rows)})
+    return out
+
+
 def curves(run: Run) -> dict[str, Any]:
     """Per finished session in finishing order: seconds since the run started, and the running
     mean reward, pass rate (reward >= 1) and sampled tokens per second up to then; each
-    session's wall and RUNNING seconds (latency); a train run's steps."""
+    session's wall seconds (latency); a train run's steps; a slime run's rollouts."""
     done = sorted((r for r in run.rows() if r["status"] in FINISHED and r.get("ended_at") is not None),
                   key=lambda r: float(r["ended_at"]))
     t0 = float(run.plan().get("created_at") or (min(float(r["ended_at"]) - float(r["wall_s"] or 0.0) for r in done)
@@ -119,6 +135,7 @@ def curves(run: Run) -> dict[str, Any]:
               "tokens_per_s": round(s["sampled_tokens"] / s["rollout_s"], 2) if s.get("rollout_s") else None,
               "loss": s.get("loss")} for s in _read_lines(run.path / "steps.jsonl")]
     return {"run": run.name, "points": points, "steps": steps, "trackers": trackers(run.path),
+            "per_rollout": per_rollout(done),
             "latency": {"sessions": len(walls), "mean_wall_s": round(statistics.fmean(walls), 3) if walls else None,
                         "p50_wall_s": round(statistics.median(walls), 3) if walls else None,
                         "max_wall_s": round(max(walls), 3) if walls else None}}

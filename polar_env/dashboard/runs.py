@@ -206,7 +206,7 @@ class Run:
                     out.append({**dict.fromkeys(COLUMNS), "session_id": sid, "task_id": task_id,
                                 "repo": repo_of(task_id, repos.get(str(g["group_id"]))), "sample_index": i,
                                 "harness": harness, "status": PLANNED, "group_id": str(g["group_id"]),
-                                "traces": None, "failure_detail": None, "ended_at": None})
+                                "traces": None, "failure_detail": None, "ended_at": None, "rollout_id": None})
         return out
 
     @staticmethod
@@ -231,6 +231,7 @@ class Run:
             "traces": report_row.get("traces"), "trainable_tokens": report_row.get("trainable_tokens"),
             "failure_detail": outcome.get("failure_detail") or outcome.get("error"),  # "error": outcomes before kinds
             "ended_at": max((outcome.get("stage_times") or {}).values(), default=None),  # for the curves
+            "rollout_id": meta.get("slime_rollout_id"),  # a slime run's rollout (its W&B step)
         }
 
     def locate(self, session_id: str) -> tuple[JournalSource | None, dict[str, Any]] | None:

@@ -101,3 +101,19 @@ async def test_compare_per_task_and_a_task_set_warning(tmp_path: Path, monkeypat
         store.close()
         again = await (await client.get("/api/compare?a=a&b=b")).json()
         assert again["task_sets"]["same"] is True and computed == [1, 1]  # b's rows changed: computed again
+
+
+async def test_curves_over_time_and_per_slime_rollout(tmp_path: Path) -> None:
+    rows = []
+    for i, (reward, rollout) in enumerate([(1.0, 0), (0.0, 0), (1.0, 1), (1.0, 1)]):
+        row = session("alpha", i, reward)
+        row["stage_times"] = {"queued": 10.0 + i, "done": 20.0 + i}
+        row["metadata"] = {**row["metadata"], "slime_rollout_id": rollout}
+        rows.append(row)
+    write_run(tmp_path / "runs" / "r1", rows, {"alpha": 4})
+    async with TestClient(TestServer(build_dashboard(Dashboard([tmp_path / "runs"])))) as client:
+        c = await (await client.get("/api/runs/r1/curves")).json()
+        assert [(p["mean_reward"], p["pass_rate"]) for p in c["points"]] == [(1.0, 1.0), (0.5, 0.5), (0.6667, 0.6667), (0.75, 0.75)]
+        assert [p["wall_s"] for p in c["points"]] == [10.0] * 4 and c["latency"]["p50_wall_s"] == 10.0
+        assert [(r["rollout_id"], r["sessions"], r["mean_reward"]) for r in c["per_rollout"]] == [(0, 2, 0.5), (1, 2, 1.0)]
+        assert c["steps"] == [] and c["trackers"] == []

@@ -100,6 +100,14 @@ async function pageCurves(run) {
         h("td", {class: "num", text: fmt(s.rollouts)}), h("td", {class: "num", text: fmt(s.sampled_tokens)}), h("td", {class: "num", text: fixed(s.rollout_s, 2)}),
         h("td", {class: "num", text: fixed(s.train_s, 2)}), h("td", {class: "num", text: fixed(s.tokens_per_s, 1)}), h("td", {class: "num", text: fixed(s.loss, 4)}))))));
   }
+  if (c.per_rollout.length) {
+    parts.push(lineChart("curve-rollout", "Reward and pass rate per slime rollout id (slime's W&B step)",
+      [{name: "mean reward", color: "#3157d5", points: c.per_rollout.map((r) => [r.rollout_id, r.mean_reward])},
+       {name: "pass rate", color: "#2f9e57", points: c.per_rollout.map((r) => [r.rollout_id, r.pass_rate])}], {yMax: 1, xLabel: "rollout id"}),
+    h("table", {id: "rollouts"}, h("thead", {}, h("tr", {}, ["rollout id", "sessions", "mean reward", "pass rate", "sampled tokens"].map((x) => h("th", {text: x})))),
+      h("tbody", {}, c.per_rollout.map((r) => h("tr", {"data-rollout": r.rollout_id}, h("td", {text: r.rollout_id}), h("td", {class: "num", text: r.sessions}),
+        h("td", {class: "num", "data-col": "reward", text: fixed(r.mean_reward)}), h("td", {class: "num", text: pct(r.pass_rate)}), h("td", {class: "num", text: fmt(r.sampled_tokens)}))))));
+  }
   if (pts.length || !c.steps.length) {
     parts.push(h("div", {class: "grid2"},
       lineChart("curve-reward", "Reward and pass rate over time (running mean over finished sessions)",
