@@ -365,6 +365,11 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
         if key == "overall":
             names = ["all"]
             left, right = {"all": ta["overall"]}, {"all": tb["overall"]}
+            shared = {r["task_id"] for r in done_a} & {r["task_id"] for r in done_b}
+            if shared != {r["task_id"] for r in done_a} | {r["task_id"] for r in done_b}:  # the like-for-like figure
+                names.append("shared tasks")
+                left["shared tasks"] = pass_table([r for r in done_a if r["task_id"] in shared], (1, k))["overall"]
+                right["shared tasks"] = pass_table([r for r in done_b if r["task_id"] in shared], (1, k))["overall"]
         else:
             left, right = ta[key], tb[key]
             names = sorted(set(left) | set(right))
@@ -449,7 +454,7 @@ def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: 
               and (not status or r["status"] == status) and (not harness or r["harness"] == harness)
               and exact(r, "reason", reason) and exact(r, "failure_kind", failure_kind) and (not task or r["task_id"] == task)]
     key = sort if sort in COLUMNS else "session_id"
-    begun = [r for r in rows if r["status"] not in UNSTARTED]  # the histograms: what sessions did, not the plan
+    ended = [r for r in rows if r["status"] in FINISHED]  # the histograms: how sessions ended (none in flight)
     present = [r for r in picked if r.get(key) is not None]
     missing = [r for r in picked if r.get(key) is None]  # blanks last, whichever the direction
     present.sort(key=lambda r: r["session_id"])
@@ -458,4 +463,4 @@ def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: 
     limit = max(1, min(limit, 500))
     return {"total": len(picked), "offset": offset, "limit": limit, "rows": ordered[offset: offset + limit],
             "statuses": sorted({r["status"] for r in rows}), "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]}),
-            "reasons": counts(begun, "reason"), "failure_kinds": counts(begun, "failure_kind")}
+            "reasons": counts(ended, "reason"), "failure_kinds": counts(ended, "failure_kind")}

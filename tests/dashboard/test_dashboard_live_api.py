@@ -50,7 +50,7 @@ async def test_unfinished_sessions_show_their_stage_and_no_verdict(tmp_path: Pat
         page = await (await client.get("/api/runs/r1/sessions")).json()
         assert {r["session_id"]: r["status"] for r in page["rows"]} == {
             "alpha-g-0": "completed", "alpha-g-1": "running", "alpha-g-2": "ready", "alpha-g-3": "queued"}
-        assert page["failure_kinds"]["bars"] == [["-", 3]]  # the planned session has done nothing yet
+        assert page["failure_kinds"]["bars"] == [["-", 1]]  # how sessions ended: in flight and planned ones have not
         running = await (await client.get("/api/runs/r1/sessions/alpha-g-1")).json()
         assert running["in_flight"] is True and running["failure_detail"] is None and running["trainer"]["mask"] is None
         planned = await (await client.get("/api/runs/r1/sessions/alpha-g-3")).json()
@@ -92,6 +92,8 @@ async def test_compare_per_task_and_a_task_set_warning(tmp_path: Path, monkeypat
         alpha, beta = data["per_task"]
         assert (alpha["a"]["mean_reward"], alpha["b"]["mean_reward"], alpha["b"]["failure_kinds"]) == (1.0, 0.0, {"agent_timeout": 1})
         assert beta["task_id"] == "beta" and beta["b"] is None
+        overall = {r["name"]: (r["a"]["pass@1"], r["b"]["pass@1"]) for r in data["sections"][0]["rows"]}
+        assert overall == {"all": (0.5, 0.0), "shared tasks": (1.0, 0.0)}  # alpha alone: like for like
         kinds = {f["kind"]: (f["a"], f["b"]) for f in data["failure_kinds"]}
         assert kinds == {"-": (1, 0), "engine_error": (1, 0), "agent_timeout": (0, 1)}
         assert await (await client.get("/api/compare?a=a&b=b")).json() == data and computed == [1]  # cached

@@ -215,6 +215,8 @@ def test_compare_warns_when_the_task_sets_differ(finished_runs: Path, dashboard:
     goto(page, dashboard, "#/compare/watched/alpha-only")
     warning = page.locator("#task-set-warning")
     assert "different task sets (1 shared; 1 only in watched, 0 only in alpha-only)" in warning.inner_text()
+    shared = page.locator('table[data-section="overall"] tr[data-name="shared tasks"]')
+    assert shared.locator('td[data-cell="pass@1:a"]').inner_text() == "1.000" == shared.locator('td[data-cell="pass@1:b"]').inner_text()
     alpha, beta = page.locator('#compare-tasks tr[data-task="alpha__mult"]'), page.locator('#compare-tasks tr[data-task="beta__mult"]')
     assert alpha.locator('td[data-cell="reward:a"]').inner_text() == "1.000" == alpha.locator('td[data-cell="reward:b"]').inner_text()
     assert alpha.locator('td[data-delta="mean_reward"]').inner_text() == "+0.000"

@@ -30,7 +30,8 @@ function lineChart(id, title, series, opts) {
     const good = s.points.filter((p) => p[1] !== null && p[1] !== undefined);
     if (good.length) {
       const d = good.map((p, j) => `${j ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
-      svg.append(svgEl("path", {d, fill: "none", stroke: s.color, "stroke-width": 2, "data-series": s.name}));
+      // later series dashed: equal values (a pass rate equal to the mean reward) stay visible
+      svg.append(svgEl("path", {d, fill: "none", stroke: s.color, "stroke-width": 2, "stroke-dasharray": i ? "6 4" : "none", "data-series": s.name}));
       for (const p of good) svg.append(svgEl("circle", {cx: x(p[0]).toFixed(1), cy: y(p[1]).toFixed(1), r: 2.5, fill: s.color},));
     }
     svg.append(svgEl("rect", {x: L + 10 + i * 150, y: H + 8, width: 10, height: 10, fill: s.color}), svgEl("text", {x: L + 24 + i * 150, y: H + 17}, s.name));
@@ -115,8 +116,8 @@ async function pageCurves(run) {
          {name: "pass rate", color: "#2f9e57", points: pts.map((p) => [p.t, p.pass_rate])}], {yMax: 1, xLabel: "seconds since start", xUnit: "s"}),
       lineChart("curve-tps", "Sampled tokens/s (cumulative)", [{name: "tokens/s", color: "#d9480f", points: pts.filter((p) => p.tokens_per_s !== null).map((p) => [p.t, p.tokens_per_s])}],
         {xLabel: "seconds since start", xUnit: "s"})),
-      lineChart("curve-latency", `Session latency (wall s as each finished; mean ${fixed(c.latency.mean_wall_s, 2)}, p50 ${fixed(c.latency.p50_wall_s, 2)}, max ${fixed(c.latency.max_wall_s, 2)})`,
-        [{name: "wall s", color: "#6a2ca8", points: pts.map((p) => [p.t, p.wall_s])}], {xLabel: "seconds since start", xUnit: "s"}));
+      h("div", {class: "grid2"}, lineChart("curve-latency", `Session latency (wall s as each finished; mean ${fixed(c.latency.mean_wall_s, 2)}, p50 ${fixed(c.latency.p50_wall_s, 2)}, max ${fixed(c.latency.max_wall_s, 2)})`,
+        [{name: "wall s", color: "#6a2ca8", points: pts.map((p) => [p.t, p.wall_s])}], {xLabel: "seconds since start", xUnit: "s"})));
   }
   put(...parts);
 }
@@ -146,7 +147,7 @@ async function pageCompare(a, b) {
   const ts = data.task_sets;
   const warning = ts.same ? null : h("div", {class: "card alarm", id: "task-set-warning"},
     h("b", {text: `The two runs graded different task sets (${ts.shared} shared; ${ts.only_a.length} only in ${data.a}, ${ts.only_b.length} only in ${data.b}): `
-      + "the overall Δ compares different tasks. Read the per-task rows, or compare runs of the same tasks."}),
+      + "the overall Δ compares different tasks. Read the \u201cshared tasks\u201d row and the per-task rows, or compare runs of the same tasks."}),
     ts.only_a.length ? h("p", {class: "muted", text: `only in ${data.a}: ${ts.only_a.slice(0, 20).join(", ")}${ts.only_a.length > 20 ? " …" : ""}`}) : null,
     ts.only_b.length ? h("p", {class: "muted", text: `only in ${data.b}: ${ts.only_b.slice(0, 20).join(", ")}${ts.only_b.length > 20 ? " …" : ""}`}) : null);
   const kinds = (side) => side ? Object.entries(side.failure_kinds).map(([k, n]) => `${k} ${n}`).join(", ") || "none" : "—";
