@@ -134,7 +134,7 @@ def curves(run: Run) -> dict[str, Any]:
               "sampled_tokens": s.get("sampled_tokens"), "rollout_s": s.get("rollout_s"), "train_s": s.get("train_s"),
               "tokens_per_s": round(s["sampled_tokens"] / s["rollout_s"], 2) if s.get("rollout_s") else None,
               "loss": s.get("loss")} for s in _read_lines(run.path / "steps.jsonl")]
-    return {"run": run.name, "points": points, "steps": steps, "trackers": trackers(run.path),
+    return {"run": run.name, "live": run.is_live(), "points": points, "steps": steps, "trackers": trackers(run.path),
             "per_rollout": per_rollout(done),
             "latency": {"sessions": len(walls), "mean_wall_s": round(statistics.fmean(walls), 3) if walls else None,
                         "p50_wall_s": round(statistics.median(walls), 3) if walls else None,

@@ -61,6 +61,7 @@ async def test_unfinished_sessions_show_their_stage_and_no_verdict(tmp_path: Pat
         assert run["state"] == "running" and run["sessions"] == 4
         topo = await (await client.get("/api/runs/r1/topology")).json()
         assert topo["source"] == "live.json" and topo["live"] is True
+        assert (await (await client.get("/api/runs/r1/curves")).json())["live"] is True  # the page re-reads it
         assert [(n["node_id"], n["state"], n["engine_in_flight"]) for n in topo["nodes"]] == [("node-0", "alive", 1)]
 
 
@@ -118,4 +119,4 @@ async def test_curves_over_time_and_per_slime_rollout(tmp_path: Path) -> None:
         assert [(p["mean_reward"], p["pass_rate"]) for p in c["points"]] == [(1.0, 1.0), (0.5, 0.5), (0.6667, 0.6667), (0.75, 0.75)]
         assert [p["wall_s"] for p in c["points"]] == [10.0] * 4 and c["latency"]["p50_wall_s"] == 10.0
         assert [(r["rollout_id"], r["sessions"], r["mean_reward"]) for r in c["per_rollout"]] == [(0, 2, 0.5), (1, 2, 1.0)]
-        assert c["steps"] == [] and c["trackers"] == []
+        assert c["steps"] == [] and c["trackers"] == [] and c["live"] is False

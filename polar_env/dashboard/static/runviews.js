@@ -120,6 +120,7 @@ async function pageCurves(run) {
         [{name: "wall s", color: "#6a2ca8", points: pts.map((p) => [p.t, p.wall_s])}], {xLabel: "seconds since start", xUnit: "s"})));
   }
   put(...parts);
+  if (c.live) refreshTimer = setTimeout(() => { if (location.hash === `#/run/${enc(run)}/curves`) { routed = null; route(); } }, 5000);
 }
 
 // -- compare -----------------------------------------------------------------------------------
