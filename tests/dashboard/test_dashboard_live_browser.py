@@ -247,8 +247,10 @@ def test_a_rollout_server_is_listed_once_with_its_timeline(root: Path, context: 
         token = (store / "rollout_token").read_text().strip()
         dash = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "dashboard", str(store), "--port", "0", "--server", url,
                                  "--server-token", token], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert dash.stdout is not None
-        address = dash.stdout.readline().split(" ", 1)[1].strip()
+        assert dash.stdout is not None and dash.stderr is not None
+        line = dash.stdout.readline()
+        assert line.startswith("dashboard: http://127.0.0.1:"), line + (dash.stderr.read() if dash.poll() is not None else "")
+        address = line.split(" ", 1)[1].strip()
         page = context.new_page()
         goto(page, address, "#/run/server")  # the live page polls the server from here on
         tasks = root / "serve.tasks.jsonl"
