@@ -15,6 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from polar_env.dashboard.server import Dashboard, build_dashboard
+from polar_env.dashboard.session import warm_tokenizer
 from polar_env.errors import ConfigError
 
 
@@ -38,6 +39,7 @@ def run_dashboard(paths: list[str], host: str, port: int, token: str | None, ser
     if not is_loopback(host) and not token:
         token = secrets.token_urlsafe(24)
     dashboard = Dashboard(folders, server_url=server, server_token=server_token)
+    warm_tokenizer()  # while the user opens the page: the first trace then decodes at once
     return asyncio.run(_serve(build_dashboard(dashboard, token if not is_loopback(host) or token else None),
                               host, port, token))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from polar_env.dashboard.runs import FINISHED, Run
+from polar_env.dashboard.runs import FINISHED, UNSTARTED, Run
 from polar_env.records import Trajectory
 
 _ERRORED = ("error", "timeout", "cancelled")
@@ -63,7 +63,8 @@ def tasks_table(run: Run) -> dict[str, Any]:
     for task_id, members in sorted(by_task.items()):
         done = [r for r in members if r["status"] in FINISHED]
         samples = max(planned.get(task_id, 0), len(members))
-        state = "done" if samples and len(done) == samples else ("pending" if not members else "running")
+        started = [r for r in members if r["status"] not in UNSTARTED]
+        state = "done" if samples and len(done) == samples else ("pending" if not started else "running")
         out.append({
             "task_id": task_id, "state": state, "harness": ", ".join(sorted({str(r["harness"]) for r in members if r["harness"]})) or None,
             "model": model, "samples": samples, "finished": len(done),

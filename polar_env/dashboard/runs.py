@@ -26,6 +26,10 @@ from polar_env.staging.job import pass_at_k
 from polar_env.staging.runs import is_run_folder, runs_in
 
 FINISHED = ("completed", "timeout", "error", "cancelled")
+PLANNED = "queued"  # a session plan.json names that has not reached a node's INIT yet
+NOT_STARTED = "not started"  # planned, and the job is not running (it was killed before the session began)
+UNSTARTED = (PLANNED, NOT_STARTED)
+LIVE_STATES = ("running", "starting")
 COLUMNS = ("session_id", "task_id", "repo", "sample_index", "harness", "status", "failure_kind", "reason", "reward",
            "calls", "tokens", "drift", "wall_s", "node_id", "group_id", "mask", "trainable_tokens")
 _LIVE_REFRESH_S = 2.0  # journals grow without touching their folder's mtime: re-count open sessions this often
@@ -112,6 +116,8 @@ class Run:
         self._history: tuple[tuple[Any, ...] | None, list[list[Any]]] = (None, [])
         self._summary: tuple[tuple[Any, ...] | None, dict[str, Any]] = (None, {})
         self._plan: tuple[tuple[int, int] | None, dict[str, Any]] = (None, {})
+        self._live: tuple[tuple[int, int] | None, dict[str, Any] | None] = (None, None)
+        self._staged: tuple[tuple[Any, ...] | None, list[dict[str, Any]]] = (None, [])
 
     # -- folders ------------------------------------------------------------------------------
     def store_dirs(self) -> list[Path]:
@@ -138,14 +144,35 @@ class Run:
         data = _read_json(self.path / "report.json")
         return data if isinstance(data, dict) else {}
 
+    def live_snapshot(self) -> dict[str, Any] | None:
+        """``live.json``, re-read only when it changes (twice a second while the job runs)."""
+        version = file_version(self.path / "live.json")
+        if self._live[0] != version:
+            self._live = (version, read_live(self.path))
+        return self._live[1]
+
+    def is_live(self) -> bool:
+        """The job is running now: its ``live.json`` says so and there is no report yet."""
+        live = self.live_snapshot()
+        return not self.finished and live is not None and live.get("state") in LIVE_STATES
+
     # -- the session index ---------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
+        """Every session, with the stage live.json gives for those still on a node."""
         signature = self._signature_now()
         stale_live = not self.finished and time.monotonic() - self._built_at > _LIVE_REFRESH_S
         if signature != self._signature or stale_live:
             self._rows, self._where = self._build_rows()
             self._signature, self._built_at = signature, time.monotonic()
-        return self._rows
+        key = (self._signature, self._built_at, self._live[0] if self.is_live() else None)
+        if self._staged[0] != key:
+            self._staged = (key, with_stages(self._rows, self.live_snapshot() if self.is_live() else None))
+        return self._staged[1]
+
+    def version(self) -> tuple[Any, ...] | None:
+        """What the rows were built from: equal versions, equal rows (a cache key for figures over them)."""
+        self.rows()
+        return self._staged[0]
 
     def _build_rows(self) -> tuple[list[dict[str, Any]], dict[str, JournalSource]]:
         finished = {r["session_id"]: r for r in _read_lines(self.path / "sessions.jsonl") if "session_id" in r}
@@ -163,7 +190,24 @@ class Run:
                     meta = {**metas[sid].metadata, **meta}
                 rows.append(self._row(sid, store, outcome, meta, report_rows.get(sid, {}), metas.get(sid)))
                 where[sid] = store
-        return rows, where
+        return rows + self._planned_rows({r["session_id"] for r in rows}), where
+
+    def _planned_rows(self, seen: set[str]) -> list[dict[str, Any]]:
+        """The sessions ``plan.json`` names that no store has yet (a job lists them all from its
+        first second, not as each reaches INIT)."""
+        plan = self.plan()
+        harness = ((plan.get("job") or {}).get("env") or {}).get("harness")
+        repos = {str(q.get("group_id")): q.get("repo") for q in plan.get("requests") or [] if isinstance(q, dict)}
+        out = []
+        for g in plan.get("groups") or []:
+            for i, sid in enumerate(g.get("session_ids") or []):
+                if sid not in seen:
+                    task_id = str(g["task_id"])
+                    out.append({**dict.fromkeys(COLUMNS), "session_id": sid, "task_id": task_id,
+                                "repo": repo_of(task_id, repos.get(str(g["group_id"]))), "sample_index": i,
+                                "harness": harness, "status": PLANNED, "group_id": str(g["group_id"]),
+                                "traces": None, "failure_detail": None, "ended_at": None, "rollout_id": None})
+        return out
 
     @staticmethod
     def _row(sid: str, store: JournalSource, outcome: dict[str, Any], meta: dict[str, Any], report_row: dict[str, Any],
@@ -186,14 +230,14 @@ class Run:
             "mask": outcome.get("mask", report_row.get("mask")),  # known once the session's row is written
             "traces": report_row.get("traces"), "trainable_tokens": report_row.get("trainable_tokens"),
             "failure_detail": outcome.get("failure_detail") or outcome.get("error"),  # "error": outcomes before kinds
+            "ended_at": max((outcome.get("stage_times") or {}).values(), default=None),  # for the curves
+            "rollout_id": meta.get("slime_rollout_id"),  # a slime run's rollout (its W&B step)
         }
 
-    def locate(self, session_id: str) -> tuple[JournalSource, dict[str, Any]] | None:
-        rows = self.rows()
-        store = self._where.get(session_id)
-        if store is None:
-            return None
-        return store, next(r for r in rows if r["session_id"] == session_id)
+    def locate(self, session_id: str) -> tuple[JournalSource | None, dict[str, Any]] | None:
+        """The session's store (None: planned, not on a node yet) and its row."""
+        row = next((r for r in self.rows() if r["session_id"] == session_id), None)
+        return None if row is None else (self._where.get(session_id), row)
 
     def outcome(self, store: JournalSource, session_id: str) -> dict[str, Any]:
         return store.read_outcome(session_id) or next(
@@ -225,13 +269,13 @@ class Run:
 
     def _summarize(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         report = self.report()
-        live = read_live(self.path)
+        live = self.live_snapshot()
         done = [r for r in rows if r["status"] in FINISHED]
         statuses: dict[str, int] = {}
         for r in rows:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
-        state = "finished" if self.finished else ("running" if live and live.get("state") in ("running", "starting") else "store")
+        state = "finished" if self.finished else ("running" if self.is_live() else "store")
         return {
             "name": self.name, "path": str(self.path), "state": state, "sessions": len(rows),
             "statuses": statuses, "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
@@ -242,7 +286,7 @@ class Run:
 
     def live(self) -> dict[str, Any]:
         """Stage counts, sessions done, reward so far, engine busy and the stage history."""
-        snapshot = read_live(self.path)
+        snapshot = self.live_snapshot()
         rows = self.rows()
         done = [r for r in rows if r["status"] in FINISHED]
         rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
@@ -251,7 +295,11 @@ class Run:
                 "history": []}
         if snapshot is not None:
             base.update({k: snapshot[k] for k in ("state", "total", "done", "stages", "mean_reward", "engine_busy",
-                                                   "elapsed_s", "statuses", "history") if k in snapshot})
+                                                   "elapsed_s", "statuses", "history", "phase") if k in snapshot})
+            if self.is_live():  # the timeline runs to now, not to the last stage change
+                base["now_s"] = round(float(snapshot.get("elapsed_s", 0.0)) + max(0.0, time.time() - float(
+                    snapshot.get("updated_at") or time.time())), 3)
+                base["in_flight"] = snapshot.get("session_stages") or {}  # session id -> stage, past QUEUED
         if self.finished:
             report = self.report()
             base.setdefault("elapsed_s", report.get("wall_s"))
@@ -261,6 +309,16 @@ class Run:
                 self._history = (self._signature, finished_history(_read_lines(self.path / "sessions.jsonl")))
             base["history"] = self._history[1]
         return base
+
+
+def with_stages(rows: list[dict[str, Any]], live: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Unfinished rows with the stage their node reports (``live.json``'s ``session_stages``);
+    without a running job, planned sessions that never reached a node are ``not started``."""
+    if live is None:
+        return [r if r["status"] != PLANNED else {**r, "status": NOT_STARTED} for r in rows]
+    stages: dict[str, str] = live.get("session_stages") or {}
+    return [r if r["status"] in FINISHED or r["session_id"] not in stages else {**r, "status": stages[r["session_id"]]}
+            for r in rows]
 
 
 def finished_history(results: Sequence[dict[str, Any]]) -> list[list[Any]]:
@@ -313,11 +371,65 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
         if key == "overall":
             names = ["all"]
             left, right = {"all": ta["overall"]}, {"all": tb["overall"]}
+            shared = {r["task_id"] for r in done_a} & {r["task_id"] for r in done_b}
+            if shared != {r["task_id"] for r in done_a} | {r["task_id"] for r in done_b}:  # the like-for-like figure
+                names.append("shared tasks")
+                left["shared tasks"] = pass_table([r for r in done_a if r["task_id"] in shared], (1, k))["overall"]
+                right["shared tasks"] = pass_table([r for r in done_b if r["task_id"] in shared], (1, k))["overall"]
         else:
             left, right = ta[key], tb[key]
             names = sorted(set(left) | set(right))
         sections.append({"section": key, "rows": [{"name": n, "a": left.get(n), "b": right.get(n)} for n in names]})
-    return {"a": a.name, "b": b.name, "ks": sorted({1, k}), "sections": sections}
+    tasks_a, tasks_b = {r["task_id"] for r in done_a}, {r["task_id"] for r in done_b}
+    return {"a": a.name, "b": b.name, "ks": sorted({1, k}), "sections": sections,
+            "per_task": per_task_deltas(done_a, done_b, k), "failure_kinds": _kinds(done_a, done_b),
+            "totals": {"a": _totals(a, done_a), "b": _totals(b, done_b)},
+            "task_sets": {"same": tasks_a == tasks_b, "shared": len(tasks_a & tasks_b),
+                          "only_a": sorted(tasks_a - tasks_b), "only_b": sorted(tasks_b - tasks_a)}}
+
+
+def _side(rows: Sequence[dict[str, Any]], k: int) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    passes = sum(1 for r in rows if (r["reward"] or 0) >= 1.0)
+    kinds: dict[str, int] = {}
+    for r in rows:
+        if r.get("failure_kind"):
+            kinds[str(r["failure_kind"])] = kinds.get(str(r["failure_kind"]), 0) + 1
+    tokens = [float(r["tokens"]) for r in rows if r.get("tokens") is not None]
+    return {"sessions": len(rows), "mean_reward": round(statistics.fmean(float(r["reward"] or 0.0) for r in rows), 4),
+            "pass@1": round(pass_at_k(len(rows), passes, 1), 4),
+            f"pass@{k}": round(pass_at_k(len(rows), passes, k), 4) if len(rows) >= k else None,
+            "failure_kinds": kinds, "mean_tokens": round(statistics.fmean(tokens), 1) if tokens else None}
+
+
+def per_task_deltas(done_a: Sequence[dict[str, Any]], done_b: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """One row per task of either run: its figures in each (None where a run lacks the task)."""
+    by_a: dict[str, list[dict[str, Any]]] = {}
+    by_b: dict[str, list[dict[str, Any]]] = {}
+    for rows, into in ((done_a, by_a), (done_b, by_b)):
+        for r in rows:
+            into.setdefault(r["task_id"], []).append(r)
+    return [{"task_id": t, "a": _side(by_a.get(t, []), k), "b": _side(by_b.get(t, []), k)}
+            for t in sorted(set(by_a) | set(by_b))]
+
+
+def _kinds(done_a: Sequence[dict[str, Any]], done_b: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sessions per failure kind in each run ("-": none, the session completed)."""
+    seen: dict[str, list[int]] = {}
+    for i, rows in enumerate((done_a, done_b)):
+        for r in rows:
+            seen.setdefault(str(r.get("failure_kind") or "-"), [0, 0])[i] += 1
+    return [{"kind": kind, "a": n[0], "b": n[1]} for kind, n in sorted(seen.items(), key=lambda kv: -sum(kv[1]))]
+
+
+def _totals(run: Run, done: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Sessions, tokens and cost (engine seconds, where the report has them; wall otherwise)."""
+    report = run.report()
+    tokens = [float(r["tokens"]) for r in done if r.get("tokens") is not None]
+    busy = sum(float(n.get("engine_busy_s") or 0.0) for n in report.get("nodes") or [] if "dead" not in n)
+    return {"sessions": len(done), "sampled_tokens": int(sum(tokens)) if tokens else None,
+            "engine_seconds": round(busy, 2) if report else None, "wall_s": report.get("wall_s")}
 
 
 def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str, Any]:
@@ -348,6 +460,7 @@ def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: 
               and (not status or r["status"] == status) and (not harness or r["harness"] == harness)
               and exact(r, "reason", reason) and exact(r, "failure_kind", failure_kind) and (not task or r["task_id"] == task)]
     key = sort if sort in COLUMNS else "session_id"
+    ended = [r for r in rows if r["status"] in FINISHED]  # the histograms: how sessions ended (none in flight)
     present = [r for r in picked if r.get(key) is not None]
     missing = [r for r in picked if r.get(key) is None]  # blanks last, whichever the direction
     present.sort(key=lambda r: r["session_id"])
@@ -356,4 +469,4 @@ def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: 
     limit = max(1, min(limit, 500))
     return {"total": len(picked), "offset": offset, "limit": limit, "rows": ordered[offset: offset + limit],
             "statuses": sorted({r["status"] for r in rows}), "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]}),
-            "reasons": counts(rows, "reason"), "failure_kinds": counts(rows, "failure_kind")}
+            "reasons": counts(ended, "reason"), "failure_kinds": counts(ended, "failure_kind")}

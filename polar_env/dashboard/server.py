@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -21,14 +22,24 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from polar_env.chat import chat_format
+from polar_env.dashboard.health import curves, topology
 from polar_env.dashboard.research import group_view, integrity, siblings, tasks_table, tests_table, trainer_view
-from polar_env.dashboard.runs import Run, compare, discover, page
-from polar_env.dashboard.session import SessionCache, journal_page, trace_page, trace_summaries, transcript_page
+from polar_env.dashboard.runs import FINISHED, Run, compare, discover, page
+from polar_env.dashboard.session import (
+    SessionCache,
+    journal_page,
+    tokenizer,
+    trace_page,
+    trace_summaries,
+    transcript_page,
+)
+from polar_env.journal.protocols import JournalSource
+from polar_env.records import Trajectory
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 COOKIE = "polar_dashboard"
-STATIC = {"index.html": "text/html", "app.js": "text/javascript", "research.js": "text/javascript", "style.css": "text/css"}
+STATIC = {"index.html": "text/html", "app.js": "text/javascript", "research.js": "text/javascript",
+          "runviews.js": "text/javascript", "style.css": "text/css"}
 # The page shows what agents wrote; nothing in it may load or run anything but the shipped assets.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
@@ -45,18 +56,22 @@ class Dashboard:
         self.live_interval_s = live_interval_s
         self.runs: dict[str, Run] = {}
         self.cache = SessionCache()
+        self.compared: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}  # Compare answers, per pair
         self.refresh()
 
     def refresh(self) -> dict[str, Run]:
         known = {run.path.resolve(): run for run in self.runs.values()}
         runs: dict[str, Run] = {}
+        served = self.runs.get("server") or (ServerRun(self.server_url, self.server_token, self.paths) if self.server_url else None)
         for path in discover(self.paths):
+            if served is not None and path.resolve() == served.path.resolve():
+                continue  # the server's store is the server's run, listed once
             name = path.name or str(path)
             while name in runs:
                 name += "'"
             runs[name] = known.get(path.resolve()) or Run(path, name)
-        if self.server_url:
-            runs["server"] = self.runs.get("server") or ServerRun(self.server_url, self.server_token, self.paths)
+        if served is not None:
+            runs["server"] = served
         self.runs = runs
         return runs
 
@@ -76,20 +91,30 @@ class ServerRun(Run):
         super().__init__(store, "server")
         self.url = url
         self.token = token
+        self._t0: float | None = None
+        self._stage_history: list[list[Any]] = []  # [seconds since the dashboard first asked, {stage: n}]
 
     def summary(self) -> dict[str, Any]:
         live = self.live()
         return {**super().summary(), "state": live["state"], "path": self.url,
                 "engine_busy_fraction": live.get("engine_busy")}
 
-    def live(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
+        """The server's ``/rollout/status`` (nodes' stats and tasks); ``{"error": ...}`` when it does not answer."""
         request = urllib.request.Request(self.url + "/rollout/status",
                                          headers={"Authorization": f"Bearer {self.token or ''}"})
         try:
             with urllib.request.urlopen(request, timeout=5) as resp:  # noqa: S310 - the user's own server
-                status = json.loads(resp.read())
+                data = json.loads(resp.read())
         except OSError as exc:
-            return {"state": "unreachable", "error": str(exc), "total": 0, "done": 0, "stages": {}, "history": []}
+            return {"error": str(exc)}
+        return data if isinstance(data, dict) else {"error": "not a status object"}
+
+    def live(self) -> dict[str, Any]:
+        status = self.status()
+        if "error" in status:
+            return {"state": "unreachable", "error": status["error"], "total": 0, "done": 0, "stages": {},
+                    "history": self._stage_history}
         stages: dict[str, int] = {}
         live = [n for n in status.get("nodes", []) if "dead" not in n]
         for node in live:
@@ -99,10 +124,17 @@ class ServerRun(Run):
         done = sum(t["done"] for t in tasks)
         rewarded = [(t["mean_reward"], t["done"]) for t in tasks if t.get("mean_reward") is not None]
         busy = [n.get("engine_busy_fraction", 0.0) for n in live]
+        now = time.monotonic()
+        self._t0 = now if self._t0 is None else self._t0
+        if not self._stage_history or self._stage_history[-1][1] != stages:  # the server keeps no history: we do
+            self._stage_history.append([round(now - self._t0, 3), stages])
+            del self._stage_history[:-2000]
         return {"state": "running" if any(t["state"] in ("pending", "running") for t in tasks) else "idle",
                 "total": sum(t["num_samples"] for t in tasks), "done": done, "stages": stages,
                 "mean_reward": sum(r * n for r, n in rewarded) / max(1, sum(n for _, n in rewarded)) if rewarded else None,
-                "engine_busy": sum(busy) / len(busy) if busy else None, "history": [],
+                "engine_busy": sum(busy) / len(busy) if busy else None, "history": list(self._stage_history),
+                "now_s": round(now - self._t0, 3), "elapsed_s": round(now - self._t0, 3),
+                "in_flight": {sid: st for n in live for sid, st in (n.get("session_stages") or {}).items()},
                 "nodes": len(live), "dead_nodes": len(status.get("nodes", [])) - len(live)}
 
 
@@ -178,6 +210,17 @@ async def _group(request: web.Request) -> web.Response:
     return _json(data)
 
 
+async def _topology(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    server = run.status if isinstance(run, ServerRun) else None
+    return _json(await asyncio.to_thread(lambda: topology(run, server() if server else None)))
+
+
+async def _curves(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    return _json(await asyncio.to_thread(curves, run))
+
+
 async def _live(request: web.Request) -> web.Response:
     run = request.app[DASHBOARD].run(request.match_info["run"])
     return _json(await asyncio.to_thread(run.live))
@@ -208,7 +251,7 @@ async def _live_events(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _session(request: web.Request) -> tuple[Run, Any, dict[str, Any]]:
+def _session(request: web.Request) -> tuple[Run, JournalSource | None, dict[str, Any]]:
     run = request.app[DASHBOARD].run(request.match_info["run"])
     found = run.locate(request.match_info["session"])
     if found is None:
@@ -220,10 +263,18 @@ def _session(request: web.Request) -> tuple[Run, Any, dict[str, Any]]:
 def _load(request: web.Request) -> tuple[Run, dict[str, Any], dict[str, Any], list[Any], Any]:
     """The session's run, row, outcome, records and trajectory."""
     run, store, row = _session(request)
+    if store is None:  # planned: no node has it yet
+        return run, row, {}, [], Trajectory(session_id=row["session_id"], traces=[])
     outcome = run.outcome(store, row["session_id"])
     builder = (outcome.get("metadata") or {}).get("builder", "prefix_merge")
     records, trajectory = request.app[DASHBOARD].cache.get(store, row["session_id"], builder)
     return run, row, outcome, records, trajectory
+
+
+def in_flight(run: Run, row: dict[str, Any]) -> bool:
+    """Still on a live node (queued, being set up, run or graded): no outcome yet is no failure."""
+    dead = (run.live_snapshot() or {}).get("dead_nodes") or []
+    return run.is_live() and row["status"] not in FINISHED and row.get("node_id") not in dead
 
 
 async def _session_detail(request: web.Request) -> web.Response:
@@ -235,27 +286,30 @@ async def _session_detail(request: web.Request) -> web.Response:
         traces = trace_summaries(trajectory)
         sampled = sum(t["sampled_tokens"] for t in traces)
         evaluation = outcome.get("evaluation") or {}
-        return {"run": run.name, "row": {**row, "tokens": row["tokens"] if row["tokens"] is not None else sampled},
+        pending = in_flight(run, row)  # the reader calls a session without an outcome lost; a live one is not
+        trainer = trainer_view(row, outcome, trajectory)
+        return {"in_flight": pending, "run": run.name, "row": {**row, "tokens": row["tokens"] if row["tokens"] is not None else sampled},
                 "evaluation": evaluation, "tests": tests_table(evaluation), "integrity": integrity(evaluation),
-                "graded_patch": evaluation.get("graded_patch"), "trainer": trainer_view(row, outcome, trajectory),
+                "graded_patch": evaluation.get("graded_patch"), "trainer": trainer,
                 "siblings": siblings(run, row), "stage_seconds": stage_s, "stage_times": stage_times,
                 "metadata": outcome.get("metadata") or {},
                 "failure_detail": (outcome.get("failure_detail") or outcome.get("error") or trajectory.failure_detail
                                    or trajectory.metadata.get("error")),
                 "trajectory_status": trajectory.status.value, "stats": trajectory.metadata.get("stats", {}),
-                "traces": traces, "calls": len(records), "journal": f"/api/runs/{run.name}/sessions/{row['session_id']}/journal"}
+                "traces": traces, "calls": len(records), "journal": f"/api/runs/{run.name}/sessions/{row['session_id']}/journal",
+                **({"failure_detail": None, "trainer": {**trainer, "mask": None}} if pending else {})}
 
     return _json(await asyncio.to_thread(detail))
 
 
 async def _trace(request: web.Request) -> web.Response:
     def one() -> dict[str, Any]:
-        run, trajectory = _load(request)[::4]
+        run, _row, _outcome, _records, trajectory = _load(request)
         index = int(request.match_info["index"])
         if not 0 <= index < len(trajectory.traces):
             raise web.HTTPNotFound(text=json.dumps({"error": f"no trace {index}"}), content_type="application/json")
-        tokenizer = chat_format(run.template()).tokenizer
-        return trace_page(trajectory, index, _int(request, "offset", 0), _int(request, "limit", 2000), tokenizer)
+        return trace_page(trajectory, index, _int(request, "offset", 0), _int(request, "limit", 2000),
+                          tokenizer(run.template()))
 
     return _json(await asyncio.to_thread(one))
 
@@ -279,7 +333,15 @@ async def _journal(request: web.Request) -> web.Response:
 async def _compare(request: web.Request) -> web.Response:
     dash = request.app[DASHBOARD]
     a, b = dash.run(request.query.get("a", "")), dash.run(request.query.get("b", ""))
-    return _json(await asyncio.to_thread(compare, a, b))
+
+    def cached() -> dict[str, Any]:  # recomputed only when either run's rows change
+        key = (a.version(), b.version())
+        hit = dash.compared.get((a.name, b.name))
+        if hit is None or hit[0] != key:
+            hit = dash.compared[(a.name, b.name)] = (key, compare(a, b))
+        return hit[1]
+
+    return _json(await asyncio.to_thread(cached))
 
 
 def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Application:
@@ -295,6 +357,8 @@ def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Appli
     r.add_get("/api/runs/{run}/live/events", _live_events)
     r.add_get("/api/runs/{run}/sessions", _sessions)
     r.add_get("/api/runs/{run}/tasks", _tasks)
+    r.add_get("/api/runs/{run}/topology", _topology)
+    r.add_get("/api/runs/{run}/curves", _curves)
     r.add_get("/api/runs/{run}/groups/{group}", _group)
     r.add_get("/api/runs/{run}/sessions/{session}", _session_detail)
     r.add_get("/api/runs/{run}/sessions/{session}/trace/{index:\\d+}", _trace)

@@ -9,16 +9,34 @@ Token text is decoded id by id for display only; nothing decoded here is ever re
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
-from polar_env.chat import Tokenizer
+from polar_env.chat import Tokenizer, chat_format
 from polar_env.journal.protocols import JournalSource
 from polar_env.records import CompletionRecord, Trajectory
 from polar_env.trajectory.builders import BUILDERS
 from polar_env.trajectory.reader import build_session
 
 _CACHE_SESSIONS = 8  # parsed journals kept in memory (one is ~the journal's size)
+_TOKENIZER_LOCK = threading.Lock()  # one load, whether the warm-up thread or a first trace page starts it
+
+
+def tokenizer(template: str = "qwen3.5") -> Tokenizer:
+    """The tokenizer of a run's model family, which its token texts are decoded with (loaded once;
+    a page that asks while the warm-up thread loads it waits for that load instead of starting a
+    second one)."""
+    with _TOKENIZER_LOCK:
+        return chat_format(template).tokenizer
+
+
+def warm_tokenizer(template: str = "qwen3.5") -> threading.Thread:
+    """Load a tokenizer in the background (seconds of CPU on first use), so the first session
+    page a user opens after ``polar-env dashboard`` starts does not wait for it."""
+    thread = threading.Thread(target=tokenizer, args=(template,), name="dashboard-tokenizer", daemon=True)
+    thread.start()
+    return thread
 
 
 class SessionCache:

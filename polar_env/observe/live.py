@@ -55,7 +55,7 @@ def final_snapshot(last: dict[str, Any], report: dict[str, Any]) -> dict[str, An
             "mean_reward": report.get("mean_reward"),
             "statuses": {"completed": 0, "timeout": 0, "error": 0, "cancelled": 0, **report.get("statuses", {})},
             "engine_busy": busy if busy is not None else last.get("engine_busy", 0.0),
-            "dead_nodes": last.get("dead_nodes", []),
+            "dead_nodes": last.get("dead_nodes", []), "session_stages": {},
             "elapsed_s": report.get("wall_s", last.get("elapsed_s", 0.0))}
 
 

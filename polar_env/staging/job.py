@@ -386,7 +386,10 @@ async def _watch(server: Any, statuses: list[TaskStatus], total: int, started: f
                                ("completed", "timeout", "error", "cancelled")},
                   "mean_reward": statistics.fmean(rewards) if rewards else None,
                   "engine_busy": statistics.fmean([s["engine_busy_fraction"] for s in stats if "dead" not in s] or [0]),
-                  "dead_nodes": [s["node_id"] for s in stats if "dead" in s]})
+                  "dead_nodes": [s["node_id"] for s in stats if "dead" in s],
+                  # for the dashboard: where each started session is, and what each node runs and holds
+                  "session_stages": {sid: st for s in stats for sid, st in (s.get("session_stages") or {}).items()},
+                  "nodes": [{k: v for k, v in s.items() if k != "session_stages"} for s in stats]})
         await asyncio.sleep(0.5)
 
 

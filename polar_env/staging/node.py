@@ -40,6 +40,7 @@ from polar_env.staging.models import SessionResult, SessionSpec, Stage, TaskRequ
 from polar_env.staging.pools import PoolLimits, StagePools
 from polar_env.staging.postrun_pool import PostrunPool
 from polar_env.staging.shipping import Chunk, read_shard, sees_probe
+from polar_env.staging.topology import engine_members, session_stages
 
 if TYPE_CHECKING:
     from polar_env.proxy.gateway import Gateway
@@ -375,6 +376,9 @@ class GatewayNode:
             "engine_slot_utilization": (meter.slot_seconds() / (elapsed * self.config.limits.max_running)) if meter else 0.0,
             "engine_calls": meter.calls if meter else 0,
             "engine_errors": meter.errors if meter else 0,
+            "engine_in_flight": meter.in_flight if meter else 0,
+            "engine": engine_members(meter.inner) if meter else None,
+            "session_stages": session_stages(self.runner.runs),
             "sampled_tokens": meter.sampled_tokens if meter else 0,
             "elapsed_s": elapsed,
             "host": socket.gethostname(),

@@ -114,7 +114,7 @@ async def test_runs_list_summaries_are_cached_until_files_change(run_dir: Path, 
     async with TestClient(TestServer(build_dashboard(Dashboard([run_dir.parent])))) as client:
         for _ in range(3):
             (run,) = (await (await client.get("/api/runs")).json())["runs"]
-            assert run["sessions"] == 5
+            assert run["sessions"] == 7 and run["statuses"]["not started"] == 2  # plan.json's too (the job is not running)
         assert computed == [5]  # finished, unchanged: computed once for three visits
         (run_dir / "report.json").write_text(json.dumps({"wall_s": 12.5}))
         (run,) = (await (await client.get("/api/runs")).json())["runs"]
@@ -124,4 +124,4 @@ async def test_runs_list_summaries_are_cached_until_files_change(run_dir: Path, 
         store.write_outcome(extra["session_id"], extra)
         store.close()
         (run,) = (await (await client.get("/api/runs")).json())["runs"]
-        assert run["sessions"] == 6 and computed == [5, 5, 6]
+        assert run["sessions"] == 7 and run["statuses"]["not started"] == 1 and computed == [5, 5, 6]

@@ -79,42 +79,19 @@ async function pageRuns() {
       h("tbody", {}, rows)));
 }
 
-// -- compare -------------------------------------------------------------------------------
-async function pageCompare(a, b) {
-  crumbs(["runs", "#/"], [`${a} vs ${b}`]);
-  const data = await api(`/api/compare?a=${enc(a)}&b=${enc(b)}`);
-  const ks = data.ks.map((k) => `pass@${k}`);
-  const cell = (side, key) => side && side[key] !== undefined && side[key] !== null
-    ? (key === "tasks" ? String(side[key]) : side[key].toFixed(3)) : "—";
-  const delta = (x, y, key) => {
-    if (!x || !y || x[key] === null || y[key] === null || x[key] === undefined || y[key] === undefined) return h("td", {text: ""});
-    const d = y[key] - x[key];
-    return h("td", {class: `num delta ${d > 0 ? "up" : d < 0 ? "down" : ""}`, text: (d >= 0 ? "+" : "") + d.toFixed(3)});
-  };
-  const sections = data.sections.map((s) => h("div", {class: "card"},
-    h("h2", {text: {overall: "Overall", per_repo: "Per repo", per_harness: "Per harness"}[s.section]}),
-    h("table", {"data-section": s.section},
-      h("thead", {}, h("tr", {}, h("th", {text: s.section === "overall" ? "" : s.section.replace("per_", "")}),
-        ...ks.flatMap((k) => [h("th", {class: "num", text: `${k} ${data.a}`}), h("th", {class: "num", text: `${k} ${data.b}`}), h("th", {class: "num", text: "Δ"})]),
-        h("th", {class: "num", text: "tasks"}))),
-      h("tbody", {}, s.rows.map((r) => h("tr", {"data-name": r.name}, h("td", {text: r.name}),
-        ...ks.flatMap((k) => [h("td", {class: "num", "data-cell": `${k}:a`, text: cell(r.a, k)}),
-                              h("td", {class: "num", "data-cell": `${k}:b`, text: cell(r.b, k)}), delta(r.a, r.b, k)]),
-        h("td", {class: "num", text: `${cell(r.a, "tasks")} / ${cell(r.b, "tasks")}`})))))));
-  put(h("h1", {text: `Compare: ${data.a} → ${data.b}`}),
-    h("p", {class: "muted", text: "Unbiased pass@k over finished sessions (a session passes with reward ≥ 1); Δ is the second run minus the first."}),
-    ...sections);
-}
+// (compare, health and curves: runviews.js)
 
 // -- run: live and sessions ----------------------------------------------------------------
 function runTabs(run, on) {
   return h("div", {class: "tabs"},
     h("a", {href: `#/run/${enc(run)}`, class: on === "live" ? "on" : "", text: "Live"}),
     h("a", {href: `#/run/${enc(run)}/tasks`, class: on === "tasks" ? "on" : "", text: "Tasks"}),
-    h("a", {href: `#/run/${enc(run)}/sessions`, class: on === "sessions" ? "on" : "", text: "Sessions"}));
+    h("a", {href: `#/run/${enc(run)}/sessions`, class: on === "sessions" ? "on" : "", text: "Sessions"}),
+    h("a", {href: `#/run/${enc(run)}/curves`, class: on === "curves" ? "on" : "", text: "Curves"}),
+    h("a", {href: `#/run/${enc(run)}/health`, class: on === "health" ? "on" : "", text: "Health"}));
 }
 
-function timeline(history) {
+function timeline(history, nowS) {
   const W = 900, H = 180, P = 28;
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H + 24}`);
@@ -126,7 +103,9 @@ function timeline(history) {
     svg.append(t); return svg;
   }
   const t0 = history[0][0];  // a live job's history starts at its first progress tick
-  const tEnd = Math.max(history[history.length - 1][0] - t0, 1e-6);
+  // a running job's last state holds until now, not until its last change
+  const tEnd = Math.max(history[history.length - 1][0] - t0, (nowS ?? 0) - t0, 1e-6);
+  svg.setAttribute("data-t-end", (t0 + tEnd).toFixed(3)); svg.setAttribute("data-t-last", history[history.length - 1][0].toFixed(3));
   const totals = history.map(([, c]) => STAGES.reduce((s, k) => s + (c[k] || 0), 0));
   const yMax = Math.max(1, ...totals);
   const x = (t) => P + (W - P - 8) * ((t - t0) / tEnd), y = (v) => H - (H - 10) * (v / yMax);
@@ -163,10 +142,12 @@ async function pageLive(run) {
     h("b", {text: "0"}), h("span", {text: s}))));
   const tl = h("div", {class: "card"}, h("h2", {text: "Stage occupancy"}), h("div", {id: "timeline-box"}));
   const state = h("span", {id: "live-state", class: "badge", text: "…"});
-  put(h("h1", {}, `${run} `, state), runTabs(run, "live"),
+  const phase = h("p", {class: "muted", id: "live-phase"});
+  const flying = h("div", {class: "card", id: "in-flight"});
+  put(h("h1", {}, `${run} `, state), runTabs(run, "live"), phase,
     h("div", {class: "cards"}, stat("sessions done", "0", "live-done"), stat("sessions", "0", "live-total"),
       stat("reward so far", "—", "live-reward"), stat("engine busy", "—", "live-busy"), stat("elapsed", "—", "live-elapsed")),
-    stages, tl);
+    stages, tl, flying);
   const render = (snap) => {
     document.getElementById("live-done").textContent = fmt(snap.done);
     document.getElementById("live-total").textContent = fmt(snap.total);
@@ -175,7 +156,13 @@ async function pageLive(run) {
     document.getElementById("live-elapsed").textContent = snap.elapsed_s === undefined ? "—" : `${snap.elapsed_s.toFixed(1)} s`;
     state.textContent = snap.state; state.className = `badge ${snap.state}`;
     for (const s of STAGES) stages.querySelector(`[data-stage="${s}"] b`).textContent = String((snap.stages || {})[s] || 0);
-    document.getElementById("timeline-box").replaceChildren(timeline(snap.history));
+    document.getElementById("timeline-box").replaceChildren(timeline(snap.history, snap.now_s));
+    phase.textContent = snap.state === "starting" && snap.phase ? `starting: ${snap.phase}` : "";
+    const on = Object.entries(snap.in_flight || {}).sort();
+    flying.hidden = on.length === 0;
+    flying.replaceChildren(h("h2", {text: `Sessions on the nodes (${on.length})`}), h("div", {class: "chips"}, on.slice(0, 200).map(([sid, st]) =>
+      h("a", {class: "chip", href: `#/run/${enc(run)}/session/${enc(sid)}`, "data-session": sid, "data-stage": st},
+        h("span", {class: "swatch", style: `background:${STAGE_COLORS[st] || "#999"}`}), `${sid} · ${st}`))));
   };
   render(await api(`/api/runs/${enc(run)}/live`));
   liveSource = new EventSource(`/api/runs/${enc(run)}/live/events`);
@@ -246,7 +233,7 @@ async function pageSessions(run, params) {
       onclick: () => { state.desc = state.sort === key ? !state.desc : false; state.sort = key; state.offset = 0; change(); }})));
     const body = data.rows.map((r) => {
       const href = `#/run/${enc(run)}/session/${enc(r.session_id)}`;
-      return linkRow(href, {"data-session": r.session_id}, SESSION_COLUMNS.map(([key, , cls]) => key === "status" ? h("td", {}, badge(r.status))
+      return linkRow(href, {"data-session": r.session_id}, SESSION_COLUMNS.map(([key, , cls]) => key === "status" ? h("td", {"data-col": key}, badge(r.status))
         : key === "session_id" ? cellLink(href, r.session_id, {"data-col": key})
         : h("td", {class: `${cls || ""}${key === "failure_kind" && r[key] ? " bad" : ""}`, "data-col": key,
           text: key === "reward" && r[key] !== null ? r[key].toFixed(2) : fmt(r[key], 2)})));
@@ -403,7 +390,8 @@ async function pageSession(run, sid) {
       h("a", {href: `#/run/${enc(run)}/session/${enc(sid)}/journal`, id: "journal-link", text: "raw journal records"}),
       group ? " · " : null, group),
     siblingsView(run, sid, d.siblings),
-    d.failure_detail ? h("div", {class: "card bad", text: d.failure_detail}) : null,
+    d.in_flight ? h("div", {class: "card", id: "in-flight-note", text: `in ${r.status} on ${fmt(r.node_id)}: the job is running and this session has no outcome yet (this page shows what it has captured so far)`}) : null,
+    d.failure_detail ? h("div", {class: "card bad", id: "failure-detail", text: d.failure_detail}) : null,
     facts, h("div", {class: "grid2"}, trainerView(d.trainer), d.integrity ? integrityView(d.integrity) : null),
     testsView(d.tests), d.graded_patch === null || d.graded_patch === undefined ? null : diffView(d.graded_patch),
     h("div", {class: "grid2"}, evaluationView(d.evaluation), stagesView(d.stage_seconds)),
@@ -441,6 +429,8 @@ async function route() {
     else if (parts[0] === "run" && parts.length === 2) await pageLive(parts[1]);
     else if (parts[0] === "run" && parts[2] === "sessions") await pageSessions(parts[1], params || "");
     else if (parts[0] === "run" && parts[2] === "tasks") await pageTasks(parts[1]);
+    else if (parts[0] === "run" && parts[2] === "health") await pageHealth(parts[1]);
+    else if (parts[0] === "run" && parts[2] === "curves") await pageCurves(parts[1]);
     else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);
     else if (parts[0] === "run" && parts[2] === "session" && parts[4] === "journal") await pageJournal(parts[1], parts[3], params || "");
     else if (parts[0] === "run" && parts[2] === "session") await pageSession(parts[1], parts[3]);

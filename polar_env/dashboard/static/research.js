@@ -107,7 +107,7 @@ function diffView(patch) {
 
 function trainerView(t) {
   return h("div", {class: "card", id: "trainer"}, h("h2", {text: "What the trainer gets"}),
-    h("div", {class: "cards"}, stat("mask", t.mask ? "dropped" : "kept", "t-mask"), stat("trained tokens", fmt(t.trained_tokens), "t-trained"),
+    h("div", {class: "cards"}, stat("mask", t.mask === null ? "not yet known" : t.mask ? "dropped" : "kept", "t-mask"), stat("trained tokens", fmt(t.trained_tokens), "t-trained"),
       stat("reward", fixed(t.reward, 2), "t-reward")),
     h("p", {class: "muted", text: "mask true: the trainer drops the whole sample. Trained tokens: the sampled (mask 1) tokens of trainable traces; 0 when masked."}),
     h("table", {id: "trainer-traces"}, h("thead", {}, h("tr", {}, ["trace", "role", "trainable", "sampled tokens"].map((x) => h("th", {text: x})))),
