@@ -252,7 +252,7 @@ def test_the_node_and_gateway_configs_come_from_the_tree() -> None:
     assert node.sampling is env.sampling and node.engine == env.engine  # the sub-models, not copies of fields
     gateway = node.gateway_config("served")
     assert isinstance(gateway, GatewayConfig) and gateway.sampling == Sampling(temperature=0.5, max_tokens=32)
-    assert gateway.engine_model == "served" and gateway.template.strip_past_reasoning is False  # append_only
+    assert gateway.engine_model == "served" and gateway.template == "append_only"
     # the embedded engine's per-call cap is the default of the one setting, sampling.max_tokens
     embedded = NodeConfig(engine=EmbeddedEngineConfig())
     assert embedded.gateway_config("m").sampling.max_tokens == 256

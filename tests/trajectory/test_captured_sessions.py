@@ -63,7 +63,7 @@ class Agent:
 
 
 async def capture(engine: EmbeddedEngine, tmp_path: Path, *, continuation: bool, echo_reasoning: bool) -> list[CompletionRecord]:
-    client, store = await start_gateway(engine, tmp_path, template=engine.quirks)
+    client, store = await start_gateway(engine, tmp_path, template=engine.chat.name)
     try:
         gw = Gateway(client, store)
         s = await gw.session(session_id="ep", continuation=continuation)
