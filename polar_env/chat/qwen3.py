@@ -135,12 +135,16 @@ def last_query_index(messages: Sequence[Mapping[str, Any]], end: int | None = No
     a wrapped tool result (untrimmed), else the last index."""
     end = len(messages) if end is None else end
     for index in range(end - 1, -1, -1):
-        msg = messages[index]
-        if msg.get("role") == "user":
-            body = message_text(msg.get("content"))
-            if not (body.startswith("<tool_response>") and body.endswith("</tool_response>")):
-                return index
+        if _is_query(messages[index]):
+            return index
     return end - 1
+
+
+def _is_query(msg: Mapping[str, Any]) -> bool:
+    if msg.get("role") != "user":
+        return False
+    body = message_text(msg.get("content"))
+    return not (body.startswith("<tool_response>") and body.endswith("</tool_response>"))
 
 
 def _thinks(messages: Sequence[Mapping[str, Any]], index: int, last_query: int, end: int) -> bool:
@@ -215,7 +219,8 @@ def continuable(messages: Sequence[Mapping[str, Any]], from_index: int, *, enabl
     if sampled < 0 or sampled >= len(messages) - 1 or messages[sampled].get("role") != "assistant":
         raise NotContinuable("qwen3: the continued message is not an assistant turn followed by new messages")
     before, after = last_query_index(messages, sampled), last_query_index(messages)
-    moved = "qwen3: the template drops the reasoning of turns before the last user query"
+    moved = ("qwen3: the template drops the reasoning of turns before the last user query" if _is_query(messages[after])
+             else "qwen3: with no user query the template renders no think block")
     for index in range(min(before, after) + 1, sampled):
         if messages[index].get("role") == "assistant" and (
                 _thinks(messages, index, before, sampled) != _thinks(messages, index, after, len(messages))):

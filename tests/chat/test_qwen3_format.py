@@ -212,6 +212,7 @@ def test_which_continuations_are_refused() -> None:
     after = CASES["after the loop, a new query"][0]
     assert "last user query" in str(reason(after, 7, 9))
     assert "empty think block" in str(reason(CASES["tool loop, empty reasoning"][0], 1, 3))
+    assert "with no user query" in str(reason(CASES["no user query, tool loop"][0], 1, 3))
 
 
 def test_continuation_renders_only_the_new_messages() -> None:
