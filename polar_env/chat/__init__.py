@@ -2,9 +2,9 @@
 ``base.py``) an engine's ``template`` names. Only this package knows a family.
 
 Templates: ``qwen3.5`` (the default; what vLLM serving Qwen3.5 renders), ``append_only`` (Qwen3.5
-without its prefix-breaking behaviours), and ``hf:PATH``: any model's own Hugging Face
-chat template and tokenizer, from a model folder or a ``.gguf`` file, with Hermes-style
-``<tool_call>`` JSON for tools. ``smollm2`` is ``hf:`` on the SmolLM2-135M-Instruct GGUF that the
+without its prefix-breaking behaviours), ``qwen3`` (Qwen3-0.6B ... 32B; see ``qwen3.py``), and
+``hf:PATH``: any model's own Hugging Face chat template and tokenizer, from a model folder or a
+``.gguf`` file, with Hermes-style ``<tool_call>`` JSON for tools. ``smollm2`` is ``hf:`` on the SmolLM2-135M-Instruct GGUF that the
 ``smollm2`` extra installs.
 """
 
@@ -16,7 +16,7 @@ from polar_env.chat.base import ChatFormat, NotContinuable, RequestRules, Tokeni
 
 __all__ = ["ChatFormat", "NotContinuable", "RequestRules", "Tokenizer", "chat_format", "check_template", "TEMPLATES"]
 
-TEMPLATES = ("qwen3.5", "append_only", "smollm2", "hf:PATH")  # for help texts and errors
+TEMPLATES = ("qwen3.5", "append_only", "qwen3", "smollm2", "hf:PATH")  # for help texts and errors
 HF_PREFIX = "hf:"
 
 
@@ -43,6 +43,10 @@ def chat_format(template: str) -> ChatFormat:
         from polar_env.chat.qwen35.format import FORMATS
 
         return FORMATS[template]
+    if template == "qwen3":
+        from polar_env.chat.qwen3 import FORMAT
+
+        return FORMAT
     from polar_env.chat.hf import HFChatFormat, smollm2_gguf
 
     if template == "smollm2":
