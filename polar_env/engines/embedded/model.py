@@ -72,9 +72,13 @@ def build_model(spec: ModelSpec = ModelSpec(), chat: ChatFormat | None = None) -
 
 
 def load_model(path: Path) -> PreTrainedModel:
+    """A HF model folder, or a ``.gguf`` file (de-quantized to fp32 once, cached: polar_env/weights.py), in fp32."""
     from transformers import AutoModelForCausalLM
 
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    from polar_env.weights import model_folder
+
+    folder = model_folder(Path(path)) if Path(path).suffix == ".gguf" else path
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
     model.eval()
     return model
 
