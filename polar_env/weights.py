@@ -84,10 +84,19 @@ def write_tokenizer(gguf: Path, folder: Path) -> None:
 
 def write_model(gguf: Path, folder: Path) -> None:
     import torch
+    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    model.save_pretrained(str(folder))
+    # save_pretrained refuses a model read from GGUF ("quantized with gguf"): its weights are plain
+    # fp32 now, so the config (without the GGUF marker) and the tensors are written directly.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(str(folder))
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(str(folder))
+    save_model(model, str(folder / "model.safetensors"))  # tied embeddings are stored once
 
 
 def tokenizer_folder(gguf: Path) -> Path:
