@@ -59,7 +59,7 @@ from polar_env.harnesses.clients import CLIENTS, ClientSpec, render
 from polar_env.harnesses.install import default_cache_dir
 from polar_env.harnesses.install import install_hint as _install_hint
 from polar_env.harnesses.scripted import is_finish_call, policy_for
-from polar_env.records import CompletionRecord
+from polar_env.records import CompletionRecord, Trace
 
 PROMPT = "Run the shell command `echo hi` with your shell tool, then reply with what it printed."
 DEFAULT_TIMEOUT_S = 240.0
@@ -174,7 +174,7 @@ def judge_records(records: Sequence[CompletionRecord], result: CheckResult, fini
             return
 
 
-def masks_exact(records: Sequence[CompletionRecord], traces: Sequence[Any]) -> bool:
+def masks_exact(records: Sequence[CompletionRecord], traces: Sequence[Trace]) -> bool:
     """Every merged trace holds each of its calls' sampled ids at that call's prompt length, with
     mask 1 on exactly those ids and their logprobs, and ends as its last call ended."""
     by_seq = {r.seq: r for r in records}

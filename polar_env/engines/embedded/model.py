@@ -17,14 +17,14 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from polar_env.chat import ChatFormat, chat_format
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, Qwen3Config
+    from transformers import DynamicCache, PreTrainedModel, Qwen3Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +150,9 @@ class PrefixCache:
     on CPU (SmolLM2-135M: ~20 CPU-s for a 1,500-token harness prompt; the next turn adds ~50)."""
 
     slots: int = 4
-    entries: list[tuple[list[int], Any]] = field(default_factory=list)
+    entries: list[tuple[list[int], DynamicCache]] = field(default_factory=list)
 
-    def take(self, prompt_ids: list[int]) -> tuple[Any, int]:
+    def take(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
         """The cache sharing the longest prefix with ``prompt_ids`` (out of the pool: the decode
         extends it), cut to that prefix, and its length; a fresh cache and 0 when none does. At
         least the last prompt id is always run, for its logits."""
@@ -172,7 +172,7 @@ class PrefixCache:
             cache.crop(-extra)  # a negative count removes that many from the end
         return cache, keep
 
-    def put(self, ids: list[int], cache: Any) -> None:
+    def put(self, ids: list[int], cache: DynamicCache) -> None:
         if cache.get_seq_length() != len(ids):  # never keep a cache whose ids are not known exactly
             return
         self.entries.append((ids, cache))
