@@ -101,7 +101,8 @@ def test_greedy_is_the_argmax_and_repeatable(server: Server) -> None:
     body = {**GREEDY, "messages": [{"role": "user", "content": "Write a haiku about the sea."}], "max_tokens": 8,
             "logprobs": True, "top_logprobs": 5}
     one, two = server.ok(body), server.ok(body)
-    assert choice_ids(one) == choice_ids(two) and choice_logprobs(one) == pytest.approx(choice_logprobs(two), abs=1e-6)
+    # the second call reuses the first's KV (the prefix cache): fp32 noise of a few 1e-6, not 0
+    assert choice_ids(one) == choice_ids(two) and choice_logprobs(one) == pytest.approx(choice_logprobs(two), abs=1e-5)
     for entry in entries(one):
         assert entry["logprob"] == pytest.approx(entry["top_logprobs"][0]["logprob"], abs=1e-6)
 
