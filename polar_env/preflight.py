@@ -164,10 +164,8 @@ async def check_engine(config: AnyEngineConfig, wait_s: float = ENGINE_WAIT_S) -
     from polar_env.engines.config import EmbeddedEngineConfig, SimulatedEngineConfig
 
     if isinstance(config, EmbeddedEngineConfig | SimulatedEngineConfig):
-        model_dir = getattr(config, "model_dir", None)
-        if model_dir is not None and not (Path(model_dir) / "config.json").is_file():
-            raise ConfigError(f"no HF model (config.json) in {model_dir}, --model-dir; give a Qwen3 folder "
-                              "(polar-env export-model writes one)")
+        if isinstance(config, EmbeddedEngineConfig):
+            config.weights()  # a folder with config.json or a .gguf file, else one line
         if config.script is not None:
             from polar_env.engines.config import load_policy
 

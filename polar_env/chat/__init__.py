@@ -31,6 +31,14 @@ def check_template(value: str) -> str:
         return value
     if value not in TEMPLATES:
         raise ValueError(f"unknown template {value!r}; known: {', '.join(TEMPLATES)}")
+    if value == "smollm2":
+        from polar_env.chat.hf import smollm2_gguf
+        from polar_env.errors import ConfigError
+
+        try:
+            smollm2_gguf()
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
     return value
 
 

@@ -118,6 +118,12 @@ class ChatFormat(ABC):
         """The engine-side prompt length (Anthropic ``count_tokens``); renders the whole history."""
         return len(self.tokenizer.encode(self.render(messages, tools, enable_thinking=enable_thinking)))
 
+    @property
+    def weights(self) -> Path | None:
+        """The model the template itself names (``hf:PATH``, ``smollm2``'s GGUF): what a local engine
+        serves when given no weights of its own. None: the template names a format only."""
+        return None
+
     def save_tokenizer(self, directory: Path) -> None:
         """Write the tokenizer as a HF folder's files (``tokenizer.json``...) for servers that load one."""
         raise NotImplementedError(f"{self.name} cannot write its tokenizer as HF files")

@@ -4,7 +4,7 @@ Hermes-style ``<tool_call>`` JSON: a ChatML model (SmolLM2, Qwen2.5, Hermes) wor
 The template is the model's own Jinja (``tokenizer_config.json`` or the GGUF's metadata), rendered
 by transformers as vLLM renders it (string tool-call arguments parsed to objects first). A template
 that does not render tools itself (SmolLM2's) gets them the Hermes way: listed in the system message,
-calls written into the assistant text, results as ``tool`` turns. Output is read as vLLM's
+calls written into the assistant text, results as ``tool`` turns wrapped in ``<tool_response>``. Output is read as vLLM's
 ``hermes`` tool parser and ``qwen3``-style ``<think>`` reasoning parser read it.
 
 Token-in continuation renders the history twice (with and without the new messages) and continues
@@ -119,12 +119,12 @@ def load_hf_tokenizer(path: str) -> HFTokenizer:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ConfigError(f"hf templates need transformers: pip install transformers ({exc})") from None
+    from polar_env.weights import tokenizer_folder
+
     where = Path(path).expanduser()
+    folder = tokenizer_folder(where) if where.suffix == ".gguf" else where  # a GGUF: converted once, cached
     try:
-        if where.suffix == ".gguf":
-            tok = AutoTokenizer.from_pretrained(str(where.parent), gguf_file=where.name)
-        else:
-            tok = AutoTokenizer.from_pretrained(str(where))
+        tok = AutoTokenizer.from_pretrained(str(folder))
     except ImportError as exc:
         raise ConfigError(f"reading {where} needs more packages: {SMOLLM2_INSTALL} ({exc})") from None
     if not getattr(tok, "chat_template", None):
@@ -242,6 +242,8 @@ class HFChatFormat(ChatFormat):
                 item.pop("tool_calls", None)
                 text = item["content"]
                 item["content"] = text + ("\n" if text else "") + "\n".join(hermes_call(c) for c in calls)
+            elif msg.get("role") == "tool" and not self.renders_tools:
+                item["content"] = "<tool_response>\n" + item["content"] + "\n</tool_response>"
             out.append(item)
         if not tools or self.renders_tools:
             return out, (list(tools) if tools else None)
@@ -292,6 +294,10 @@ class HFChatFormat(ChatFormat):
         if tools or not message.tool_calls:
             return message
         return AssistantMessage(content=text or None, reasoning=message.reasoning, tool_calls=[])
+
+    @property
+    def weights(self) -> Path:
+        return Path(self.path).expanduser()
 
     def save_tokenizer(self, directory: Path) -> None:
         self.tokenizer.hf.save_pretrained(str(directory))

@@ -66,12 +66,11 @@ def file_to_write(path: str, flag: str) -> Path:
 
 
 def model_dir(path: str) -> Path:
-    """A local HF folder (nothing is ever downloaded: transformers would read a missing path as a
-    hub repo id and fail with a misleading message)."""
-    p = existing_dir(path, "--model-dir", "give a HF model folder (polar-env export-model DIR writes one)")
-    if not (p / "config.json").is_file():
-        raise ConfigError(f"--model-dir {path} has no config.json; give a HF model folder (polar-env export-model DIR writes one)")
-    return p
+    """A local HF folder or ``.gguf`` file (nothing is ever downloaded: transformers would read a
+    missing path as a hub repo id and fail with a misleading message)."""
+    from polar_env.weights import check_weights
+
+    return check_weights(Path(path), "--model-dir")
 
 
 def load_script(path: str) -> Any:

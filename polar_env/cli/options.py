@@ -84,7 +84,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--template", "env.engine.template", TEMPLATE_HELP, choices="templates"),
     Flag("--logprobs-mode", "env.engine.logprobs_mode", "embedded/vllm: logprobs of the sampled distribution "
          "(processed) or of the raw logits"),
-    Flag("--model-dir", "env.engine.model_dir", "embedded: a HF Qwen3 folder", shown="seeded random tiny weights"),
+    Flag("--model-dir", "env.engine.model_dir", "embedded: a HF model folder or a .gguf file",
+         shown="the hf:/smollm2 template's own model, else seeded random tiny weights"),
     Flag("--seed", "env.engine.seed", "embedded/simulated: seed of the random weights"),
     Flag("--engine-script", "env.engine.script", "embedded/simulated: scripted policy JSON forcing the tokens "
          "(a test double)", shown="none"),

@@ -51,10 +51,12 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 ScriptStep(text=args.script_answer, reasoning="The tool answered."),
             )
         )
+    chat = chat_format(args.template)
+    named = chat.weights  # hf:PATH / smollm2: the template's own model unless --model-dir gives one
     return EmbeddedEngine(
-        model_dir=model_dir(args.model_dir) if args.model_dir else None,
+        model_dir=model_dir(args.model_dir) if args.model_dir else (model_dir(str(named)) if named else None),
         spec=ModelSpec(seed=args.seed),
-        chat=chat_format(args.template),
+        chat=chat,
         policy=policy,
         logprobs_mode=args.logprobs_mode,
         max_tokens=args.max_tokens or EMBEDDED_MAX_TOKENS,
@@ -64,7 +66,8 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) -> None:
     d = EMBEDDED_DEFAULTS
-    p.add_argument("--model-dir", help="load this local HF Qwen3 folder instead of seeded random weights")
+    p.add_argument("--model-dir", help="load this local HF model folder or .gguf file (default: the model an hf:/smollm2 "
+                                       "template names, else seeded random weights)")
     p.add_argument("--seed", type=int, default=d["seed"], help="seed of the random weights")
     p.add_argument("--served-model-name", help=(
         "model name sent to the engine (default: the one model a vllm/sglang engine lists at /v1/models; "

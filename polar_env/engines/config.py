@@ -82,10 +82,11 @@ class _Scripted(_Engine):
 
 
 class EmbeddedEngineConfig(_Scripted):
-    """Our CPU engine, in the node's process: seeded random tiny weights or a local HF folder."""
+    """Our CPU engine, in the node's process: a local HF folder or ``.gguf`` file (``model_dir``),
+    else the model the template names (``smollm2``, ``hf:PATH``), else seeded random tiny weights."""
 
     kind: Literal["embedded"] = "embedded"
-    model_dir: Path | None = None
+    model_dir: Path | None = None  # a HF model folder or a .gguf file
     logprobs_mode: LogprobsMode = "processed"
 
     def default_max_tokens(self) -> int:
@@ -97,14 +98,22 @@ class EmbeddedEngineConfig(_Scripted):
         from polar_env.engines.embedded.engine import EmbeddedEngine
         from polar_env.engines.embedded.model import ModelSpec
 
-        if self.model_dir is not None and not Path(self.model_dir).is_dir():
-            raise ConfigError(f"engine model_dir {self.model_dir} is not a directory")
-        return EmbeddedEngine(model_dir=self.model_dir, spec=ModelSpec(seed=self.seed), chat=self.chat(),
+        return EmbeddedEngine(model_dir=self.weights(), spec=ModelSpec(seed=self.seed), chat=self.chat(),
                               policy=self.policy(), logprobs_mode=self.logprobs_mode,
                               max_tokens=max_tokens or self.default_max_tokens(), model_name=self.model)
 
+    def weights(self) -> Path | None:
+        """The weights to load (checked: ConfigError in one line), None for seeded random ones."""
+        from polar_env.weights import check_weights
+
+        if self.model_dir is not None:
+            return check_weights(self.model_dir, "engine model_dir")
+        named = self.chat().weights
+        return None if named is None else check_weights(named, f"template {self.template!r}:")
+
     def describe(self) -> str:
-        weights = str(self.model_dir) if self.model_dir else f"seeded random weights (seed {self.seed})"
+        path = self.model_dir or self.chat().weights
+        weights = str(path) if path else f"seeded random weights (seed {self.seed})"
         return f"embedded CPU engine, {weights}{', scripted' if self.script else ''}"
 
 

@@ -25,8 +25,13 @@ prompt and response ids with one logprob per response id, and the journal shows 
 a shell tool call, then a request carrying that tool's output (``hi``), answered with text that
 contains it, and the CLI printed that answer (so it parsed the gateway's reply, not just sent).
 
+In continuation mode a spec must also merge with zero drift and exact masks (every merged trace is
+its last call's prompt + sampled ids, with mask 1 on exactly the ids each call sampled).
+``--template`` picks the model family (default ``qwen3.5`` on seeded random weights; ``smollm2``
+or ``hf:PATH`` serve that model's own weights, still forced to the scripted turns).
+
     python -m polar_env.testing.harness_check [--only pi-openai_chat,qwen-openai_chat] [--json OUT]
-                                        [--timeout-s 240] [--workdir DIR]
+                                        [--timeout-s 240] [--workdir DIR] [--continuation] [--template T]
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from polar_env.harnesses.clients import CLIENTS, ClientSpec, render
 from polar_env.harnesses.install import default_cache_dir
 from polar_env.harnesses.install import install_hint as _install_hint
 from polar_env.harnesses.scripted import is_finish_call, policy_for
-from polar_env.records import CompletionRecord
+from polar_env.records import CompletionRecord, Trace
 
 PROMPT = "Run the shell command `echo hi` with your shell tool, then reply with what it printed."
 DEFAULT_TIMEOUT_S = 240.0
@@ -96,8 +101,10 @@ class CheckResult:
     answer: str | None = None  # the final text the engine gave after seeing the tool output
     answer_in_stdout: bool = False  # the CLI printed that answer (it parsed the gateway's reply)
     continuation: bool = False  # the session ran in token-in continuation mode
+    template: str = "qwen3.5"  # the engine's (and gateway's) chat format
     merged_traces: int = 0  # prefix-merged traces built from the journal (turns = per-request traces)
     drift: int = 0  # drift boundaries found while merging
+    masks_exact: bool = False  # each merged trace: its calls' ids in place, mask 1 on exactly the sampled ones
     problems: list[str] = field(default_factory=list)
     http: list[dict[str, Any]] = field(default_factory=list)  # method, path, status, ms per request
     http_errors: list[dict[str, Any]] = field(default_factory=list)  # >= 400: bodies, for diagnosis
@@ -120,6 +127,10 @@ class CheckResult:
             why.append("no tool round trip (shell call, its output 'hi' sent back, answered with it)")
         elif not self.answer_in_stdout:
             why.append(f"the CLI did not print the final answer {self.answer!r}")
+        if self.continuation and self.turns and self.drift:
+            why.append(f"{self.drift} drift boundaries in token-in continuation mode (expected 0)")
+        if self.continuation and self.turns and not self.masks_exact:
+            why.append("a merged trace's ids or loss mask differ from what its calls sampled")
         return why
 
     @property
@@ -161,6 +172,27 @@ def judge_records(records: Sequence[CompletionRecord], result: CheckResult, fini
             result.tool_round_trip = True
             result.answer = text.strip()[:300]
             return
+
+
+def masks_exact(records: Sequence[CompletionRecord], traces: Sequence[Trace]) -> bool:
+    """Every merged trace holds each of its calls' sampled ids at that call's prompt length, with
+    mask 1 on exactly those ids and their logprobs, and ends as its last call ended."""
+    by_seq = {r.seq: r for r in records}
+    for trace in traces:
+        calls = [by_seq[s] for s in trace.metadata["seqs"]]
+        ids, start = trace.prompt_ids + trace.response_ids, len(trace.prompt_ids)
+        mask, lps = [0] * len(trace.response_ids), [0.0] * len(trace.response_ids)
+        for call in calls:
+            at = len(call.prompt_ids)
+            if ids[:at] != call.prompt_ids or ids[at: at + len(call.response_ids)] != call.response_ids:
+                return False
+            mask[at - start: at - start + len(call.response_ids)] = [1] * len(call.response_ids)
+            lps[at - start: at - start + len(call.response_ids)] = call.response_logprobs
+        if len(ids) != len(calls[-1].prompt_ids) + len(calls[-1].response_ids):
+            return False
+        if trace.loss_mask != mask or trace.response_logprobs != lps:
+            return False
+    return True
 
 
 # -- the worker (inside the network namespace) -------------------------------------------------
@@ -264,7 +296,9 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, continuation: bool = False) -> CheckResult:
+async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, continuation: bool = False,
+                       template: str = "qwen3.5") -> CheckResult:
+    from polar_env.chat import chat_format
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.policy import ScriptedPolicy
     from polar_env.journal.store import JournalStore
@@ -274,13 +308,14 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     from polar_env.proxy.providers import PROVIDERS
     from polar_env.trajectory.prefix_merge import build_prefix_merged
 
-    result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir), continuation=continuation)
+    result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir), continuation=continuation,
+                         template=template)
     if spec.api not in PROVIDERS:
         result.problems.append(f"the gateway has no provider registered for {spec.api.value}")
-    engine = EmbeddedEngine(policy=policy_for(spec, ScriptedPolicy()))
+    chat = chat_format(template)
+    engine = EmbeddedEngine(model_dir=chat.weights, chat=chat, policy=policy_for(spec, ScriptedPolicy()))
     store = JournalStore(workdir / "capture")
-    gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name,
-                                                                 template=engine.chat.name))
+    gateway = Gateway(engine, store, GatewayConfig(engine_model=engine.model_name, template=template))
     gateway.app.middlewares.append(http_logger(result))
     tracker = Continuation(engine.chat) if continuation else False
     session = gateway.open_session(metadata={"check": spec.id}, continuation=tracker)
@@ -295,20 +330,23 @@ async def check_inside(spec: ClientSpec, workdir: Path, timeout_s: float, contin
     records = store.read(session.id)
     judge_records(records, result, spec.finish_command)
     if records:
-        stats = build_prefix_merged(records).metadata["stats"]
+        merged = build_prefix_merged(records)
+        stats = merged.metadata["stats"]
         result.merged_traces, result.drift = stats["traces"], stats["drift_boundaries"]
+        result.masks_exact = masks_exact(records, merged.traces)
     if result.answer:
         first_line = result.answer.splitlines()[0].strip()
         result.answer_in_stdout = first_line in stdout.decode("utf-8", "replace")
     return result
 
 
-def worker_main(spec_id: str, out: Path, workdir: Path, timeout_s: float, continuation: bool = False) -> int:
+def worker_main(spec_id: str, out: Path, workdir: Path, timeout_s: float, continuation: bool = False,
+                template: str = "qwen3.5") -> int:
     spec = SPECS[spec_id]
     started = time.perf_counter()
     try:
         isolate_loopback()
-        result = asyncio.run(check_inside(spec, workdir, timeout_s, continuation))
+        result = asyncio.run(check_inside(spec, workdir, timeout_s, continuation, template))
     except BaseException as exc:  # noqa: BLE001 - the verdict file must say what went wrong
         result = CheckResult(spec.id, spec.name, spec.api.value, workdir=str(workdir))
         result.problems.append(f"worker failed: {exc!r}")
@@ -340,7 +378,8 @@ def isolation_problem() -> str | None:
     return None
 
 
-def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path, continuation: bool = False) -> CheckResult:
+def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path, continuation: bool = False,
+               template: str = "qwen3.5") -> CheckResult:
     """Run one spec in its own network namespace; never raises."""
     if not binary_path(spec).exists():
         result = CheckResult(spec.id, spec.name, spec.api.value)
@@ -350,7 +389,8 @@ def check_spec(spec: ClientSpec, timeout_s: float, workdir: Path, continuation: 
     workdir.mkdir(parents=True)
     out = workdir / "result.json"
     worker = [sys.executable, "-m", "polar_env.testing.harness_check", "--inside", spec.id, "--out", str(out),
-              "--workdir", str(workdir), "--timeout-s", str(timeout_s), *(["--continuation"] if continuation else [])]
+              "--workdir", str(workdir), "--timeout-s", str(timeout_s), "--template", template,
+              *(["--continuation"] if continuation else [])]
     try:
         proc = subprocess.run([*isolation_prefix(), *worker], check=False, capture_output=True,
                               stdin=subprocess.DEVNULL, timeout=timeout_s + WORKER_STARTUP_S)
@@ -372,13 +412,14 @@ def _mark(flag: bool) -> str:
 
 
 def format_table(results: Sequence[CheckResult]) -> str:
-    header = ("harness", "API", "turns", "tool round trip", "ids/logprobs", "answer printed", "merged", "drift",
-              "exit", "cli s", "total s", "result")
+    header = ("harness", "API", "template", "turns", "tool round trip", "ids/logprobs", "answer printed", "merged",
+              "drift", "masks", "exit", "cli s", "total s", "result")
     rows = [header]
     for r in results:
         exit_text = "timeout" if r.timed_out else ("-" if r.exit_code is None else str(r.exit_code))
-        rows.append((r.harness, r.api, str(r.turns), _mark(r.tool_round_trip), _mark(r.aligned),
-                     _mark(r.answer_in_stdout), f"{r.turns}→{r.merged_traces}", str(r.drift), exit_text,
+        rows.append((r.harness, r.api, r.template, str(r.turns), _mark(r.tool_round_trip), _mark(r.aligned),
+                     _mark(r.answer_in_stdout), f"{r.turns}→{r.merged_traces}", str(r.drift),
+                     "exact" if r.masks_exact else "NO", exit_text,
                      f"{r.cli_s:.1f}", f"{r.total_s:.1f}", "ok" if r.ok else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -409,13 +450,25 @@ def select(only: str | None) -> list[ClientSpec]:
     return [SPECS[s] for s in wanted]
 
 
+def _template(value: str) -> str:
+    from polar_env.chat import check_template
+
+    try:
+        return check_template(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m polar_env.testing.harness_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help=f"comma-separated spec ids (default: all of {', '.join(SPECS)})")
     p.add_argument("--json", type=Path, help="write every result (with HTTP log and output tails) here")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per-CLI time limit")
     p.add_argument("--workdir", type=Path, help="keep each spec's HOME, journal and CLI output under this folder")
-    p.add_argument("--continuation", action="store_true", help="run sessions in token-in continuation mode")
+    p.add_argument("--continuation", action="store_true",
+                   help="run sessions in token-in continuation mode (then 0 drift and exact masks are required)")
+    p.add_argument("--template", type=_template, default="qwen3.5",
+                   help="the model family: qwen3.5 (seeded random weights), smollm2 or hf:PATH (that model's weights)")
     p.add_argument("--inside", metavar="SPEC_ID", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -423,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.inside:
         if args.out is None or args.workdir is None:
             p.error("--inside needs --out and --workdir")
-        return worker_main(args.inside, args.out, args.workdir, args.timeout_s, args.continuation)
+        return worker_main(args.inside, args.out, args.workdir, args.timeout_s, args.continuation, args.template)
 
     specs = select(args.only)
     problem = isolation_problem()
@@ -435,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         root = args.workdir or Path(scratch)
         for spec in specs:
             print(f"checking {spec.id} ...", file=sys.stderr, flush=True)
-            result = check_spec(spec, args.timeout_s, root / spec.id, args.continuation)
+            result = check_spec(spec, args.timeout_s, root / spec.id, args.continuation, args.template)
             if args.workdir is None:
                 result.workdir = None  # the scratch folder is about to go
             results.append(result)

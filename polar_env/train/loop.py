@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from polar_env.chat import chat_format
 from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.model import ModelSpec
 from polar_env.env import PolarEnv, PolarEnvConfig
@@ -173,7 +174,8 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
     store = recipe.run_dir() / "capture"
     if recipe.source == "polar_env":
         env = PolarEnv(PolarEnvConfig.model_validate({
-            "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode},
+            "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode,
+                       "template": recipe.engine.template},
             "harness": "loop",
             # no tools (a random model never writes a valid call), one answer, no reasoning block
             "agent_settings": {"tools": False, "max_turns": 1, "max_tokens": sampling.max_tokens, "thinking": False},
@@ -184,8 +186,9 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
         async with env:
             trainer = GRPOTrainer(copy.deepcopy(env.engine.model), recipe.trainer.config())
             return await train_with(recipe, PolarEnvSource(env), trainer, on_step)
-    engine = EmbeddedEngine(spec=ModelSpec(seed=model_seed), logprobs_mode=recipe.engine.logprobs_mode,
-                            max_tokens=sampling.max_tokens)
+    chat = chat_format(recipe.engine.template)
+    engine = EmbeddedEngine(model_dir=chat.weights, spec=ModelSpec(seed=model_seed), chat=chat,
+                            logprobs_mode=recipe.engine.logprobs_mode, max_tokens=sampling.max_tokens)
     trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
     async with LocalGateway(engine, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                             builder=recipe.builder, store_dir=store) as source:

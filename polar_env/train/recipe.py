@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_env.evaluators import EvaluatorSpec
 from polar_env.records import LogprobsMode
@@ -32,6 +32,15 @@ class TaskRow(_Section):
 class EngineSection(_Section):
     model_seed: int | None = None  # seed of the random initial weights; None = the run's seed
     logprobs_mode: LogprobsMode = "processed"
+    # the model family; smollm2 / hf:PATH start from that model's real weights instead of random ones
+    template: str = "qwen3.5"
+
+    @field_validator("template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from polar_env.chat import check_template
+
+        return check_template(value)
 
 
 class SamplingSection(_Section):

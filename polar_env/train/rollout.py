@@ -99,10 +99,10 @@ class LocalGateway:
     async def __aenter__(self) -> Self:
         config = GatewayConfig(
             engine_model=self.engine.model_name,
+            template=self.engine.chat.name,  # the engine's family: its rules and continuation text
             # the trainer owns sampling: harness values are overridden
             sampling=Sampling(temperature=self.temperature, top_p=1.0, max_tokens=self.max_tokens),
             admin_token=ADMIN_TOKEN,
-            template=self.engine.chat.name,  # the engine's family: rules, continuation, count_tokens
             continuation=True,  # token-in: merged chains are exactly what the model saw
         )
         # EmbeddedEngine.aclose is a no-op: the trainer keeps using the engine afterwards

@@ -220,9 +220,9 @@ class EmbeddedServer:
     """The embedded engine (seeded tiny model, sampling mode) over its vLLM-shaped HTTP API, served
     from a background thread so the tests can use a blocking client."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: EmbeddedEngine | None = None) -> None:
         self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(build_app(EmbeddedEngine()), access_log=None)
+        self.runner = web.AppRunner(build_app(engine or EmbeddedEngine()), access_log=None)
         ready = threading.Event()
         self.port = 0
 

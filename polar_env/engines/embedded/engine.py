@@ -22,6 +22,7 @@ from polar_env.engines.embedded.model import (
     Decoded,
     DecodeParams,
     ModelSpec,
+    PrefixCache,
     build_model,
     decode,
     load_model,
@@ -65,10 +66,15 @@ class EmbeddedEngine:
         logprobs_mode: LogprobsMode = "processed",
         max_tokens: int = 1024,  # the cap on tokens sampled per call (sampling.max_tokens)
         model_name: str = DEFAULT_MODEL_NAME,
+        prefix_cache_slots: int | None = None,  # KV caches kept for prompts that extend them; None: 4 for loaded weights
     ) -> None:
         self.chat = chat or chat_format("qwen3.5")
         self.tokenizer = self.chat.tokenizer
         self.model = load_model(model_dir) if model_dir else build_model(spec, self.chat)
+        # A real model's prefill is most of a call's CPU; seeded tiny weights keep one-pass prefills
+        # (their tests compare logprobs across engines at 1e-6).
+        slots = (4 if model_dir else 0) if prefix_cache_slots is None else prefix_cache_slots
+        self._prefix = PrefixCache(slots) if slots > 0 else None
         self.max_model_len = int(self.model.config.max_position_embeddings)
         self.policy = policy
         self.logprobs_mode: LogprobsMode = logprobs_mode
@@ -141,9 +147,9 @@ class EmbeddedEngine:
         forced = self._scripted_ids(request) if self.policy is not None else None
         with self._lock:
             if stop is None:
-                decoded = decode(self.model, self.chat, prompt_ids, params, forced)
+                decoded = decode(self.model, self.chat, prompt_ids, params, forced, prefix=self._prefix)
             else:
-                decoded = decode(self.model, self.chat, prompt_ids, params, forced, stop.is_set)
+                decoded = decode(self.model, self.chat, prompt_ids, params, forced, stop.is_set, prefix=self._prefix)
             version = self.version_label or str(self.weight_version)
         if not all(map(math.isfinite, decoded.logprobs)):
             raise RequestError("sampling produced non-finite logprobs (check logit_bias and temperature)")
@@ -200,6 +206,8 @@ class EmbeddedEngine:
             missing = [k for k in missing if k != "lm_head.weight"]
             if missing or unexpected:
                 raise RequestError(f"state dict does not fit the model: missing={missing[:5]} unexpected={unexpected[:5]}")
+            if self._prefix is not None:
+                self._prefix.clear()  # the kept KV was computed with the old weights
             self.weight_version += 1
             self.version_label = None
             return self.weight_version

@@ -24,7 +24,7 @@ import torch
 from polar_env.chat import ChatFormat, chat_format
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, Qwen3Config
+    from transformers import DynamicCache, PreTrainedModel, Qwen3Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +72,13 @@ def build_model(spec: ModelSpec = ModelSpec(), chat: ChatFormat | None = None) -
 
 
 def load_model(path: Path) -> PreTrainedModel:
+    """A HF model folder, or a ``.gguf`` file (de-quantized to fp32 once, cached: polar_env/weights.py), in fp32."""
     from transformers import AutoModelForCausalLM
 
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    from polar_env.weights import model_folder
+
+    folder = model_folder(Path(path)) if Path(path).suffix == ".gguf" else path
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
     model.eval()
     return model
 
@@ -139,6 +143,59 @@ def _never() -> bool:
     return False
 
 
+@dataclass(slots=True)
+class PrefixCache:
+    """The KV caches of the last few decodes with the ids each holds: a prompt that extends one (a
+    token-in continuation, a retry) prefills only its new tokens. A real model's prefill dominates
+    on CPU (SmolLM2-135M: ~20 CPU-s for a 1,500-token harness prompt; the next turn adds ~50)."""
+
+    slots: int = 4
+    entries: list[tuple[list[int], DynamicCache]] = field(default_factory=list)
+
+    def take(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
+        """The cache sharing the longest prefix with ``prompt_ids`` (out of the pool: the decode
+        extends it), cut to that prefix, and its length; a fresh cache and 0 when none does. At
+        least the last prompt id is always run, for its logits."""
+        from transformers import DynamicCache
+
+        best, length = -1, 0
+        for i, (ids, _) in enumerate(self.entries):
+            n = _common_prefix(ids, prompt_ids)
+            if n > length:
+                best, length = i, n
+        keep = min(length, len(prompt_ids) - 1)
+        if best < 0 or keep <= 0:
+            return DynamicCache(), 0
+        _, cache = self.entries.pop(best)
+        extra = cache.get_seq_length() - keep
+        if extra > 0:
+            cache.crop(-extra)  # a negative count removes that many from the end
+        return cache, keep
+
+    def put(self, ids: list[int], cache: DynamicCache) -> None:
+        if cache.get_seq_length() != len(ids):  # never keep a cache whose ids are not known exactly
+            return
+        self.entries.append((ids, cache))
+        del self.entries[: max(0, len(self.entries) - self.slots)]
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def decode(
     model: torch.nn.Module,
     chat: ChatFormat,
@@ -146,10 +203,12 @@ def decode(
     params: DecodeParams,
     forced_ids: list[int] | None = None,
     cancelled: Callable[[], bool] = _never,
+    prefix: PrefixCache | None = None,
 ) -> Decoded:
     """Generate (or force) up to ``params.max_tokens`` tokens after ``prompt_ids`` with a KV cache.
     ``cancelled`` is asked before the prefill and before every token: True raises DecodeCancelled,
-    so a call nobody waits for stops costing CPU within one forward pass."""
+    so a call nobody waits for stops costing CPU within one forward pass. ``prefix``: reuse the
+    KV of an earlier decode this prompt extends, and keep this one's for the next."""
     from transformers import DynamicCache
 
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
@@ -165,11 +224,11 @@ def decode(
     logprobs: list[float] = []
     top: list[list[tuple[int, float]]] = []
     finish, stop_reason = "length", None
-    cache = DynamicCache()
+    cache, reused = prefix.take(prompt_ids) if prefix is not None else (DynamicCache(), 0)
     with torch.inference_mode():
         if cancelled():
             raise DecodeCancelled("cancelled before the prefill")
-        out = model(input_ids=torch.tensor([prompt_ids]), cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=torch.tensor([prompt_ids[reused:]]), cache=cache, use_cache=True, logits_to_keep=1)
         for step in range(limit):
             if cancelled():
                 raise DecodeCancelled(f"cancelled after {step} token(s)")
@@ -204,9 +263,13 @@ def decode(
                 text = tokenizer.decode(ids)
                 hit = next((s for s in params.stop if s in text), None)
                 if hit is not None:
+                    if prefix is not None:
+                        prefix.put(prompt_ids + ids[:-1], cache)
                     return Decoded(ids, logprobs, top, text[: text.index(hit)], "stop", hit)
             if step + 1 < limit:
                 out = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+    if prefix is not None:
+        prefix.put(prompt_ids + ids[:-1], cache)  # every id but the last was run
     text_ids = ids[:-1] if finish == "stop" else ids
     return Decoded(ids, logprobs, top, tokenizer.decode(text_ids), finish, stop_reason)
 

@@ -27,7 +27,6 @@ from polar_env.errors import RequestError
 from polar_env.records import ChatRequest, Generation
 
 ENGINE_KEY = web.AppKey("engine", EmbeddedEngine)
-_THINK_END = 248_069  # </think>
 _UNSUPPORTED = ("structured_outputs", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice")
 MAX_BODY_BYTES = 64 * 1024 * 1024  # 100k-token token-in prompts are ~1 MB; leave ample room
 
@@ -100,10 +99,14 @@ def _logprob_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
-def _reasoning_tokens(gen: Generation) -> int:
-    """Sampled tokens up to and including ``</think>`` (all of them if thinking never closed)."""
-    if _THINK_END in gen.response_ids:
-        return gen.response_ids.index(_THINK_END) + 1
+def _reasoning_tokens(engine: EmbeddedEngine, gen: Generation) -> int:
+    """Sampled tokens up to and including the one that completes ``</think>`` (one special token in
+    Qwen3.5, several pieces in other vocabularies); all of them if thinking never closed."""
+    text = ""
+    for i, piece in enumerate(engine.tokenizer.token_texts(gen.response_ids)):
+        text = text[-8:] + piece  # only the tail can complete the tag
+        if "</think>" in text:
+            return i + 1
     only_reasoning = gen.message.reasoning is not None and not gen.message.content and not gen.message.tool_calls
     return len(gen.response_ids) if only_reasoning else 0
 
@@ -158,7 +161,7 @@ def chat_response(engine: EmbeddedEngine, body: dict[str, Any], done: Completion
             "total_tokens": len(gen.prompt_ids) + len(gen.response_ids),
             "completion_tokens": len(gen.response_ids),
             "prompt_tokens_details": None,
-            "completion_tokens_details": {"reasoning_tokens": _reasoning_tokens(gen)},
+            "completion_tokens_details": {"reasoning_tokens": _reasoning_tokens(engine, gen)},
         },
         "prompt_logprobs": None,
         "prompt_token_ids": gen.prompt_ids if want_ids else None,
