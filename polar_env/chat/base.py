@@ -10,7 +10,7 @@ under ``polar_env/chat/``; ``tests/chat/test_seam.py`` fails when a module outsi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +33,23 @@ class Tokenizer(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
     def token_bytes(self, token_id: int) -> bytes: ...
+
+
+def token_texts(ids: list[int], token_bytes: Callable[[int], bytes]) -> list[str]:
+    """Per-token text as vLLM's detokenizer reports it: bytes that do not yet decode cleanly
+    (text ending in U+FFFD) are held back, so the token that starts a multi-byte character gets
+    "" and the one that completes it gets the whole character."""
+    out: list[str] = []
+    pending = b""
+    for token_id in ids:
+        pending += token_bytes(token_id)
+        text = pending.decode("utf-8", errors="replace")
+        if text.endswith("\ufffd"):
+            out.append("")
+        else:
+            out.append(text)
+            pending = b""
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from polar_env.chat.base import token_texts
+
 # Added tokens that stay non-special in the families' HF configs (parsers must see them in text).
 NON_SPECIAL = ("think>", "tool_call>", "tool_response>", "fim_", "repo_name", "file_sep")
 
@@ -50,17 +52,7 @@ class TiktokenTokenizer:
         """Per-token text as vLLM's detokenizer reports it: bytes that do not yet decode cleanly
         (text ending in U+FFFD) are held back, so the token that starts a multi-byte character
         gets "" and the one that completes it gets the whole character."""
-        out: list[str] = []
-        pending = b""
-        for token_id in ids:
-            pending += self.token_bytes(token_id)
-            text = pending.decode("utf-8", errors="replace")
-            if text.endswith("\ufffd"):
-                out.append("")
-            else:
-                out.append(text)
-                pending = b""
-        return out
+        return token_texts(ids, self.token_bytes)
 
     def token_text(self, token_id: int) -> str:
         """One token decoded on its own ("" when it is not a complete UTF-8 text)."""

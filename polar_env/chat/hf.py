@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from polar_env.chat.base import ChatFormat, NotContinuable
+from polar_env.chat.base import ChatFormat, NotContinuable, token_texts
 from polar_env.chat.content import content_text
 from polar_env.errors import ConfigError, RequestError
 from polar_env.records import AssistantMessage, ToolCall
@@ -93,17 +93,7 @@ class HFTokenizer:
         return str(self.hf.convert_tokens_to_string([piece])).encode()
 
     def token_texts(self, ids: list[int]) -> list[str]:
-        out: list[str] = []
-        pending = b""
-        for token_id in ids:
-            pending += self.token_bytes(token_id)
-            text = pending.decode("utf-8", errors="replace")
-            if text.endswith("\ufffd"):
-                out.append("")
-            else:
-                out.append(text)
-                pending = b""
-        return out
+        return token_texts(ids, self.token_bytes)
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.token_texts(ids))
