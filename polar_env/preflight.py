@@ -174,6 +174,7 @@ async def check_engine(config: AnyEngineConfig, wait_s: float = ENGINE_WAIT_S) -
             except (TypeError, ValueError) as exc:  # a step with unknown keys
                 raise ConfigError(f"{config.script} is not a scripted policy ({exc}), --engine-script; see README "
                                   "'Scripted policy' for the format") from None
+        config.resolved_template()  # template auto: read off model_dir's own files, or one line
         return
     from polar_env.engines.config import build_engine
     from polar_env.engines.probe import choose_model, engine_urls, served_models
@@ -201,6 +202,7 @@ async def check_engine(config: AnyEngineConfig, wait_s: float = ENGINE_WAIT_S) -
         await client.aclose()
     for url, models in served.items():
         choose_model(config.model, models, url, strict=config.kind == "vllm")
+    await asyncio.to_thread(config.resolved_template)  # template auto: read off what the engine serves, or one line
 
 
 # -- harness -------------------------------------------------------------------------------------

@@ -102,6 +102,9 @@ if [[ ! -f "$MODEL/config.json" ]]; then
     log "exporting the seeded tiny model to $MODEL"
     "$PY" -m polar_env.cli export-model "$MODEL"
 fi
+# The published template in the folder too, as a model from the hub ships it: `template: auto` reads
+# the family off the folder vLLM reports loading (tests/engines/test_vllm_multiturn.py).
+cp "$TEMPLATE" "$MODEL/chat_template.jinja"
 
 # ---- 4. the vLLM server -----------------------------------------------------------------------
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -5,7 +5,8 @@ Templates: ``qwen3.5`` (the default; what vLLM serving Qwen3.5 renders), ``appen
 without its prefix-breaking behaviours), ``qwen3`` (Qwen3-0.6B ... 32B; see ``qwen3.py``), and
 ``hf:PATH``: any model's own Hugging Face chat template and tokenizer, from a model folder or a
 ``.gguf`` file, with Hermes-style ``<tool_call>`` JSON for tools. ``smollm2`` is ``hf:`` on the SmolLM2-135M-Instruct GGUF that the
-``smollm2`` extra installs.
+``smollm2`` extra installs. ``auto`` reads the family off the served model (``detect.py``): engine
+configs resolve it (``resolved_template``) before asking for the format.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from polar_env.chat.base import ChatFormat, NotContinuable, RequestRules, Tokeni
 
 __all__ = ["ChatFormat", "NotContinuable", "RequestRules", "Tokenizer", "chat_format", "check_template", "TEMPLATES"]
 
-TEMPLATES = ("qwen3.5", "append_only", "qwen3", "smollm2", "hf:PATH")  # for help texts and errors
+TEMPLATES = ("qwen3.5", "append_only", "qwen3", "smollm2", "hf:PATH", "auto")  # for help texts and errors
 HF_PREFIX = "hf:"
 
 
@@ -47,6 +48,9 @@ def chat_format(template: str) -> ChatFormat:
     """The family's format for ``template`` (one object per template per process; tokenizers
     load on first use)."""
     check_template(template)
+    if template == "auto":
+        raise ValueError("template 'auto' names no format until it is resolved against the served model "
+                         "(EngineConfig.resolved_template)")
     if template in ("qwen3.5", "append_only"):
         from polar_env.chat.qwen35.format import FORMATS
 

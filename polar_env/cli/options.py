@@ -54,7 +54,8 @@ class Flag:
 
 
 TEMPLATE_HELP = ("the model family's chat format (qwen3.5: what vLLM serving Qwen3.5 renders; append_only: Qwen3.5 "
-                 "without its prefix-breaking quirks; smollm2; hf:PATH: a model folder's or .gguf's own template)")
+                 "without its prefix-breaking quirks; qwen3; smollm2; hf:PATH: a model folder's or .gguf's own template; "
+                 "auto: read off the served model's own chat template)")
 ENGINE_URL_HELP = ("a served engine's base URL (a /v1 suffix is fine); several, comma-separated: a session-sticky "
                    "vLLM pool (SGLang workers with --engine sglang); router:URL: an SGLang router")
 ENGINE_KIND_HELP = ("the engine; when not given: sglang for --engine-url router:URL, vllm for any other --engine-url "

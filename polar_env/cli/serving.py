@@ -35,6 +35,17 @@ def _template(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _resolved_template(args: argparse.Namespace, kind: str = "embedded") -> str:
+    """``--template``, with ``auto`` read off the model: its ``--model-dir``, or what the engine at
+    ``--engine-url`` says it serves (ask after the engine answers)."""
+    if args.template != "auto":
+        return str(args.template)
+    from polar_env.engines.config import engine_config
+
+    fields = {"model_dir": getattr(args, "model_dir", None)} if kind == "embedded" else {"url": args.engine_url}
+    return engine_config({"kind": kind, "template": "auto", **fields}).resolved_template()
+
+
 def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.chat import chat_format
     from polar_env.engines.embedded.engine import EmbeddedEngine
@@ -51,7 +62,7 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 ScriptStep(text=args.script_answer, reasoning="The tool answered."),
             )
         )
-    chat = chat_format(args.template)
+    chat = chat_format(_resolved_template(args))
     named = chat.weights  # hf:PATH / smollm2: the template's own model unless --model-dir gives one
     return EmbeddedEngine(
         model_dir=model_dir(args.model_dir) if args.model_dir else (model_dir(str(named)) if named else None),
@@ -169,7 +180,7 @@ async def _run_gateway(args: argparse.Namespace, kind: str, store_root: Path) ->
         public_url=args.public_url,
         sampling=Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens),
         admin_token=token,
-        template=args.template,
+        template=await asyncio.to_thread(_resolved_template, args, kind),
         continuation=args.continuation,
         engine_timeout_s=args.engine_timeout,
     )

@@ -256,6 +256,14 @@ class Run:
         """The engine's chat template the run was served with (its tokens decode with it)."""
         engine = ((self.plan().get("job") or {}).get("env") or {}).get("engine") or {}
         template = engine.get("template") if isinstance(engine, dict) else None
+        if template == "auto":  # read off the model the run served, where its files or engine still are
+            from polar_env.engines.config import engine_config
+            from polar_env.errors import ConfigError
+
+            try:
+                return engine_config(engine).resolved_template()
+            except (ConfigError, ValueError):
+                return "qwen3.5"
         return template if isinstance(template, str) else "qwen3.5"
 
     def summary(self) -> dict[str, Any]:

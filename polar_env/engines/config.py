@@ -10,6 +10,7 @@ To add a backend: its client module plus one config class here, added to ``AnyEn
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
@@ -23,6 +24,7 @@ from polar_env.registry import Registry
 
 if TYPE_CHECKING:
     from polar_env.chat import ChatFormat
+    from polar_env.chat.detect import Detection
     from polar_env.engines.embedded.policy import ScriptedPolicy
 
 DEFAULT_KIND = "embedded"
@@ -48,7 +50,19 @@ class _Engine(BaseModel):
         """The served model's ``ChatFormat`` (the gateway, the builders and local engines use it)."""
         from polar_env.chat import chat_format
 
-        return chat_format(self.template)
+        return chat_format(self.resolved_template())
+
+    def resolved_template(self) -> str:
+        """``template``, with ``auto`` read off the served model (``polar_env.chat.detect``), once
+        per process: ConfigError in one line when it cannot be told."""
+        if self.template != "auto":
+            return self.template
+        return _detected(self.detection_key()).template
+
+    def detection_key(self) -> tuple[str, ...]:
+        """What ``template: auto`` is detected from: ("files", PATH), ("urls", URL, ...), or
+        ("default",) for the seeded random weights, which are built for qwen3.5."""
+        return ("default",)
 
     def default_max_tokens(self) -> int | None:
         """The per-call token cap when the config sets none (``sampling.max_tokens``): served
@@ -111,6 +125,9 @@ class EmbeddedEngineConfig(_Scripted):
         named = self.chat().weights
         return None if named is None else check_weights(named, f"template {self.template!r}:")
 
+    def detection_key(self) -> tuple[str, ...]:
+        return ("files", str(self.model_dir)) if self.model_dir is not None else ("default",)
+
     def describe(self) -> str:
         path = self.model_dir or self.chat().weights
         weights = str(path) if path else f"seeded random weights (seed {self.seed})"
@@ -142,6 +159,9 @@ class VLLMEngineConfig(_Engine):
     url: str | list[str] | None = None  # None only until an adapter fills it in (NeMo Gym)
     logprobs_mode: LogprobsMode = "processed"
 
+    def detection_key(self) -> tuple[str, ...]:
+        return ("urls", *map(engine_base_url, _urls(self.kind, self.url)))
+
     def build(self, max_tokens: int | None = None) -> EngineClient:
         urls = _urls(self.kind, self.url)
         if len(urls) == 1:
@@ -163,6 +183,9 @@ class SGLangEngineConfig(_Engine):
     kind: Literal["sglang"] = "sglang"
     url: str | list[str] | None = None  # None only until an adapter fills it in (slime's router)
 
+    def detection_key(self) -> tuple[str, ...]:
+        return ("urls", *(engine_base_url(u.removeprefix("router:")) for u in _urls(self.kind, self.url)))
+
     def build(self, max_tokens: int | None = None) -> EngineClient:
         from polar_env.engines.sglang import SGLangClient
 
@@ -176,6 +199,30 @@ class SGLangEngineConfig(_Engine):
 
     def describe(self) -> str:
         return f"sglang at {', '.join(engine_urls_of(self.url))}"
+
+
+@functools.cache
+def _detected(key: tuple[str, ...]) -> Detection:
+    """``template: auto`` for one engine (see ``_Engine.detection_key``), said once on stderr."""
+    import sys
+
+    from polar_env.chat.detect import Detection, detect, detect_from_files
+
+    if key[0] == "default":
+        found = Detection("qwen3.5", "the seeded random weights are built for it")
+    elif key[0] == "files":
+        found = detect_from_files(Path(key[1]).expanduser())
+    else:
+        from polar_env.engines.probe import served_sources
+
+        urls = list(key[1:])
+        sources = served_sources(urls)
+        if not sources:
+            raise ConfigError(f"template auto: no engine answers at {', '.join(urls)} to say what it serves; start "
+                              "it first, or set the engine's template (--template)")
+        found = detect(sources, f"the engine at {', '.join(urls)}")
+    print(f"polar-env: template auto -> {found.template} ({found.why})", file=sys.stderr, flush=True)
+    return found
 
 
 AnyEngineConfig = EmbeddedEngineConfig | VLLMEngineConfig | SGLangEngineConfig | SimulatedEngineConfig  # the table

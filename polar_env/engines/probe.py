@@ -94,3 +94,31 @@ async def wait_for_engine(
                 on_wait(f"waiting up to {wait_s:g}s for the {client.name} engine at {where} ({exc.message})")
                 waiting_said = True
             await asyncio.sleep(poll_s)
+
+
+def served_sources(base_urls: list[str], *, timeout_s: float = 5.0) -> list[str]:
+    """What the servers at ``base_urls`` say they loaded, best first: SGLang's ``/get_model_info``
+    model and tokenizer paths, then each ``/v1/models`` item's ``root`` (vLLM: the path or id given
+    to ``vllm serve``) and ``id``. Blocking, start-up only (``template: auto``); [] when none answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def get(url: str) -> object:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310  (the engine URL from config)
+                return json.loads(resp.read())
+        except (OSError, ValueError, urllib.error.URLError):
+            return None
+
+    found: list[str] = []
+    for base in base_urls:
+        info = get(f"{base}/get_model_info")
+        if isinstance(info, dict):
+            found += [str(info[k]) for k in ("model_path", "tokenizer_path") if info.get(k)]
+        listing = get(f"{base}/v1/models")
+        items = listing.get("data") if isinstance(listing, dict) else None
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict):
+                found += [str(item[k]) for k in ("root", "id") if item.get(k)]
+    return list(dict.fromkeys(found))

@@ -70,7 +70,7 @@ class NodeConfig(BaseModel):
         sampling = self.sampling
         if sampling.max_tokens is None and own_engine:
             sampling = sampling.model_copy(update={"max_tokens": self.engine.default_max_tokens()})
-        return GatewayConfig(engine_model=engine_model, sampling=sampling, template=self.engine.template)
+        return GatewayConfig(engine_model=engine_model, sampling=sampling, template=self.engine.resolved_template())
 
 
 class MeteredEngine:

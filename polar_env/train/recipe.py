@@ -40,6 +40,9 @@ class EngineSection(_Section):
     def _known_template(cls, value: str) -> str:
         from polar_env.chat import check_template
 
+        if value == "auto":
+            raise ValueError("template 'auto' does not apply to a recipe, which starts from its template's own "
+                             "weights: name one (smollm2, hf:PATH, qwen3.5)")
         return check_template(value)
 
 

@@ -9,7 +9,7 @@ import polar_env
 from polar_env.chat import TEMPLATES, chat_format, check_template
 
 ROOT = Path(polar_env.__file__).parent
-NEUTRAL = {"base", "bpe", "content", "hermes"}  # the seam's own modules under polar_env/chat/
+NEUTRAL = {"base", "bpe", "content", "detect", "hermes"}  # the seam's own modules under polar_env/chat/
 
 
 def imported(path: Path) -> set[str]:

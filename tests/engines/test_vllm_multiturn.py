@@ -135,3 +135,17 @@ async def test_three_turns_token_in_match_the_servers_prompt_ids_with_zero_drift
         print("\n" + "\n".join(summary) + "\n" + out)
     assert status == 0 and out.strip().splitlines()[-1].startswith("PASS"), out
 
+
+
+@pytest.mark.slow
+def test_template_auto_reads_the_family_off_the_real_server(request: pytest.FixtureRequest) -> None:
+    """``template: auto`` against the real server: vLLM's ``/v1/models`` names the folder it loaded
+    (``root``), whose chat template (check_vllm_cpu.sh copies the published one in) is Qwen3.5's."""
+    url = request.config.getoption("--engine-url")
+    if not url:
+        pytest.skip("no --engine-url / POLAR_ENGINE_URL given: no served model to read the family off")
+    from polar_env.engines.config import engine_config
+
+    config = engine_config({"kind": "vllm", "url": loopback_url(url), "model": MODEL, "template": "auto"})
+    assert config.resolved_template() == "qwen3.5"
+    assert config.chat().name == "qwen3.5"
