@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import ctypes
+import ctypes.util
+import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -46,6 +50,7 @@ class StepRecord:
     ratio_max: float
     loss: float
     grad_norm: float
+    rss_gb: float = 0.0  # resident memory after the step (and after handing freed heap back)
 
 
 @dataclass(slots=True)
@@ -114,6 +119,29 @@ def update_cost(traj: Trajectory) -> UpdateCost:
     return UpdateCost(per_traces, len(traj.traces), per_tokens, merged_tokens)
 
 
+def release_freed_memory() -> float:
+    """Hand freed heap back to the OS and return the resident set in GB.
+
+    Each step frees a batch's activations and a 0.5 GB state-dict copy in worker threads; glibc
+    keeps those pages in its per-thread arenas, fragmented, so without a trim RSS grew ~0.6 GB a
+    step on SmolLM2 (3.7 → 6.9 GB in 5 steps, 14.4 GB OOM) while the live tensors stayed constant.
+    ``malloc_trim(0)`` trims every arena: the same run stays at 2.7 GB."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        if hasattr(libc, "malloc_trim"):  # glibc; musl has none
+            libc.malloc_trim(0)
+    return resident_gb()
+
+
+def resident_gb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except OSError:
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)  # the engine draws each request's sampling seed from here
     torch.manual_seed(seed)
@@ -156,7 +184,7 @@ async def train_with(
             weight_versions=sorted({v for t in batch for v in t.metadata.get("weight_versions", [])}),
             new_version=version, step0_max_abs_delta=stats.step0.max_abs_delta,
             ratio_min=min(stats.ratios, default=1.0), ratio_max=max(stats.ratios, default=1.0),
-            loss=stats.loss, grad_norm=stats.grad_norm,
+            loss=stats.loss, grad_norm=stats.grad_norm, rss_gb=release_freed_memory(),
         )
         result.steps.append(record)
         if on_step is not None:
@@ -200,4 +228,4 @@ def step_line(record: StepRecord) -> str:
     return (f"step {d['step']:>3}: reward {d['reward_mean']:.3f}  traces {d['traces']:>3}  tokens {d['sampled_tokens']:>4}  "
             f"rollout {d['rollout_s']:.1f}s train {d['train_s']:.1f}s sync {d['sync_s']:.2f}s  "
             f"v{','.join(d['weight_versions'])}->v{d['new_version']}  step0 max|Δ| {d['step0_max_abs_delta']:.1e}  "
-            f"ratio [{d['ratio_min']:.3f}, {d['ratio_max']:.3f}]")
+            f"ratio [{d['ratio_min']:.3f}, {d['ratio_max']:.3f}]  rss {d['rss_gb']:.2f} GB")
