@@ -248,6 +248,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             self.traced = bool(result.trajectory.traces)
             self.reward, self.where = result.reward, result.evaluation.get("evaluated_in", "node")
 
+    stage_ns: dict[str, int] = {}
+
     async def run() -> tuple[list[Done], float, float, str]:
         node = SimulatedNode(config)
         await node.start()
@@ -257,9 +259,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         async def one(spec: SessionSpec) -> Done:
             return Done(await node.run(spec))
 
+        stages0 = _stage_cpu()
         cpu0, t0 = time.process_time(), time.monotonic()
         done = await asyncio.gather(*(one(spec) for spec in specs))
         wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        stage_ns.update({k: v - stages0.get(k, 0) for k, v in _stage_cpu().items()})
         root = str(node.store.root)
         await node.stop()
         return list(done), wall, cpu, root
@@ -312,7 +316,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "postrun_s_per_session": statistics.mean(postrun_s) if postrun_s else 0.0,
         "wall_s": wall, "evaluated_in_worker": sum(1 for r in results if r.where == "worker"),
         "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
+        "stage_ms_per_call": {k: v / 1e6 / max(1, calls) for k, v in stage_ns.items()},
     }
+
+
+def _stage_cpu() -> dict[str, int]:
+    """The node's cumulative CPU ns per call stage (``polar_env.stagecpu``); {} for a tree without it."""
+    try:
+        from polar_env import stagecpu
+    except ImportError:
+        return {}
+    return {name: v["cpu_ns"] for name, v in stagecpu.snapshot().items()}
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -382,6 +396,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             if isinstance(before, (int, float)) and before:
                 line += f"{after / before:>19.2f}"
         lines.append(line)
+    stages = list(dict.fromkeys(k for n in names for k in results[n].get("stage_ms_per_call", {})))
+    for key in stages:  # CPU ms per call by stage: a regression names its stage
+        cells = [results[n].get("stage_ms_per_call", {}).get(key) for n in names]
+        lines.append(f"{'  cpu ms/call ' + key:28}" + "".join(f"{'-' if c is None else f'{c:.3f}':>16}" for c in cells))
     p99q, p99b = results[names[-1]]["added_ms_quiet_p99"], results[names[-1]]["added_ms_postrun_p99"]
     lines.append(f"POSTRUN p99 / quiet p99 ({names[-1]}): {p99b / p99q:.2f} (target <= 1.5)")
     return "\n".join(lines)

@@ -61,16 +61,17 @@ async def request_json(
     timeout_s: float,
     method: str = "POST",
     decode: Callable[[bytes], object] = orjson.loads,
+    payload: bytes | None = None,
 ) -> object:
     """Send ``body`` as JSON (or nothing, for GET) and return the decoded JSON, or raise an
     EngineError. ``decode`` (raising orjson.JSONDecodeError on malformed JSON) may be a typed
-    decoder for a hot response shape."""
+    decoder for a hot response shape. ``payload``: the body already encoded (instead of ``body``)."""
     try:
         async with session.request(
             method,
             url,
-            data=None if body is None else orjson.dumps(body),
-            headers={"Content-Type": "application/json"} if body is not None else None,
+            data=payload if payload is not None else None if body is None else orjson.dumps(body),
+            headers={"Content-Type": "application/json"} if body is not None or payload is not None else None,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             raw = await resp.read()

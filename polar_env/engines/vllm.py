@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from polar_env.engines.base import new_session, request_json
 from polar_env.errors import EngineProtocolError
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
+from polar_env.stagecpu import stage, timed
 
 # Keys this client owns; a caller's extra_body must not switch token capture off or stream.
 _FORCED = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True, "stream": False}
@@ -101,10 +102,12 @@ class VLLMClient:
         return body
 
     async def generate(self, request: ChatRequest) -> Generation:
-        body = self.build_body(request)
-        data = await request_json(self._http(), self.url, body, engine=self.name, timeout_s=self.timeout_s,
-                                  decode=decode_chat_body)
-        return self.parse_decoded(data, request)
+        with stage("engine_build"):
+            payload = orjson.dumps(self.build_body(request))
+        data = await request_json(self._http(), self.url, payload=payload, engine=self.name, timeout_s=self.timeout_s,
+                                  decode=_timed_decode)
+        with stage("engine_decode"):
+            return self.parse_decoded(data, request)
 
     def parse_decoded(self, data: object, request: ChatRequest) -> Generation:
         """``parse`` for what ``decode_chat_body`` returned: the same Generation, or the same error."""
@@ -291,3 +294,6 @@ def _tool_call(tc: Any, bad: BadFactory, engine: str) -> ToolCall:
     elif not isinstance(args, str):  # engines send JSON text; keep that form if one sends an object
         args = orjson.dumps(args).decode()
     return ToolCall(id=str(tc.get("id") or ""), name=fn["name"], arguments=args)
+
+
+_timed_decode = timed("engine_decode", decode_chat_body)

@@ -43,6 +43,7 @@ from polar_env.errors import ConfigError, PolarError
 from polar_env.journal.format import Encoder, PromptRef, apply_events
 from polar_env.journal.reader import JournalError, PromptRefs, iter_journal, read_with_refs
 from polar_env.records import CompletionRecord
+from polar_env.stagecpu import stage
 
 log = logging.getLogger("polar_env.gateway")
 
@@ -124,13 +125,15 @@ class JournalStore:
         stored as such."""
         with self._lock:
             try:
-                if self._encoder is None:
-                    data, token = record.to_json() + b"\n", None
-                else:
-                    data, token = self._encoder.encode(record, ref)
+                with stage("journal_encode"):
+                    if self._encoder is None:
+                        data, token = record.to_json() + b"\n", None
+                    else:
+                        data, token = self._encoder.encode(record, ref)
             except (TypeError, orjson.JSONEncodeError) as exc:
                 raise CaptureError(f"record cannot be serialized: {exc}") from exc
-            self._append_line(record.session_id, data)
+            with stage("journal_write"):
+                self._append_line(record.session_id, data)
             if token is not None and self._encoder is not None:
                 self._encoder.commit(token)
             return len(data)

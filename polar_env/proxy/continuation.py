@@ -154,9 +154,14 @@ class Continuation:
         thinking = chat.chat_template_kwargs.get("enable_thinking", True) is not False
         siblings: list[Turn] = []  # the matching turns over the longest matching history
         reason = "history rewritten"
-        for turn in self.turns:
+        # Longest remembered history first: once a turn matches, shorter ones cannot win, so a
+        # linear chain compares its history once, not once per remembered turn. Equal lengths
+        # keep their call order (``pick_sibling`` prefers the latest).
+        for turn in sorted(self.turns, key=lambda t: -len(t.messages)):
             n = len(turn.messages)
-            if len(messages) <= n + 1 or (siblings and n < len(siblings[0].messages)):
+            if siblings and n < len(siblings[0].messages):
+                break
+            if len(messages) <= n + 1:
                 continue
             if messages[:n] != turn.messages:
                 continue

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from polar_env import stagecpu
 from polar_env.chat import ChatFormat, chat_format
 from polar_env.engines.base import EngineClient
 from polar_env.journal.format import PromptRef
@@ -285,5 +286,6 @@ class GatewayCore:
 
     def status(self) -> dict[str, Any]:
         return {**self.gate.status(), "sessions": len(self.sessions), "open_sessions": self.sessions.open_count(),
-                "open_journals": self.store.open_fds(), "in_flight_captures": len(self.in_flight), **asdict(self.stats)}
+                "open_journals": self.store.open_fds(), "in_flight_captures": len(self.in_flight), **asdict(self.stats),
+                "stage_cpu": stagecpu.snapshot()}
 

@@ -51,6 +51,7 @@ from polar_env.proxy.quirks import apply_quirks
 from polar_env.proxy.sessions import Session, request_keys
 from polar_env.proxy.validate import check_messages
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
+from polar_env.stagecpu import stage
 
 log = logging.getLogger("polar_env.gateway")
 
@@ -120,13 +121,15 @@ async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise RequestError(f"request body exceeds {max_body_bytes} bytes", status=413) from exc
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from exc
+    with stage("parse"):
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise RequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    check_recordable(body)
+    with stage("validate"):
+        check_recordable(body)
     return body
 
 
@@ -357,7 +360,8 @@ class CallPipeline:
                     session.next_seq = seq  # nothing was written: the number is free again
                 raise
         if session.continuation is not None:
-            session.continuation.remember(chat, generation, seq, plan, abandoned=CLIENT_GONE in notes)
+            with stage("continuation"):
+                session.continuation.remember(chat, generation, seq, plan, abandoned=CLIENT_GONE in notes)
         return generation, seq
 
     async def complete(self, request: web.Request, provider: Provider) -> web.StreamResponse:
@@ -367,17 +371,20 @@ class CallPipeline:
         config = gw.config
         body = await read_json(request, config.max_body_bytes)
         session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
-        inbound = translate(provider, body, request.match_info)
-        notes = inbound.notes
-        updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
-        chat = apply_quirks(inbound.chat, notes, gw.chat).model_copy(update=updates)
-        check_messages(chat.messages, gw.chat.rules)  # what the template would refuse, refused before the engine
+        with stage("parse"):
+            inbound = translate(provider, body, request.match_info)
+        with stage("validate"):
+            notes = inbound.notes
+            updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
+            chat = apply_quirks(inbound.chat, notes, gw.chat).model_copy(update=updates)
+            check_messages(chat.messages, gw.chat.rules)  # what the template would refuse, refused before the engine
         # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
         engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
         plan = None
         if session.continuation is not None:
             if gw.chat.cheap_continuation:
-                plan, note = session.continuation.plan(chat)
+                with stage("continuation"):
+                    plan, note = session.continuation.plan(chat)
             else:  # the family's continuation renders the history: not on the event loop
                 plan, note = await asyncio.to_thread(session.continuation.plan, chat)
             notes.append(note)
@@ -394,13 +401,15 @@ class CallPipeline:
         gw.track(capture)
         generation, seq = await asyncio.shield(capture)
 
-        reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
-        if not inbound.stream:
-            return json_response(provider.from_chat(reply))
+        with stage("reply_build"):
+            reply = Reply(generation, inbound.model or config.engine_model, uuid.uuid4().hex, int(received), inbound.options)
+            if not inbound.stream:
+                return json_response(provider.from_chat(reply))
+            events = b"".join(provider.stream_events(reply))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
             await resp.prepare(request)
-            await resp.write(b"".join(provider.stream_events(reply)))
+            await resp.write(events)
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError):  # the client went away; the record is already on disk
             if CLIENT_GONE in notes:  # gone before the record was written: the record says so already
