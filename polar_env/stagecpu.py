@@ -1,5 +1,5 @@
 """Per-stage CPU time of the gateway's call path, always on, so a benchmark names the stage
-that regressed (``scripts/bench_scale.py``, ``scripts/bench_gateway.py``).
+that regressed (``scripts/bench_scale.py`` prints them from the gateway's ``stage_cpu`` status).
 
 Each stage is a synchronous section timed with the running thread's CPU clock
 (``time.thread_time_ns``: ~0.1 µs, and neither other threads nor other processes count), added to

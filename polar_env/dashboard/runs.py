@@ -118,6 +118,7 @@ class Run:
         self._plan: tuple[tuple[int, int] | None, dict[str, Any]] = (None, {})
         self._live: tuple[tuple[int, int] | None, dict[str, Any] | None] = (None, None)
         self._staged: tuple[tuple[Any, ...] | None, list[dict[str, Any]]] = (None, [])
+        self._auto_template: str | None = None  # template auto, resolved once (its engine may be long gone)
 
     # -- folders ------------------------------------------------------------------------------
     def store_dirs(self) -> list[Path]:
@@ -256,15 +257,23 @@ class Run:
         """The engine's chat template the run was served with (its tokens decode with it)."""
         engine = ((self.plan().get("job") or {}).get("env") or {}).get("engine") or {}
         template = engine.get("template") if isinstance(engine, dict) else None
-        if template == "auto":  # read off the model the run served, where its files or engine still are
-            from polar_env.engines.config import engine_config
-            from polar_env.errors import ConfigError
-
-            try:
-                return engine_config(engine).resolved_template()
-            except (ConfigError, ValueError):
-                return "qwen3.5"
+        if template == "auto":
+            if self._auto_template is None:
+                self._auto_template = self._resolve_auto(engine)
+            return self._auto_template
         return template if isinstance(template, str) else "qwen3.5"
+
+    @staticmethod
+    def _resolve_auto(engine: dict[str, Any]) -> str:
+        """``template: auto``, read off the model the run served where its files or engine still
+        are; a failed probe is not repeated per trace page (it waits on the engine's URLs)."""
+        from polar_env.engines.config import engine_config
+        from polar_env.errors import ConfigError
+
+        try:
+            return engine_config(engine).resolved_template()
+        except (ConfigError, ValueError):
+            return "qwen3.5"
 
     def summary(self) -> dict[str, Any]:
         """The Runs list's row, cached until the index or ``live.json`` changes: the list asks for

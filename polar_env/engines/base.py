@@ -66,12 +66,14 @@ async def request_json(
     """Send ``body`` as JSON (or nothing, for GET) and return the decoded JSON, or raise an
     EngineError. ``decode`` (raising orjson.JSONDecodeError on malformed JSON) may be a typed
     decoder for a hot response shape. ``payload``: the body already encoded (instead of ``body``)."""
+    if payload is None and body is not None:
+        payload = orjson.dumps(body)
     try:
         async with session.request(
             method,
             url,
-            data=payload if payload is not None else None if body is None else orjson.dumps(body),
-            headers={"Content-Type": "application/json"} if body is not None or payload is not None else None,
+            data=payload,
+            headers={"Content-Type": "application/json"} if payload is not None else None,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             raw = await resp.read()
