@@ -113,7 +113,8 @@ def check_recipe(path: Path, overrides: dict[str, Any]) -> None:
     recipe = Recipe.load(path, overrides)
     if recipe.source == "polar_env":
         check_runtime("sandbox")
-    check_evaluator(recipe.evaluator.name, f"recipe {path}")
+    for name in sorted({task.evaluator.name for task in [*recipe.toy_tasks(), *recipe.held_out_tasks()]}):
+        check_evaluator(name, f"recipe {path}")
 
 
 def check_env(env: PolarEnvConfig, reqs: Sequence[TaskRequest], command: str) -> None:

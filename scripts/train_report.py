@@ -3,11 +3,13 @@ another, then the multi-call variant for the merged-vs-per-request figures.
 
     python scripts/train_report.py [--recipe recipes/cpu_grpo_toy.yaml] [--out runs/report]
                                    [--margin 0.2] [--seeds 0 1 2] [--no-multiturn]
+    python scripts/train_report.py --replot RUN_DIR [RUN_DIR ...] --out DIR   # one figure of finished runs
 
 Prints each run's reward curve numbers, first-5 / last-5 means and their difference, the step-0
 |Δ|, tokens/s, seconds per step (rollout / train / weight sync) and update counts, writes every
 run's report folder plus one reward figure with all curves, and exits 1 when a seed's improvement
-does not exceed the margin or the control's does.
+does not exceed the margin, the control's does, or (a recipe with held-out tasks) a seed's held-out
+reward does not rise.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import orjson
 
 from polar_env.train.loop import RunResult, run_recipe
 from polar_env.train.recipe import Recipe
-from polar_env.train.report import plot_rewards, write_run
+from polar_env.train.report import plot_rewards, read_run, write_run
 
 
 def run(recipe: Recipe) -> RunResult:
@@ -50,8 +52,14 @@ def main() -> int:
     parser.add_argument("--margin", type=float, default=0.2, help="last-5 minus first-5 mean reward a seed must exceed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--no-multiturn", action="store_true")
+    parser.add_argument("--replot", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="run nothing: plot these finished runs' report folders into OUT/rewards_all.png")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.replot:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {plot_rewards([read_run(d) for d in args.replot], out / 'rewards_all.png')}")
+        return 0
 
     def recipe(path: str, seed: int, control: bool = False) -> Recipe:
         tag = "control" if control else "grpo"
@@ -70,11 +78,15 @@ def main() -> int:
         "margin": args.margin,
         "seeds_improve": [round(r.improvement(), 4) for r in seeds],
         "control_improvement": round(control.improvement(), 4),
-        "passed": all(r.improvement() > args.margin for r in seeds) and not control.improvement() > args.margin,
+        # held-out tasks (where the recipe has them) must improve under training too
+        "held_out_gains": [r.summary()["held_out"]["gain"] for r in seeds if r.held_out_before],
+        "passed": (all(r.improvement() > args.margin for r in seeds) and not control.improvement() > args.margin
+                   and all(r.summary()["held_out"]["gain"] > 0 for r in seeds if r.held_out_before)),
         "runs": [r.summary() for r in runs],
     }
     (out / "verdict.json").write_bytes(orjson.dumps(verdict, option=orjson.OPT_INDENT_2))
-    print(f"margin {args.margin}: seeds {verdict['seeds_improve']}, control {verdict['control_improvement']} -> "
+    print(f"margin {args.margin}: seeds {verdict['seeds_improve']}, control {verdict['control_improvement']}, "
+          f"held-out gains {verdict['held_out_gains']} -> "
           f"{'PASS' if verdict['passed'] else 'FAIL'}")
     return 0 if verdict["passed"] else 1
 

@@ -64,6 +64,8 @@ class RunResult:
     per_request_tokens: int = 0
     merged_tokens: int = 0
     wall_s: float = 0.0
+    held_out_before: dict[str, float] = field(default_factory=dict)  # task id -> mean reward, base weights
+    held_out_after: dict[str, float] = field(default_factory=dict)  # the same tasks after the last step
 
     def rewards(self) -> list[float]:
         return [s.reward_mean for s in self.steps]
@@ -94,7 +96,16 @@ class RunResult:
             "updates": {"per_request": self.per_request_traces, "merged": self.merged_traces,
                         "per_request_tokens": self.per_request_tokens, "merged_tokens": self.merged_tokens},
             "weight_versions": [s.weight_versions for s in steps],
+            "held_out": held_out_summary(self.held_out_before, self.held_out_after),
         }
+
+
+def held_out_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+    if not before:
+        return None
+    mean_before, mean_after = sum(before.values()) / len(before), sum(after.values()) / max(len(after), 1)
+    return {"tasks": len(before), "before": round(mean_before, 4), "after": round(mean_after, 4),
+            "gain": round(mean_after - mean_before, 4), "per_task": {k: [before[k], after.get(k)] for k in before}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +169,7 @@ async def train_with(
     rng = random.Random(recipe.seed + 1_000_003)
     tasks = recipe.toy_tasks()
     started = time.perf_counter()
+    result.held_out_before = await held_out_rewards(recipe, source)
     for step in range(recipe.steps):
         t0 = time.perf_counter()
         groups = await asyncio.gather(*(source.rollout(task, recipe.rollouts_per_task) for task in tasks))
@@ -189,8 +201,17 @@ async def train_with(
         result.steps.append(record)
         if on_step is not None:
             on_step(record)
+    result.held_out_after = await held_out_rewards(recipe, source)
     result.wall_s = time.perf_counter() - started
     return result
+
+
+async def held_out_rewards(recipe: Recipe, source: RolloutSource) -> dict[str, float]:
+    """Mean reward per held-out task under the engine's current weights (rolled out, never trained on)."""
+    tasks = recipe.held_out_tasks()
+    groups = await asyncio.gather(*(source.rollout(task, recipe.held_out_rollouts) for task in tasks))
+    return {task.task_id: sum(float(t.reward or 0.0) for t in group) / max(len(group), 1)
+            for task, group in zip(tasks, groups, strict=True)}
 
 
 async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | None = None) -> RunResult:
@@ -201,19 +222,10 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
     sampling = recipe.sampling
     store = recipe.run_dir() / "capture"
     if recipe.source == "polar_env":
-        env = PolarEnv(PolarEnvConfig.model_validate({
-            "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode,
-                       "template": recipe.engine.template},
-            "harness": "loop",
-            # no tools (a random model never writes a valid call), one answer, no reasoning block
-            "agent_settings": {"tools": False, "max_turns": 1, "max_tokens": sampling.max_tokens, "thinking": False},
-            "builder": recipe.builder, "store": str(store),
-            "sampling": {"temperature": sampling.temperature, "top_p": 1.0, "max_tokens": sampling.max_tokens},
-            "limits": {"max_running": recipe.rollouts_per_task * len(recipe.tasks)},
-        }))
+        env = PolarEnv(PolarEnvConfig.model_validate(env_settings(recipe, model_seed)))
         async with env:
             trainer = GRPOTrainer(copy.deepcopy(env.engine.model), recipe.trainer.config())
-            return await train_with(recipe, PolarEnvSource(env), trainer, on_step)
+            return await train_with(recipe, PolarEnvSource(env, recipe.run_dir() / "workspaces"), trainer, on_step)
     chat = chat_format(recipe.engine.template)
     engine = EmbeddedEngine(model_dir=chat.weights, spec=ModelSpec(seed=model_seed), chat=chat,
                             logprobs_mode=recipe.engine.logprobs_mode, max_tokens=sampling.max_tokens)
@@ -221,6 +233,32 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
     async with LocalGateway(engine, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                             builder=recipe.builder, store_dir=store) as source:
         return await train_with(recipe, source, trainer, on_step)
+
+
+def env_settings(recipe: Recipe, model_seed: int) -> dict[str, Any]:
+    """The ``PolarEnv`` config of ``source: polar_env``: the recipe's model, the loop harness, its store."""
+    sampling = recipe.sampling
+    return {
+        "engine": {"kind": "embedded", "seed": model_seed, "logprobs_mode": recipe.engine.logprobs_mode,
+                   "template": recipe.engine.template},
+        "harness": "loop",
+        "agent_settings": agent_settings(recipe),
+        "builder": recipe.builder, "store": str(recipe.run_dir() / "capture"),
+        "sampling": {"temperature": sampling.temperature, "top_p": 1.0, "max_tokens": sampling.max_tokens},
+        # a step's groups run at once, as do the held-out ones
+        "limits": {"max_running": max(recipe.rollouts_per_task * len(recipe.tasks),
+                                      recipe.held_out_rollouts * len(recipe.held_out))},
+    }
+
+
+def agent_settings(recipe: Recipe) -> dict[str, Any]:
+    """The loop harness's settings: the recipe's agent section, the trainer's token cap, no reasoning block."""
+    agent = recipe.agent
+    settings: dict[str, Any] = {"tools": agent.tools, "max_turns": agent.max_turns,
+                                "max_tokens": recipe.sampling.max_tokens, "thinking": False}
+    if agent.system is not None:
+        settings["system"] = agent.system
+    return settings
 
 
 def step_line(record: StepRecord) -> str:

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import orjson
 
-from polar_env.train.loop import RunResult
+from polar_env.train.loop import RunResult, StepRecord
 
 PLOT_HINT = "pip install 'polar-env[report]' (matplotlib) to get the PNGs"
 
@@ -33,6 +33,17 @@ def write_run(result: RunResult, out_dir: Path) -> list[Path]:
     except ImportError:
         pass
     return written
+
+
+def read_run(out_dir: Path) -> RunResult:
+    """A run back from the files ``write_run`` wrote: its steps, rewards and held-out results (enough
+    to plot it next to another run); the per-token ratios and step-0 deltas are not kept there."""
+    summary = orjson.loads((out_dir / "summary.json").read_bytes())
+    steps = [StepRecord(**orjson.loads(line)) for line in (out_dir / "steps.jsonl").read_bytes().splitlines() if line]
+    held = (summary.get("held_out") or {}).get("per_task", {})
+    return RunResult(recipe={k: summary[k] for k in ("name", "seed", "control")}, steps=steps, wall_s=summary["wall_s"],
+                     held_out_before={k: v[0] for k, v in held.items()},
+                     held_out_after={k: v[1] for k, v in held.items() if v[1] is not None})
 
 
 def _pyplot() -> ModuleType:
@@ -54,7 +65,12 @@ def plot_rewards(results: Sequence[RunResult], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     for result in results:
         style = "--" if result.recipe["control"] else "-"
-        ax.plot(range(len(result.steps)), result.rewards(), style, marker="o", markersize=3, label=_label(result))
+        (line,) = ax.plot(range(len(result.steps)), result.rewards(), style, marker="o", markersize=3, label=_label(result))
+        if result.held_out_before:  # mean over held-out tasks, before the first step and after the last
+            before = sum(result.held_out_before.values()) / len(result.held_out_before)
+            after = sum(result.held_out_after.values()) / max(len(result.held_out_after), 1)
+            ax.plot([-0.5, len(result.steps) - 0.5], [before, after], ":", marker="s", markersize=5,
+                    color=line.get_color(), label=f"held-out tasks, never trained on ({before:.2f} -> {after:.2f})")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward of the step's rollouts")
     ax.set_ylim(-0.05, 1.05)

@@ -2,8 +2,8 @@
 ``update_weights``), with two implementations.
 
 ``PolarEnvSource`` is the staged pipeline (``PolarEnv``: a gateway node, a bubblewrap sandbox per
-session, the built-in ``loop`` harness over OpenAI Chat). A random tiny model never writes a valid
-tool call, so each of its sessions is one call.
+session, the built-in ``loop`` harness over OpenAI Chat). A task's ``files`` are written once into a
+folder the sandbox copies into each session's workspace, where the loop's ``bash`` tool reads them.
 
 ``LocalGateway`` runs the pieces in this process: the embedded engine, the gateway on 127.0.0.1
 with token-in continuation, the capture journal, a prefix-merge builder and the evaluator. Its
@@ -16,6 +16,8 @@ gateway: pause (drain) → engine reload from a state dict → resume under the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 import tempfile
 import uuid
 from collections.abc import Sequence
@@ -46,6 +48,7 @@ class ToyTask(BaseModel):
     task_id: str
     instruction: str
     follow_ups: list[str] = Field(default_factory=list)  # user turns after each answer
+    files: dict[str, str] = Field(default_factory=dict)  # the session workspace's contents (PolarEnvSource)
     evaluator: EvaluatorSpec
 
 
@@ -60,15 +63,27 @@ class RolloutSource(Protocol):
 class PolarEnvSource:
     """Rollouts through ``PolarEnv`` (started by the caller); weights through its pause → load → resume."""
 
-    def __init__(self, env: PolarEnv) -> None:
+    def __init__(self, env: PolarEnv, workspaces: Path) -> None:
         self.env = env
+        self.workspaces = workspaces  # one folder per task with files, copied into each session's workdir
         self.version = 0
 
     async def rollout(self, task: ToyTask, n: int) -> list[Trajectory]:
-        row = {"task_id": task.task_id, "instruction": task.instruction,
-               "evaluator": task.evaluator.model_dump(mode="json")}
+        row: dict[str, Any] = {"task_id": task.task_id, "instruction": task.instruction,
+                               "evaluator": task.evaluator.model_dump(mode="json")}
+        if task.files:
+            row["runtime"] = self.env.config.runtime.model_copy(update={"source_dir": self._workspace(task)})
         group = await self.env.rollout(row, n)
         return group.trajectories
+
+    def _workspace(self, task: ToyTask) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", task.task_id)[:80]
+        root = self.workspaces / f"{safe}-{hashlib.sha256(task.task_id.encode()).hexdigest()[:8]}"
+        for name, text in task.files.items():
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        return root
 
     async def update_weights(self, state: dict[str, torch.Tensor]) -> str:
         self.version += 1
