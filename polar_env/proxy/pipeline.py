@@ -48,6 +48,7 @@ from polar_env.proxy.core import GatewayCore
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Inbound, Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
+from polar_env.proxy.reuse import share_lists
 from polar_env.proxy.sessions import Session, request_keys
 from polar_env.proxy.validate import check_messages
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
@@ -131,6 +132,16 @@ async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]
     with stage("validate"):
         check_recordable(body)
     return body
+
+
+def share_chat(chat: ChatRequest, session: Session) -> ChatRequest:
+    """``chat`` with its messages and tools sharing the session's last chat request's objects
+    where they serialize the same (``proxy/reuse.py``)."""
+    lists = {"messages": chat.messages, "tools": chat.tools}
+    session.shared_chat = share_lists(lists, session.shared_chat)
+    if lists["messages"] is chat.messages and lists["tools"] is chat.tools:
+        return chat
+    return chat.model_copy(update=lists)
 
 
 def client_gone(request: web.Request) -> bool:
@@ -371,6 +382,8 @@ class CallPipeline:
         config = gw.config
         body = await read_json(request, config.max_body_bytes)
         session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
+        with stage("share"):  # unchanged history takes the last request's objects (proxy/reuse.py)
+            session.shared_body = share_lists(body, session.shared_body)
         with stage("parse"):
             inbound = translate(provider, body, request.match_info)
         with stage("validate"):
@@ -378,6 +391,8 @@ class CallPipeline:
             updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
             chat = apply_quirks(inbound.chat, notes, gw.chat).model_copy(update=updates)
             check_messages(chat.messages, gw.chat.rules)  # what the template would refuse, refused before the engine
+        with stage("share"):
+            chat = share_chat(chat, session)
         # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
         engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
         plan = None
