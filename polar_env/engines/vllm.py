@@ -102,10 +102,19 @@ class VLLMClient:
         return body
 
     async def generate(self, request: ChatRequest) -> Generation:
+        decode: Callable[[bytes], object] = _timed_decode
         with stage("engine_build"):
-            payload = orjson.dumps(self.build_body(request))
+            body = self.build_body(request)
+            if request.prompt_ids is not None:
+                # Token-in: the ids are serialized once, and the engine's echo of them is checked
+                # against these bytes instead of being decoded and compared id by id.
+                kv = body["kv_transfer_params"]
+                sent = orjson.dumps(kv["prompt_token_ids"])
+                kv["prompt_token_ids"] = orjson.Fragment(sent)
+                decode = _token_in_decoder(sent, request.prompt_ids)
+            payload = orjson.dumps(body)
         data = await request_json(self._http(), self.url, payload=payload, engine=self.name, timeout_s=self.timeout_s,
-                                  decode=_timed_decode)
+                                  decode=decode)
         with stage("engine_decode"):
             return self.parse_decoded(data, request)
 
@@ -130,7 +139,8 @@ class VLLMClient:
         content = choice.logprobs.content if choice.logprobs is not None else None
         if content is None or len(content) != len(choice.token_ids) or not isinstance(choice.finish_reason, str):
             return None
-        if request.prompt_ids is not None and data.prompt_token_ids != list(request.prompt_ids):
+        if (request.prompt_ids is not None and data.prompt_token_ids is not request.prompt_ids
+                and data.prompt_token_ids != request.prompt_ids):
             return None
         message = chat_message(choice.message, self._bad, engine="vLLM")
         return Generation.model_construct(
@@ -244,6 +254,39 @@ def decode_chat_body(raw: bytes) -> object:
         return _DECODER.decode(raw)
     except msgspec.DecodeError:  # includes msgspec.ValidationError (a field of another type)
         return orjson.loads(raw)
+
+
+class _TokenInBody(msgspec.Struct):
+    """``_Body`` with the echoed prompt ids kept as raw JSON, to compare with the bytes sent."""
+
+    choices: list[_Choice] | None = None
+    prompt_token_ids: msgspec.Raw = msgspec.Raw(b"null")
+    model: Any = None
+
+
+_TOKEN_IN_DECODER = msgspec.json.Decoder(_TokenInBody)
+
+
+def decode_token_in(raw: bytes, sent: bytes, prompt_ids: list[int]) -> object:
+    """``decode_chat_body`` for a token-in call whose prompt ids were sent as ``sent``: an echo
+    that is byte for byte what was sent is not decoded into ints, and the Generation carries the
+    ``prompt_ids`` list the gateway sent (equal to the echo by that comparison). Any other echo
+    (another serialization, other ids, null) is decoded and compared as before."""
+    try:
+        body = _TOKEN_IN_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return decode_chat_body(raw)
+    if body.prompt_token_ids != msgspec.Raw(sent):
+        return decode_chat_body(raw)
+    return _Body(choices=body.choices, prompt_token_ids=prompt_ids, model=body.model)
+
+
+def _token_in_decoder(sent: bytes, prompt_ids: list[int]) -> Callable[[bytes], object]:
+    def decode(raw: bytes) -> object:
+        with stage("engine_decode"):
+            return decode_token_in(raw, sent, prompt_ids)
+
+    return decode
 
 
 def chat_logprobs(block: object, bad: BadFactory, *, engine: str) -> list[float]:
