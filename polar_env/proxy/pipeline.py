@@ -40,7 +40,7 @@ from polar_env.errors import (
     PolarError,
     RequestError,
 )
-from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef
+from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef, identical_prefix
 from polar_env.journal.store import CaptureError
 from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Plan
@@ -102,19 +102,35 @@ def engine_message(exc: EngineError, status: int) -> str:
 _NEST_MARGIN = 8  # levels a body gains inside a record; orjson writes at most 254
 
 
-def check_recordable(body: dict[str, Any]) -> None:
+def _nested(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def check_recordable(body: dict[str, Any], checked: Mapping[str, list[Any]] | None = None) -> None:
     """Refuse (400) a body that parses but could not be journaled (nested deeper than orjson
-    writes), before any engine time is spent on it."""
-    wrapped: Any = body
-    for _ in range(_NEST_MARGIN):
-        wrapped = [wrapped]
+    writes), before any engine time is spent on it. ``checked``: the lists of a body that passed
+    this check; leading items of ``body``'s lists that are those very objects (shared history,
+    ``proxy/reuse.py``) sit at the same depth and are not serialized again. Each part is wrapped
+    in the levels the body adds above it (orjson counts list and object levels alike)."""
     try:
-        orjson.dumps(wrapped)
+        if not checked:
+            orjson.dumps(_nested(body, _NEST_MARGIN))
+            return
+        for key, value in body.items():
+            old = checked.get(key) if type(value) is list else None
+            if old is None:
+                orjson.dumps(_nested(value, _NEST_MARGIN + 1))
+            else:
+                for item in value[identical_prefix(value, old):]:
+                    orjson.dumps(_nested(item, _NEST_MARGIN + 2))
     except orjson.JSONEncodeError as exc:
         raise RequestError(f"request body cannot be recorded ({exc}); JSON may nest at most {254 - _NEST_MARGIN} levels") from exc
 
 
-async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
+async def read_body(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
+    """The request's JSON object, parsed; not yet checked to be recordable (``read_json``)."""
     ctype = request.content_type.lower() if request.headers.get("Content-Type") else ""
     if ctype not in _JSON_TYPES:
         raise RequestError(f"Content-Type must be application/json, got {ctype!r}", status=415)
@@ -129,6 +145,11 @@ async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]
             raise RequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
+    return body
+
+
+async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
+    body = await read_body(request, max_body_bytes)
     with stage("validate"):
         check_recordable(body)
     return body
@@ -380,10 +401,13 @@ class CallPipeline:
         started = time.perf_counter()
         gw = self.gw
         config = gw.config
-        body = await read_json(request, config.max_body_bytes)
+        body = await read_body(request, config.max_body_bytes)
         session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
         with stage("share"):  # unchanged history takes the last request's objects (proxy/reuse.py)
-            session.shared_body = share_lists(body, session.shared_body)
+            shared = share_lists(body, session.shared_body)
+        with stage("validate"):
+            check_recordable(body, session.shared_body)  # what it shares was checked with that body
+        session.shared_body = shared  # only a recordable body is shared from
         with stage("parse"):
             inbound = translate(provider, body, request.match_info)
         with stage("validate"):

@@ -120,3 +120,42 @@ async def test_a_gateway_session_records_each_body_exactly(tmp_path: Path) -> No
         assert [orjson.dumps(r.chat_request.messages) for r in records] == [orjson.dumps(c.messages) for c in engine.seen]
     finally:
         await client.close()
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "x"
+    for i in range(levels):
+        value = {"a": value} if i % 2 else [value]
+    return value
+
+
+def test_recordable_check_of_shared_history_reads_only_the_new_items() -> None:
+    """Shared items were checked with the body they came from; the new ones are checked at their
+    depth, with the same verdict as the whole-body check (around orjson's 254-level limit)."""
+    import pytest
+
+    from polar_env.errors import RequestError
+    from polar_env.proxy.pipeline import check_recordable
+
+    def verdict(body: dict[str, Any], checked: dict[str, list[Any]] | None = None) -> bool:
+        try:
+            check_recordable(body, checked)
+        except RequestError:
+            return False
+        return True
+
+    previous = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    lists = share_lists(previous, {})
+    for levels in range(236, 250):
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": _deep(levels)}],
+                "extra": _deep(levels - 1)}
+        whole = verdict(orjson.loads(orjson.dumps(body)))
+        share_lists(body, lists)
+        assert body["messages"][0] is previous["messages"][0]
+        assert verdict(body, lists) == whole
+    assert not verdict({"model": "m", "x": _deep(250)}, lists)
+    # a shared item is not serialized again: one that could not be is passed as already checked
+    trusted = {"messages": [_deep(260)]}
+    assert verdict({"messages": trusted["messages"][:1]}, trusted)
+    with pytest.raises(RequestError):
+        check_recordable({"messages": [_deep(260)]}, trusted)
