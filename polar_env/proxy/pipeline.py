@@ -155,14 +155,14 @@ async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]
     return body
 
 
-def share_chat(chat: ChatRequest, session: Session) -> ChatRequest:
-    """``chat`` with its messages and tools sharing the session's last chat request's objects
-    where they serialize the same (``proxy/reuse.py``)."""
+def share_chat(chat: ChatRequest, previous: dict[str, list[Any]]) -> tuple[ChatRequest, dict[str, list[Any]]]:
+    """``chat`` with its messages and tools sharing ``previous``'s objects (the session's last
+    chat request) where they serialize the same (``proxy/reuse.py``), and the lists to remember."""
     lists = {"messages": chat.messages, "tools": chat.tools}
-    session.shared_chat = share_lists(lists, session.shared_chat)
+    remembered = share_lists(lists, previous)
     if lists["messages"] is chat.messages and lists["tools"] is chat.tools:
-        return chat
-    return chat.model_copy(update=lists)
+        return chat, remembered
+    return chat.model_copy(update=lists), remembered
 
 
 def client_gone(request: web.Request) -> bool:
@@ -414,9 +414,12 @@ class CallPipeline:
             notes = inbound.notes
             updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
             chat = apply_quirks(inbound.chat, notes, gw.chat).model_copy(update=updates)
-            check_messages(chat.messages, gw.chat.rules)  # what the template would refuse, refused before the engine
         with stage("share"):
-            chat = share_chat(chat, session)
+            chat, shared_chat = share_chat(chat, session.shared_chat)
+        with stage("validate"):  # what the template would refuse, refused before the engine
+            checked = session.shared_chat.get("messages")
+            check_messages(chat.messages, gw.chat.rules, identical_prefix(chat.messages, checked) if checked else 0)
+        session.shared_chat = shared_chat  # only checked messages are shared from
         # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
         engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
         plan = None

@@ -159,3 +159,26 @@ def test_recordable_check_of_shared_history_reads_only_the_new_items() -> None:
     assert verdict({"messages": trusted["messages"][:1]}, trusted)
     with pytest.raises(RequestError):
         check_recordable({"messages": [_deep(260)]}, trusted)
+
+
+def test_message_checks_skip_only_what_was_checked_before() -> None:
+    import pytest
+
+    from polar_env.chat import RequestRules
+    from polar_env.errors import RequestError
+    from polar_env.proxy.validate import check_messages
+
+    rules = RequestRules(system_first=True, needs_user_query=True)
+    bad_args = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{nope"}}]}
+    tool_only = {"role": "user", "content": "<tool_response>r</tool_response>"}
+    with pytest.raises(RequestError, match="not valid JSON"):
+        check_messages([{"role": "user", "content": "q"}, bad_args], rules)
+    check_messages([{"role": "user", "content": "q"}, bad_args], rules, checked=2)  # trusted: not parsed again
+    with pytest.raises(RequestError, match="not valid JSON"):
+        check_messages([{"role": "user", "content": "q"}, bad_args], rules, checked=1)
+    # the rules over positions and the whole list still apply to checked messages
+    with pytest.raises(RequestError, match="System message must be at the beginning"):
+        check_messages([{"role": "user", "content": "q"}, {"role": "system", "content": "s"}], rules, checked=2)
+    with pytest.raises(RequestError, match="No user query"):
+        check_messages([tool_only, {"role": "assistant", "content": "a"}, tool_only], rules, checked=2)
+    check_messages([tool_only, {"role": "user", "content": "real"}, tool_only], rules, checked=3)
