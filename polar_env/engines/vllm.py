@@ -74,6 +74,10 @@ class VLLMClient:
 
     def build_body(self, req: ChatRequest) -> dict[str, Any]:
         """The exact JSON sent to vLLM for ``req`` (public so the gateway can log it)."""
+        return self._body(req, None if req.prompt_ids is None else list(req.prompt_ids))
+
+    def _body(self, req: ChatRequest, prompt_ids: object) -> dict[str, Any]:
+        """``build_body`` with the token-in ids given as they are to be serialized."""
         body: dict[str, Any] = {"model": self.model, "messages": req.messages}
         if req.tools:
             body["tools"] = req.tools
@@ -95,24 +99,23 @@ class VLLMClient:
         body.pop("stream_options", None)
         body.update(_FORCED)
         body["model"] = self.model
-        if req.prompt_ids is not None:
+        if prompt_ids is not None:
             kv = dict(body.get("kv_transfer_params") or {})
-            kv["prompt_token_ids"] = list(req.prompt_ids)
+            kv["prompt_token_ids"] = prompt_ids
             body["kv_transfer_params"] = kv
         return body
 
     async def generate(self, request: ChatRequest) -> Generation:
         decode: Callable[[bytes], object] = _timed_decode
         with stage("engine_build"):
-            body = self.build_body(request)
+            fragment = None
             if request.prompt_ids is not None:
-                # Token-in: the ids are serialized once, and the engine's echo of them is checked
-                # against these bytes instead of being decoded and compared id by id.
-                kv = body["kv_transfer_params"]
-                sent = orjson.dumps(kv["prompt_token_ids"])
-                kv["prompt_token_ids"] = orjson.Fragment(sent)
+                # Token-in: the ids are serialized once (no copy of the list), and the engine's
+                # echo of them is checked against these bytes instead of decoded id by id.
+                sent = orjson.dumps(request.prompt_ids)
+                fragment = orjson.Fragment(sent)
                 decode = _token_in_decoder(sent, request.prompt_ids)
-            payload = orjson.dumps(body)
+            payload = orjson.dumps(self._body(request, fragment))
         data = await request_json(self._http(), self.url, payload=payload, engine=self.name, timeout_s=self.timeout_s,
                                   decode=decode)
         with stage("engine_decode"):
