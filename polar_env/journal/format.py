@@ -69,16 +69,17 @@ def fingerprint(body: Mapping[str, Any]) -> Fingerprint:
     return {key: [_digest(v) for v in value] if type(value) is list else _digest(value) for key, value in body.items()}
 
 
-Items = dict[str, list[Any]]  # a request's list fields, shallow copies (item objects, not their content)
+Items = dict[str, list[object]]  # a request's list fields, shallow copies (item objects, not their content)
 
 
-def identical_prefix(new: list[Any], old: list[Any]) -> int:
+def identical_prefix(new: Sequence[object], old: Sequence[object]) -> int:
     """How many leading items of ``new`` are the very objects of ``old`` (pointer compares)."""
     same = list(map(operator.is_, new, old))
     return same.index(False) if False in same else len(same)
 
 
-def fingerprint_since(body: Mapping[str, Any], prev: Fingerprint | None, prev_items: Items | None) -> tuple[Fingerprint, Items]:
+def fingerprint_since(body: Mapping[str, object], prev: Fingerprint | None,
+                      prev_items: Items | None) -> tuple[Fingerprint, Items]:
     """``fingerprint(body)`` without hashing again the list items that are the previous request's
     own objects (the gateway shares unchanged history by identity: ``proxy/reuse.py``), and the
     items to pass next time. Equal to the from-scratch fingerprint as long as appended records'

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -108,7 +108,7 @@ def _nested(value: Any, levels: int) -> Any:
     return value
 
 
-def check_recordable(body: dict[str, Any], checked: Mapping[str, list[Any]] | None = None) -> None:
+def check_recordable(body: dict[str, Any], checked: Mapping[str, Sequence[object]] | None = None) -> None:
     """Refuse (400) a body that parses but could not be journaled (nested deeper than orjson
     writes), before any engine time is spent on it. ``checked``: the lists of a body that passed
     this check; leading items of ``body``'s lists that are those very objects (shared history,
@@ -129,8 +129,9 @@ def check_recordable(body: dict[str, Any], checked: Mapping[str, list[Any]] | No
         raise RequestError(f"request body cannot be recorded ({exc}); JSON may nest at most {254 - _NEST_MARGIN} levels") from exc
 
 
-async def read_body(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
-    """The request's JSON object, parsed; not yet checked to be recordable (``read_json``)."""
+async def read_json(request: web.Request, max_body_bytes: int, *, recordable_check: bool = True) -> dict[str, Any]:
+    """The request's JSON object; ``recordable_check=False``: the caller checks it
+    (``check_recordable`` against the history it shares)."""
     ctype = request.content_type.lower() if request.headers.get("Content-Type") else ""
     if ctype not in _JSON_TYPES:
         raise RequestError(f"Content-Type must be application/json, got {ctype!r}", status=415)
@@ -145,20 +146,16 @@ async def read_body(request: web.Request, max_body_bytes: int) -> dict[str, Any]
             raise RequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
+    if recordable_check:
+        with stage("validate"):
+            check_recordable(body)
     return body
 
 
-async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
-    body = await read_body(request, max_body_bytes)
-    with stage("validate"):
-        check_recordable(body)
-    return body
-
-
-def share_chat(chat: ChatRequest, previous: dict[str, list[Any]]) -> tuple[ChatRequest, dict[str, list[Any]]]:
+def share_chat(chat: ChatRequest, previous: Mapping[str, list[object]]) -> tuple[ChatRequest, dict[str, list[object]]]:
     """``chat`` with its messages and tools sharing ``previous``'s objects (the session's last
     chat request) where they serialize the same (``proxy/reuse.py``), and the lists to remember."""
-    lists = {"messages": chat.messages, "tools": chat.tools}
+    lists: dict[str, object] = {"messages": chat.messages, "tools": chat.tools}
     remembered = share_lists(lists, previous)
     if lists["messages"] is chat.messages and lists["tools"] is chat.tools:
         return chat, remembered
@@ -401,7 +398,7 @@ class CallPipeline:
         started = time.perf_counter()
         gw = self.gw
         config = gw.config
-        body = await read_body(request, config.max_body_bytes)
+        body = await read_json(request, config.max_body_bytes, recordable_check=False)
         session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
         with stage("share"):  # unchanged history takes the last request's objects (proxy/reuse.py)
             shared = share_lists(body, session.shared_body)

@@ -14,12 +14,15 @@ still reads the history: see docs/performance.md for what is left.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import orjson
 
+T = TypeVar("T")
 
-def shared_prefix(new: list[Any], old: list[Any]) -> int:
+
+def shared_prefix(new: Sequence[object], old: Sequence[object]) -> int:
     """The longest ``k`` such that ``new[:k]`` serializes exactly as ``old[:k]``. Item by item:
     per-item buffers are reused by the allocator, where one whole-prefix buffer would fault in
     fresh pages on every call (~2x slower for a 1 MB history)."""
@@ -35,7 +38,7 @@ def shared_prefix(new: list[Any], old: list[Any]) -> int:
     return k
 
 
-def share_items(new: list[Any], old: list[Any] | None) -> list[Any]:
+def share_items(new: list[T], old: list[T] | None) -> list[T]:
     """``new`` with its exactly-unchanged prefix taken from ``old`` (``new`` itself if none is)."""
     if not old:
         return new
@@ -45,10 +48,10 @@ def share_items(new: list[Any], old: list[Any] | None) -> list[Any]:
     return old[:k] + new[k:] if k < len(new) else old[:k]
 
 
-def share_lists(body: dict[str, Any], previous: dict[str, list[Any]]) -> dict[str, list[Any]]:
+def share_lists(body: dict[str, object], previous: Mapping[str, list[object]]) -> dict[str, list[object]]:
     """Share every top-level list of ``body`` (in place) with ``previous``'s; returns the lists
     to remember for the next request."""
-    lists: dict[str, list[Any]] = {}
+    lists: dict[str, list[object]] = {}
     for key, value in body.items():
         if type(value) is list:
             shared = share_items(value, previous.get(key))

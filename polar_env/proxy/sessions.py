@@ -51,8 +51,8 @@ class Session:
     sampling: Sampling | None = None  # the task's trainer sampling, in place of the gateway's (complete)
     # The last request's list fields (provider body, chat request) that the next one shares its
     # unchanged history with (proxy/reuse.py); references, not copies.
-    shared_body: dict[str, list[Any]] = field(default_factory=dict)
-    shared_chat: dict[str, list[Any]] = field(default_factory=dict)
+    shared_body: dict[str, list[object]] = field(default_factory=dict)
+    shared_chat: dict[str, list[object]] = field(default_factory=dict)
 
     def take_seq(self) -> int:
         seq = self.next_seq
