@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
-STAGES = ("parse", "validate", "continuation", "engine_build", "engine_decode", "journal_encode",
+STAGES = ("parse", "validate", "share", "continuation", "engine_build", "engine_decode", "journal_encode",
           "journal_write", "reply_build")
 _CPU_NS: dict[str, int] = dict.fromkeys(STAGES, 0)
 _CALLS: dict[str, int] = dict.fromkeys(STAGES, 0)

@@ -74,6 +74,10 @@ class VLLMClient:
 
     def build_body(self, req: ChatRequest) -> dict[str, Any]:
         """The exact JSON sent to vLLM for ``req`` (public so the gateway can log it)."""
+        return self._body(req, None if req.prompt_ids is None else list(req.prompt_ids))
+
+    def _body(self, req: ChatRequest, prompt_ids: object) -> dict[str, Any]:
+        """``build_body`` with the token-in ids given as they are to be serialized."""
         body: dict[str, Any] = {"model": self.model, "messages": req.messages}
         if req.tools:
             body["tools"] = req.tools
@@ -95,17 +99,25 @@ class VLLMClient:
         body.pop("stream_options", None)
         body.update(_FORCED)
         body["model"] = self.model
-        if req.prompt_ids is not None:
+        if prompt_ids is not None:
             kv = dict(body.get("kv_transfer_params") or {})
-            kv["prompt_token_ids"] = list(req.prompt_ids)
+            kv["prompt_token_ids"] = prompt_ids
             body["kv_transfer_params"] = kv
         return body
 
     async def generate(self, request: ChatRequest) -> Generation:
+        decode: Callable[[bytes], object] = _timed_decode
         with stage("engine_build"):
-            payload = orjson.dumps(self.build_body(request))
+            fragment = None
+            if request.prompt_ids is not None:
+                # Token-in: the ids are serialized once (no copy of the list), and the engine's
+                # echo of them is checked against these bytes instead of decoded id by id.
+                sent = orjson.dumps(request.prompt_ids)
+                fragment = orjson.Fragment(sent)
+                decode = _token_in_decoder(sent, request.prompt_ids)
+            payload = orjson.dumps(self._body(request, fragment))
         data = await request_json(self._http(), self.url, payload=payload, engine=self.name, timeout_s=self.timeout_s,
-                                  decode=_timed_decode)
+                                  decode=decode)
         with stage("engine_decode"):
             return self.parse_decoded(data, request)
 
@@ -130,7 +142,8 @@ class VLLMClient:
         content = choice.logprobs.content if choice.logprobs is not None else None
         if content is None or len(content) != len(choice.token_ids) or not isinstance(choice.finish_reason, str):
             return None
-        if request.prompt_ids is not None and data.prompt_token_ids != list(request.prompt_ids):
+        if (request.prompt_ids is not None and data.prompt_token_ids is not request.prompt_ids
+                and data.prompt_token_ids != request.prompt_ids):
             return None
         message = chat_message(choice.message, self._bad, engine="vLLM")
         return Generation.model_construct(
@@ -244,6 +257,39 @@ def decode_chat_body(raw: bytes) -> object:
         return _DECODER.decode(raw)
     except msgspec.DecodeError:  # includes msgspec.ValidationError (a field of another type)
         return orjson.loads(raw)
+
+
+class _TokenInBody(msgspec.Struct):
+    """``_Body`` with the echoed prompt ids kept as raw JSON, to compare with the bytes sent."""
+
+    choices: list[_Choice] | None = None
+    prompt_token_ids: msgspec.Raw = msgspec.Raw(b"null")
+    model: Any = None
+
+
+_TOKEN_IN_DECODER = msgspec.json.Decoder(_TokenInBody)
+
+
+def decode_token_in(raw: bytes, sent: bytes, prompt_ids: list[int]) -> object:
+    """``decode_chat_body`` for a token-in call whose prompt ids were sent as ``sent``: an echo
+    that is byte for byte what was sent is not decoded into ints, and the Generation carries the
+    ``prompt_ids`` list the gateway sent (equal to the echo by that comparison). Any other echo
+    (another serialization, other ids, null) is decoded and compared as before."""
+    try:
+        body = _TOKEN_IN_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return decode_chat_body(raw)
+    if body.prompt_token_ids != msgspec.Raw(sent):
+        return decode_chat_body(raw)
+    return _Body(choices=body.choices, prompt_token_ids=prompt_ids, model=body.model)
+
+
+def _token_in_decoder(sent: bytes, prompt_ids: list[int]) -> Callable[[bytes], object]:
+    def decode(raw: bytes) -> object:
+        with stage("engine_decode"):
+            return decode_token_in(raw, sent, prompt_ids)
+
+    return decode
 
 
 def chat_logprobs(block: object, bad: BadFactory, *, engine: str) -> list[float]:

@@ -29,6 +29,7 @@ copy). ``Encoder`` is the writer's per-session state, ``Decoder`` the reader's; 
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,9 +65,39 @@ def _digest(value: Any) -> bytes:
 
 def fingerprint(body: Mapping[str, Any]) -> Fingerprint:
     """What the writer remembers of a request instead of the request itself: a digest per
-    top-level field, and per item for list fields (the history). 16 bytes a message, so a
-    session's writer state does not hold a copy of its history."""
+    top-level field, and per item for list fields (the history). 16 bytes a message."""
     return {key: [_digest(v) for v in value] if type(value) is list else _digest(value) for key, value in body.items()}
+
+
+Items = dict[str, list[object]]  # a request's list fields, shallow copies (item objects, not their content)
+
+
+def identical_prefix(new: Sequence[object], old: Sequence[object]) -> int:
+    """How many leading items of ``new`` are the very objects of ``old`` (pointer compares)."""
+    same = list(map(operator.is_, new, old))
+    return same.index(False) if False in same else len(same)
+
+
+def fingerprint_since(body: Mapping[str, object], prev: Fingerprint | None,
+                      prev_items: Items | None) -> tuple[Fingerprint, Items]:
+    """``fingerprint(body)`` without hashing again the list items that are the previous request's
+    own objects (the gateway shares unchanged history by identity: ``proxy/reuse.py``), and the
+    items to pass next time. Equal to the from-scratch fingerprint as long as appended records'
+    items are not mutated afterwards (the gateway parses every body afresh and never does)."""
+    out: Fingerprint = {}
+    items: Items = {}
+    for key, value in body.items():
+        if type(value) is not list:
+            out[key] = _digest(value)
+            continue
+        old = prev_items.get(key) if prev_items is not None else None
+        old_fp = prev.get(key) if prev is not None else None
+        kept: list[bytes] = []
+        if old is not None and isinstance(old_fp, list):
+            kept = old_fp[: identical_prefix(value, old)]
+        out[key] = kept + [_digest(v) for v in value[len(kept):]]
+        items[key] = list(value)
+    return out, items
 
 
 def _delta(prev: Fingerprint | None, prev_seq: int | None, cur: Mapping[str, Any], cur_fp: Fingerprint) -> dict[str, Any]:
@@ -131,6 +162,8 @@ class _SessionState:
     last_context: list[int] | None = None  # prompt + response of the last record (prefix checks)
     last_provider: Fingerprint | None = None
     last_chat: Fingerprint | None = None
+    provider_items: Items | None = None  # the last record's list items (shared with the session's)
+    chat_items: Items | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +177,9 @@ class PromptRef:
 
 class Encoder:
     """Per-session writer state. ``encode`` returns the line; ``commit`` advances the state once
-    the line is durable (a failed write leaves the state as it was)."""
+    the line is durable (a failed write leaves the state as it was). Besides the digests it holds
+    the last record's list items by reference: in the gateway those are the objects the session
+    keeps for sharing anyway (``proxy/reuse.py``), so no second copy of the history."""
 
     def __init__(self) -> None:
         self._sessions: dict[str, _SessionState] = {}
@@ -167,7 +202,8 @@ class Encoder:
                 stored_prompt = {"parent": state.last_seq, "keep": keep, "suffix": prompt[keep:]}
         provider = record.provider_request
         chat = chat_fields(record.chat_request)
-        provider_fp, chat_fp = fingerprint(provider), fingerprint(chat)
+        provider_fp, provider_items = fingerprint_since(provider, state.last_provider, state.provider_items)
+        chat_fp, chat_items = fingerprint_since(chat, state.last_chat, state.chat_items)
         line: dict[str, Any] = {
             "v": VERSION, "session_id": record.session_id, "seq": record.seq, "provider_api": record.provider_api,
             "prompt": stored_prompt if stored_prompt is not None else {"ids": prompt},
@@ -185,14 +221,15 @@ class Encoder:
         # reference: in continuation mode the gateway's references carry the sharing, and a
         # session then holds no copy of its context here.
         context = None if referenced else prompt + record.response_ids
-        return data, (record.session_id, state, record.seq, context, provider_fp, chat_fp)
+        return data, (record.session_id, state, record.seq, context, provider_fp, chat_fp, provider_items, chat_items)
 
     def commit(self, token: Any) -> None:
-        session_id, state, seq, context, provider, chat = token
+        session_id, state, seq, context, provider, chat, provider_items, chat_items = token
         state.seqs[seq] = None
         while len(state.seqs) > WINDOW // 2:  # half the reader's window: margin for gaps
             state.seqs.popitem(last=False)
         state.last_seq, state.last_context, state.last_provider, state.last_chat = seq, context, provider, chat
+        state.provider_items, state.chat_items = provider_items, chat_items
         self._sessions[session_id] = state
 
 

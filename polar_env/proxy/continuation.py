@@ -63,14 +63,25 @@ class Turn:
     suffix: list[int]
     response_ids: list[int]
     message: AssistantMessage
-    cache: list[int] | None = None  # prompt + response ids, kept on tips only
+    # The whole prompt, kept on tips only (the list the call was recorded with, not a copy): the
+    # context is it + ``response_ids``, built in the same pass as the next prompt (``extended``).
+    cache: list[int] | None = None
     abandoned: bool = False  # its client went away: the harness never saw this reply
 
     def context(self) -> list[int]:
+        return self.extended([])
+
+    def extended(self, tail: list[int]) -> list[int]:
+        """``context() + tail`` with one copy of the context, not two."""
         if self.cache is not None:
-            return self.cache
+            return [*self.cache, *self.response_ids, *tail]
         head = self.parent.context()[: self.keep] if self.parent is not None else []
-        return head + self.suffix + self.response_ids
+        return [*head, *self.suffix, *self.response_ids, *tail]
+
+    def context_len(self) -> int:
+        if self.cache is not None:
+            return len(self.cache) + len(self.response_ids)
+        return self.keep + len(self.suffix) + len(self.response_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +196,10 @@ class Continuation:
             new_text = self.chat.continuation_text(messages, chat.tools, from_index=start, enable_thinking=thinking)
         except NotContinuable as exc:
             return None, f"continuation fallback: {exc.reason}"
-        context = best.context()
         end = [] if ended else [self.chat.end_of_turn_id]
-        ids = context + _interned(end + self.chat.tokenizer.encode(new_text))
-        return Plan(ids, best, len(context)), f"continuation: token-in over {len(context)} earlier tokens"
+        keep = best.context_len()
+        ids = best.extended(_interned(end + self.chat.tokenizer.encode(new_text)))
+        return Plan(ids, best, keep), f"continuation: token-in over {keep} earlier tokens"
 
     def abandon(self, seq: int) -> None:
         """The reply of call ``seq`` never reached its client (the harness cannot continue it)."""
@@ -223,6 +234,6 @@ class Continuation:
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
                  parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
-                 message=generation.message, cache=prompt + response, abandoned=abandoned)
+                 message=generation.message, cache=prompt, abandoned=abandoned)
         )
 

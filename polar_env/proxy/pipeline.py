@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -40,7 +40,7 @@ from polar_env.errors import (
     PolarError,
     RequestError,
 )
-from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef
+from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef, identical_prefix
 from polar_env.journal.store import CaptureError
 from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Plan
@@ -48,6 +48,7 @@ from polar_env.proxy.core import GatewayCore
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Inbound, Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
+from polar_env.proxy.reuse import share_lists
 from polar_env.proxy.sessions import Session, request_keys
 from polar_env.proxy.validate import check_messages
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
@@ -101,19 +102,36 @@ def engine_message(exc: EngineError, status: int) -> str:
 _NEST_MARGIN = 8  # levels a body gains inside a record; orjson writes at most 254
 
 
-def check_recordable(body: dict[str, Any]) -> None:
+def _nested(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def check_recordable(body: dict[str, Any], checked: Mapping[str, Sequence[object]] | None = None) -> None:
     """Refuse (400) a body that parses but could not be journaled (nested deeper than orjson
-    writes), before any engine time is spent on it."""
-    wrapped: Any = body
-    for _ in range(_NEST_MARGIN):
-        wrapped = [wrapped]
+    writes), before any engine time is spent on it. ``checked``: the lists of a body that passed
+    this check; leading items of ``body``'s lists that are those very objects (shared history,
+    ``proxy/reuse.py``) sit at the same depth and are not serialized again. Each part is wrapped
+    in the levels the body adds above it (orjson counts list and object levels alike)."""
     try:
-        orjson.dumps(wrapped)
+        if not checked:
+            orjson.dumps(_nested(body, _NEST_MARGIN))
+            return
+        for key, value in body.items():
+            old = checked.get(key) if type(value) is list else None
+            if old is None:
+                orjson.dumps(_nested(value, _NEST_MARGIN + 1))
+            else:
+                for item in value[identical_prefix(value, old):]:
+                    orjson.dumps(_nested(item, _NEST_MARGIN + 2))
     except orjson.JSONEncodeError as exc:
         raise RequestError(f"request body cannot be recorded ({exc}); JSON may nest at most {254 - _NEST_MARGIN} levels") from exc
 
 
-async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]:
+async def read_json(request: web.Request, max_body_bytes: int, *, recordable_check: bool = True) -> dict[str, Any]:
+    """The request's JSON object; ``recordable_check=False``: the caller checks it
+    (``check_recordable`` against the history it shares)."""
     ctype = request.content_type.lower() if request.headers.get("Content-Type") else ""
     if ctype not in _JSON_TYPES:
         raise RequestError(f"Content-Type must be application/json, got {ctype!r}", status=415)
@@ -128,9 +146,20 @@ async def read_json(request: web.Request, max_body_bytes: int) -> dict[str, Any]
             raise RequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    with stage("validate"):
-        check_recordable(body)
+    if recordable_check:
+        with stage("validate"):
+            check_recordable(body)
     return body
+
+
+def share_chat(chat: ChatRequest, previous: Mapping[str, list[object]]) -> tuple[ChatRequest, dict[str, list[object]]]:
+    """``chat`` with its messages and tools sharing ``previous``'s objects (the session's last
+    chat request) where they serialize the same (``proxy/reuse.py``), and the lists to remember."""
+    lists: dict[str, object] = {"messages": chat.messages, "tools": chat.tools}
+    remembered = share_lists(lists, previous)
+    if lists["messages"] is chat.messages and lists["tools"] is chat.tools:
+        return chat, remembered
+    return chat.model_copy(update=lists), remembered
 
 
 def client_gone(request: web.Request) -> bool:
@@ -369,15 +398,25 @@ class CallPipeline:
         started = time.perf_counter()
         gw = self.gw
         config = gw.config
-        body = await read_json(request, config.max_body_bytes)
+        body = await read_json(request, config.max_body_bytes, recordable_check=False)
         session = gw.sessions.resolve(request_keys(request.headers, request.query), request.match_info.get("session_id"))
+        with stage("share"):  # unchanged history takes the last request's objects (proxy/reuse.py)
+            shared = share_lists(body, session.shared_body)
+        with stage("validate"):
+            check_recordable(body, session.shared_body)  # what it shares was checked with that body
+        session.shared_body = shared  # only a recordable body is shared from
         with stage("parse"):
             inbound = translate(provider, body, request.match_info)
         with stage("validate"):
             notes = inbound.notes
             updates = trainer_overrides(inbound.chat, config, notes, session.sampling)
             chat = apply_quirks(inbound.chat, notes, gw.chat).model_copy(update=updates)
-            check_messages(chat.messages, gw.chat.rules)  # what the template would refuse, refused before the engine
+        with stage("share"):
+            chat, shared_chat = share_chat(chat, session.shared_chat)
+        with stage("validate"):  # what the template would refuse, refused before the engine
+            checked = session.shared_chat.get("messages")
+            check_messages(chat.messages, gw.chat.rules, identical_prefix(chat.messages, checked) if checked else 0)
+        session.shared_chat = shared_chat  # only checked messages are shared from
         # The session id lets the engine client keep a session on one worker (prefix-cache affinity).
         engine_update: dict[str, Any] = {"extra_body": {**chat.extra_body, "session_id": session.id}}
         plan = None

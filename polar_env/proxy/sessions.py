@@ -49,6 +49,10 @@ class Session:
     continuation_mode: bool = False
     last_used: float = field(default_factory=time.monotonic)
     sampling: Sampling | None = None  # the task's trainer sampling, in place of the gateway's (complete)
+    # The last request's list fields (provider body, chat request) that the next one shares its
+    # unchanged history with (proxy/reuse.py); references, not copies.
+    shared_body: dict[str, list[object]] = field(default_factory=dict)
+    shared_chat: dict[str, list[object]] = field(default_factory=dict)
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -173,6 +177,7 @@ class SessionRegistry:
         session = self.get(session_id)
         session.closed = True
         session.continuation = None
+        session.shared_body, session.shared_chat = {}, {}
         self._by_key.pop(session.key_hash, None)
         self.store.close_session(session_id)
         try:

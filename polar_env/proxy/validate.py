@@ -57,8 +57,11 @@ def _check_arguments(call: Any, where: str) -> None:
         raise RequestError(f"{where}: tool call arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels")
 
 
-def check_messages(messages: Sequence[Mapping[str, Any]], rules: RequestRules = ANY_TEMPLATE) -> None:
-    """Raise the RequestError the template render would raise, without rendering."""
+def check_messages(messages: Sequence[Mapping[str, Any]], rules: RequestRules = ANY_TEMPLATE, checked: int = 0) -> None:
+    """Raise the RequestError the template render would raise, without rendering.
+    ``checked``: how many leading messages are the very objects of a list that passed this check
+    (shared history, ``proxy/reuse.py``): their content and tool calls are not read again; the
+    rules that depend on a message's position still see every message."""
     if not messages:
         raise RequestError("No messages provided.")
     has_query = False
@@ -68,13 +71,16 @@ def check_messages(messages: Sequence[Mapping[str, Any]], rules: RequestRules = 
             raise RequestError(f"messages[{index}]: unexpected message role {str(role)[:40]!r}")
         if role == "system" and index != 0 and rules.system_first:
             raise RequestError("System message must be at the beginning.")
+        if index < checked and (has_query or role != "user"):
+            continue
         try:
             text = content_text(msg.get("content"))
         except RequestError as exc:
             raise RequestError(f"messages[{index}].content: {exc.message}") from exc
         if role == "user":
-            stripped = text.strip()
-            has_query |= not (stripped.startswith("<tool_response>") and stripped.endswith("</tool_response>"))
+            if not has_query:  # one real query is enough: later ones need not be stripped
+                stripped = text.strip()
+                has_query = not (stripped.startswith("<tool_response>") and stripped.endswith("</tool_response>"))
         elif role == "assistant":
             calls = msg.get("tool_calls") or []
             if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):

@@ -385,3 +385,45 @@ def test_a_token_id_past_64_bits_takes_the_orjson_path() -> None:
     client = VLLMClient("http://127.0.0.1:9", MODEL)
     request = ChatRequest(messages=USER)
     assert _outcome(lambda: client.parse_decoded(decoded, request)) == _outcome(lambda: client.parse(orjson.loads(raw), request))
+
+
+# ---- token-in: the echo is compared as the bytes sent, not decoded ------------------------------
+
+
+async def test_token_in_echo_sent_back_byte_for_byte_is_not_decoded(upstream: Upstream, client: VLLMClient) -> None:
+    """An engine that echoes the ids as sent (vLLM's compact JSON): the Generation carries the
+    gateway's own list, and the payload still holds the ids as a plain JSON list."""
+    import orjson
+
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, orjson.dumps(fx))
+    prompt = list(fx["prompt_token_ids"])
+    request = ChatRequest(messages=USER, prompt_ids=prompt)
+    gen = await client.generate(request)
+    assert upstream.bodies[0]["kv_transfer_params"]["prompt_token_ids"] == prompt
+    assert gen.prompt_ids is request.prompt_ids  # the echo matched the bytes sent: not decoded
+
+
+@pytest.mark.parametrize("echo", ["spaced", "other", "null", "missing", "past64"])
+def test_token_in_echo_that_differs_is_decoded_and_checked_as_before(echo: str) -> None:
+    import orjson
+
+    from polar_env.engines.vllm import decode_chat_body, decode_token_in
+
+    fx = load("vllm_chat_reasoning.json")
+    prompt = list(fx["prompt_token_ids"])
+    if echo == "other":
+        fx["prompt_token_ids"] = prompt[:-1] + [prompt[-1] + 1]
+    elif echo == "null":
+        fx["prompt_token_ids"] = None
+    elif echo == "missing":
+        del fx["prompt_token_ids"]
+    elif echo == "past64":
+        fx["prompt_token_ids"] = [2**70, *prompt[1:]]
+    raw = json.dumps(fx).encode() if echo in ("spaced", "past64") else orjson.dumps(fx)  # orjson: no 2**70
+    client = VLLMClient("http://127.0.0.1:9", MODEL)
+    request = ChatRequest(messages=USER, prompt_ids=prompt)
+    sent = orjson.dumps(prompt)
+    expected = _outcome(lambda: client.parse_decoded(decode_chat_body(raw), request))
+    assert _outcome(lambda: client.parse_decoded(decode_token_in(raw, sent, prompt), request)) == expected
+    assert isinstance(expected, tuple) == (echo != "spaced")  # ("error", message) or a Generation

@@ -31,3 +31,29 @@ def test_100_turns_keep_one_context_not_100() -> None:
     assert sum(t.cache is not None for t in tracker.turns) == 1  # only the tip caches its context
     # messages are shared with the turn they extend, not copied per turn
     assert tracker.turns[-1].messages[0] is tracker.turns[0].messages[0]
+
+
+def test_the_tip_keeps_the_recorded_prompt_not_a_copy() -> None:
+    """The tip's context is its prompt list (the one recorded) + its sampled ids; the next plan
+    copies it once, and a non-tip rebuilds it from its parent exactly."""
+    tracker = Continuation(chat_format("qwen3.5"))
+    messages: list[dict] = [{"role": "user", "content": "start"}]
+    prompt = list(range(10, 60))
+    contexts = []
+    for seq in range(4):
+        plan, note = tracker.plan(ChatRequest(messages=list(messages)))
+        if seq:
+            assert plan is not None, note
+            assert plan.keep == len(contexts[-1]) and plan.ids[: plan.keep] == contexts[-1]
+            prompt = plan.ids
+        generation = Generation(message=AssistantMessage(content=f"ok {seq}"), prompt_ids=prompt,
+                                response_ids=[100 + seq, 248046], response_logprobs=[-1.0, -1.0], finish_reason="stop")
+        tracker.remember(ChatRequest(messages=list(messages)), generation, seq, plan)
+        tip = tracker.turns[-1]
+        if plan is not None:  # token-in: the tip holds the planned prompt itself (interned already)
+            assert tip.cache is plan.ids
+        contexts.append(generation.prompt_ids + [100 + seq, 248046])
+        assert tip.context() == contexts[-1] and tip.context_len() == len(contexts[-1])
+        messages += [{"role": "assistant", "content": f"ok {seq}"}, {"role": "user", "content": f"more {seq}"}]
+    assert [t.context() for t in tracker.turns] == contexts  # non-tips rebuilt from their parents
+    assert [t.cache is not None for t in tracker.turns] == [False, False, False, True]
