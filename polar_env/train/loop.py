@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -100,7 +100,15 @@ class RunResult:
         }
 
 
-def held_out_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+class HeldOutSummary(TypedDict):
+    tasks: int
+    before: float  # mean reward over the held-out tasks, base weights
+    after: float  # the same after the last step
+    gain: float
+    per_task: dict[str, list[float | None]]  # task id -> [before, after]
+
+
+def held_out_summary(before: dict[str, float], after: dict[str, float]) -> HeldOutSummary | None:
     if not before:
         return None
     mean_before, mean_after = sum(before.values()) / len(before), sum(after.values()) / max(len(after), 1)
@@ -235,7 +243,7 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
         return await train_with(recipe, source, trainer, on_step)
 
 
-def env_settings(recipe: Recipe, model_seed: int) -> dict[str, Any]:
+def env_settings(recipe: Recipe, model_seed: int) -> dict[str, object]:
     """The ``PolarEnv`` config of ``source: polar_env``: the recipe's model, the loop harness, its store."""
     sampling = recipe.sampling
     return {
@@ -251,10 +259,10 @@ def env_settings(recipe: Recipe, model_seed: int) -> dict[str, Any]:
     }
 
 
-def agent_settings(recipe: Recipe) -> dict[str, Any]:
+def agent_settings(recipe: Recipe) -> dict[str, object]:
     """The loop harness's settings: the recipe's agent section, the trainer's token cap, no reasoning block."""
     agent = recipe.agent
-    settings: dict[str, Any] = {"tools": agent.tools, "max_turns": agent.max_turns,
+    settings: dict[str, object] = {"tools": agent.tools, "max_turns": agent.max_turns,
                                 "max_tokens": recipe.sampling.max_tokens, "thinking": False}
     if agent.system is not None:
         settings["system"] = agent.system

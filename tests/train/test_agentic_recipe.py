@@ -66,7 +66,9 @@ def test_files_reach_the_workspace_and_held_out_tasks_are_only_rolled_out(tmp_pa
         {"text": "The word is {tool_output}"}]}))
     recipe = Recipe.model_validate({**AGENTIC, "out_dir": str(tmp_path / "run")})
     settings = env_settings(recipe, model_seed=0)
-    settings["engine"] = {**settings["engine"], "script": str(script)}
+    engine = settings["engine"]
+    assert isinstance(engine, dict)
+    settings["engine"] = {**engine, "script": str(script)}
 
     async def run() -> Any:
         async with PolarEnv(PolarEnvConfig.model_validate(settings)) as env:
