@@ -348,6 +348,21 @@ def baseline_tree(rev: str) -> Path:
     return out
 
 
+# cProfile's default clock is wall time, which charges other threads' and processes' CPU to
+# whatever the main thread was running; the thread's CPU clock charges only its own work.
+PROFILED_CHILD = """import cProfile, runpy, sys, time
+out, script = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[2:]
+profile = cProfile.Profile(time.thread_time)
+profile.enable()
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    profile.disable()
+    profile.dump_stats(out)
+"""
+
+
 def run_variant(tree: Path, args: argparse.Namespace, engine_port: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="polar-scale-") as store:
         out = Path(store) / "result.json"
@@ -356,6 +371,8 @@ def run_variant(tree: Path, args: argparse.Namespace, engine_port: int) -> dict[
                "--sessions", str(args.sessions), "--turns", str(args.turns), "--context", str(args.context),
                "--eval-log-lines", str(args.eval_log_lines), "--eval-repo-files", str(args.eval_repo_files),
                "--result", str(out)]
+        if args.profile:  # the node's main thread (gateway, loop harness, staging), timed by its own CPU clock
+            cmd[1:2] = ["-c", PROFILED_CHILD, f"{args.profile}.{tree.name}.prof", __file__]
         proc = subprocess.run(cmd, env=env, cwd=str(tree), check=False)
         if proc.returncode != 0:
             raise SystemExit(f"variant {tree} failed (exit {proc.returncode})")
@@ -414,6 +431,7 @@ def main() -> None:
     ap.add_argument("--baseline-rev", default=DEFAULT_BASELINE)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--profile", help="write each variant's cProfile to PROFILE.<tree>.prof (pstats; inflates CPU)")
     ap.add_argument("--eval-log-lines", type=int, default=50_000, help="GradeLog's test log (0: no evaluator)")
     ap.add_argument("--eval-repo-files", type=int, default=500, help="files in the grading runtime's repo copy")
     # child mode (internal)

@@ -63,9 +63,10 @@ class RolloutSource(Protocol):
 class PolarEnvSource:
     """Rollouts through ``PolarEnv`` (started by the caller); weights through its pause → load → resume."""
 
-    def __init__(self, env: PolarEnv, workspaces: Path) -> None:
+    def __init__(self, env: PolarEnv, workspaces: Path | None = None) -> None:
         self.env = env
-        self.workspaces = workspaces  # one folder per task with files, copied into each session's workdir
+        # one folder per task with files, copied into each session's workdir (default: a temporary folder)
+        self.workspaces = workspaces or Path(tempfile.mkdtemp(prefix="polar-train-workspaces-"))
         self.version = 0
 
     async def rollout(self, task: ToyTask, n: int) -> list[Trajectory]:
