@@ -62,7 +62,7 @@ def _label(result: RunResult) -> str:
 
 def plot_rewards(results: Sequence[RunResult], path: Path) -> Path:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4 + 0.22 * len(results)))
     for result in results:
         style = "--" if result.recipe["control"] else "-"
         (line,) = ax.plot(range(len(result.steps)), result.rewards(), style, marker="o", markersize=3, label=_label(result))
@@ -76,7 +76,7 @@ def plot_rewards(results: Sequence[RunResult], path: Path) -> Path:
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("reward per step")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)  # below: curves stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
