@@ -97,7 +97,8 @@ class Recipe(_Section):
     held_out_rollouts: int = Field(default=8, ge=1)  # per held-out task, each time
     evaluator: EvaluatorSpec | None = None  # every task's, unless a task gives its own
     builder: str = "prefix_merge_strict"  # every merged trace is exactly a context the model saw
-    # polar_env: the staged pipeline (sandboxed sessions, the loop harness; one call per session);
+    # polar_env: the staged pipeline (sandboxed sessions, the loop harness: one answer, or tool turns
+    # with agent.tools);
     # local: gateway + a multi-turn chat loop in this process (follow_ups make sessions multi-call)
     source: Literal["polar_env", "local"] = "polar_env"
     control: bool = False

@@ -67,6 +67,7 @@ class PolarEnvSource:
         self.env = env
         # one folder per task with files, copied into each session's workdir (default: a temporary folder)
         self.workspaces = workspaces or Path(tempfile.mkdtemp(prefix="polar-train-workspaces-"))
+        self._written: dict[str, Path] = {}  # task id -> its folder, written at its first rollout
         self.version = 0
 
     async def rollout(self, task: ToyTask, n: int) -> list[Trajectory]:
@@ -78,12 +79,15 @@ class PolarEnvSource:
         return group.trajectories
 
     def _workspace(self, task: ToyTask) -> Path:
+        if (root := self._written.get(task.task_id)) is not None:
+            return root
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", task.task_id)[:80]
         root = self.workspaces / f"{safe}-{hashlib.sha256(task.task_id.encode()).hexdigest()[:8]}"
         for name, text in task.files.items():
             path = root / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+        self._written[task.task_id] = root
         return root
 
     async def update_weights(self, state: dict[str, torch.Tensor]) -> str:
