@@ -15,7 +15,7 @@ from types import ModuleType
 
 import orjson
 
-from polar_env.train.loop import RunResult, StepRecord
+from polar_env.train.loop import RunResult, StepRecord, held_out_summary
 
 PLOT_HINT = "pip install 'polar-env[report]' (matplotlib) to get the PNGs"
 
@@ -66,9 +66,9 @@ def plot_rewards(results: Sequence[RunResult], path: Path) -> Path:
     for result in results:
         style = "--" if result.recipe["control"] else "-"
         (line,) = ax.plot(range(len(result.steps)), result.rewards(), style, marker="o", markersize=3, label=_label(result))
-        if result.held_out_before:  # mean over held-out tasks, before the first step and after the last
-            before = sum(result.held_out_before.values()) / len(result.held_out_before)
-            after = sum(result.held_out_after.values()) / max(len(result.held_out_after), 1)
+        held = held_out_summary(result.held_out_before, result.held_out_after)
+        if held is not None:  # mean over held-out tasks, before the first step and after the last
+            before, after = held["before"], held["after"]
             ax.plot([-0.5, len(result.steps) - 0.5], [before, after], ":", marker="s", markersize=5,
                     color=line.get_color(), label=f"held-out tasks, never trained on ({before:.2f} -> {after:.2f})")
     ax.set_xlabel("step")
