@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from polar_env.chat.base import ChatFormat, NotContinuable, token_texts
+from polar_env.chat.base import ChatFormat, NotContinuable, load_once, token_texts
 from polar_env.chat.content import content_text
 from polar_env.errors import ConfigError, RequestError
 from polar_env.records import AssistantMessage, ToolCall
@@ -102,7 +102,7 @@ class HFTokenizer:
         return self.token_texts([token_id])[0]
 
 
-@functools.cache
+@load_once
 def load_hf_tokenizer(path: str) -> HFTokenizer:
     """A model folder's tokenizer, or a GGUF file's (transformers converts it; needs ``gguf``)."""
     try:

