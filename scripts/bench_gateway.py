@@ -115,6 +115,13 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+async def stage_cpu_ns(s: aiohttp.ClientSession, gateway_url: str) -> dict[str, int]:
+    """The gateway's cumulative CPU ns per call stage (``polar_env.stagecpu``; {} for a tree without it)."""
+    async with s.get(f"{gateway_url}/admin/status", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
+        status = await r.json() if r.status == 200 else {}
+    return {name: v["cpu_ns"] for name, v in status.get("stage_cpu", {}).items()}
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -158,10 +165,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 plain = {"Content-Type": "application/json"}
                 await drive(engine_url, request, plain, concurrency, 1.0, spread)  # warm
                 direct = await drive(engine_url, request, plain, concurrency, args.seconds, spread)
+                async with aiohttp.ClientSession() as s:
+                    stages0 = await stage_cpu_ns(s, gateway_url)
                 gw_cpu = cpu_s(procs[1].pid)
                 via = await drive(f"{gateway_url}/v1/chat/completions", {**request, "stream": stream}, auth, concurrency,
                                   args.seconds, spread)
                 user, system = (b - a for a, b in zip(gw_cpu, cpu_s(procs[1].pid), strict=True))
+                async with aiohttp.ClientSession() as s:
+                    stages = {k: v - stages0.get(k, 0) for k, v in (await stage_cpu_ns(s, gateway_url)).items()}
                 gw_cpu_ms = (user + system) / max(len(via), 1) * 1000  # sys: the kernel's socket work (loopback sends)
                 sys_ms = system / max(len(via), 1) * 1000
                 d50, d99, g50, g99 = pct(direct, 50), pct(direct, 99), pct(via, 50), pct(via, 99)
@@ -169,6 +180,10 @@ async def main_async(args: argparse.Namespace) -> None:
                 print(f"{concurrency:>8} {str(stream):>6} | {d50:>8.1f}ms {d99:>5.1f}ms | {g50:>9.1f}ms {g99:>5.1f}ms | "
                       f"{g50 - d50:>7.2f}ms {g99 - d99:>5.2f}ms | {drps:>10.1f} {grps:>7.1f} {grps / drps:>6.2f} | "
                       f"{gw_cpu_ms:>8.2f}ms {sys_ms:>7.2f}ms")
+                if stages:  # CPU per request by stage (the journal's on its writer thread or inline)
+                    per = {k: v / 1e6 / max(len(via), 1) for k, v in stages.items()}
+                    print(f"{'':>15} stages ms/req: sum {sum(per.values()):.3f}; "
+                          + " ".join(f"{k} {v:.3f}" for k, v in per.items()))
     finally:
         for p in procs:
             p.terminate()
