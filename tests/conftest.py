@@ -42,6 +42,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "exactly, logprobs to 1e-3) or another (5e-2, an argmax may flip); env POLAR_ENGINE_DTYPE")
 
 
+# The suite runs in two xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``). Tests that
+# share one machine-wide resource run in the same worker, one after another: the private dockerd
+# (started and stopped by the session fixture of whichever worker runs them) and the debootstrap
+# rootfs it imports (built once, in place); Ray's local clusters and the multi-host netns cluster.
+MACHINE_FIXTURES = {"docker_host": "machine", "rootfs": "machine"}
+MACHINE_MODULES = {"tests/staging/test_ray.py": "ray", "tests/e2e/test_multihost.py": "ray"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = MACHINE_MODULES.get(item.nodeid.split("::", 1)[0])
+        fixtures = getattr(item, "fixturenames", ())
+        group = group or next((g for name, g in MACHINE_FIXTURES.items() if name in fixtures), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def engine() -> EmbeddedEngine:
     """Sampling mode, Qwen3.5 template quirks on."""
