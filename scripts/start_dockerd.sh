@@ -61,6 +61,10 @@ if ! command -v dockerd >/dev/null 2>&1; then
 fi
 
 mkdir -p "$D/data" "$D/exec"
+# One start at a time per state dir: a second caller waits, then reuses the daemon the first started
+# (without this, it would remove the pidfile of a daemon still starting and start another over it).
+exec 9>"$D/start.lock"
+flock 9
 
 REMAP=()
 if [ "${POLAR_DOCKERD_USERNS:-0}" = "1" ]; then
@@ -83,7 +87,7 @@ else
   # setsid: own session, so it survives the caller's process group (and its Ctrl-C).
   setsid dockerd --iptables=false --ip6tables=false --bridge=none \
     --data-root "$D/data" --exec-root "$D/exec" --pidfile "$PIDFILE" \
-    --host "unix://$SOCK" "${REMAP[@]}" >"$LOG" 2>&1 </dev/null &
+    --host "unix://$SOCK" "${REMAP[@]}" >"$LOG" 2>&1 </dev/null 9>&- &
   start=$(date +%s)
   until [ -S "$SOCK" ] && DOCKER_HOST="unix://$SOCK" docker version >/dev/null 2>&1; do
     if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from fake_vllm import fake_vllm_app
+from machine import DaemonUsers, machine_lock
 
 from polar_env.chat import chat_format
 from polar_env.engines.embedded.engine import EmbeddedEngine
@@ -42,19 +43,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "exactly, logprobs to 1e-3) or another (5e-2, an argmax may flip); env POLAR_ENGINE_DTYPE")
 
 
-# The suite runs in two xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``). Tests that
-# share one machine-wide resource run in the same worker, one after another: the private dockerd
-# (started and stopped by the session fixture of whichever worker runs them) and the debootstrap
-# rootfs it imports (built once, in place); Ray's local clusters and the multi-host netns cluster.
-MACHINE_FIXTURES = {"docker_host": "machine", "rootfs": "machine"}
+# The suite runs in two xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``). The private
+# dockerd and the debootstrap rootfs are shared through tests/machine.py (a lock each; the last worker
+# using a dockerd the tests started stops it). Modules whose fixtures build a machine-wide thing with
+# fixed names (Ray's local clusters, the multi-host netns cluster) run in one worker, one after another.
 MACHINE_MODULES = {"tests/staging/test_ray.py": "ray", "tests/e2e/test_multihost.py": "ray"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = MACHINE_MODULES.get(item.nodeid.split("::", 1)[0])
-        fixtures = getattr(item, "fixturenames", ())
-        group = group or next((g for name, g in MACHINE_FIXTURES.items() if name in fixtures), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
@@ -119,16 +117,17 @@ def rootfs() -> Path:
     """The debootstrap bookworm rootfs (python3, pytest, python3-venv, git); built here only in CI or on
     request; a cache built from an older package list counts as missing."""
     path = _rootfs_path()
-    if _rootfs_current(path):
+    with machine_lock("rootfs"):  # another worker may be building it in place
+        if _rootfs_current(path):
+            return path
+        if not (IN_CI or os.environ.get("POLAR_BUILD_ROOTFS")):
+            pytest.skip(f"no cached rootfs at {path}; run scripts/build_rootfs.sh (or set POLAR_BUILD_ROOTFS=1)")
+        if os.geteuid() != 0:
+            unavailable("building the rootfs needs root (debootstrap): run sudo scripts/build_rootfs.sh once")
+        proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
+        if proc.returncode != 0 or not _rootfs_current(path):
+            unavailable(f"scripts/build_rootfs.sh failed: {proc.stderr[-2000:]}")
         return path
-    if not (IN_CI or os.environ.get("POLAR_BUILD_ROOTFS")):
-        pytest.skip(f"no cached rootfs at {path}; run scripts/build_rootfs.sh (or set POLAR_BUILD_ROOTFS=1)")
-    if os.geteuid() != 0:
-        unavailable("building the rootfs needs root (debootstrap): run sudo scripts/build_rootfs.sh once")
-    proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
-    if proc.returncode != 0 or not _rootfs_current(path):
-        unavailable(f"scripts/build_rootfs.sh failed: {proc.stderr[-2000:]}")
-    return path
 
 
 def _docker_client() -> Any:
@@ -139,46 +138,60 @@ def _docker_client() -> Any:
     return client
 
 
+def start_dockerd(env: dict[str, str] | None = None) -> tuple[str, bool]:
+    """scripts/start_dockerd.sh (starts, or reuses the one running) -> (DOCKER_HOST, started here)."""
+    proc = subprocess.run(["bash", str(START_DOCKERD)], env=env, capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        unavailable(f"scripts/start_dockerd.sh failed: {proc.stderr[-2000:]}")
+    export = proc.stdout.strip().splitlines()[-1]
+    assert export.startswith("export DOCKER_HOST="), export
+    return export.split("=", 1)[1], "starting dockerd" in proc.stderr
+
+
+def stop_dockerd(env: dict[str, str] | None = None) -> None:
+    subprocess.run(["bash", str(START_DOCKERD), "--stop"], env=env, capture_output=True, timeout=120, check=False)
+
+
 @pytest.fixture(scope="session")
 def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A reachable Docker daemon with the test image; starts a private dockerd when needed."""
+    """A reachable Docker daemon with the test image; starts a private dockerd when needed, which the
+    last worker using it stops (tests/machine.py)."""
     try:
         import docker  # noqa: F401
     except ImportError:
         unavailable("the docker extra is not installed: pip install -e '.[docker]'")
-    started = False
     saved = os.environ.get("DOCKER_HOST")
+    users: DaemonUsers | None = None
     from polar_env.runtimes.docker import unix_daemon_problem
 
-    problem = unix_daemon_problem()
-    if problem is not None:
-        can_start = shutil.which("dockerd") is not None or IN_CI or os.environ.get("POLAR_START_DOCKERD")
-        if not can_start:
-            unavailable(f"no Docker daemon ({problem}) and no dockerd; run scripts/start_dockerd.sh")
-        if os.geteuid() != 0:
-            unavailable("starting dockerd needs root: run sudo scripts/start_dockerd.sh, or set DOCKER_HOST to a running daemon")
-        proc = subprocess.run(["bash", str(START_DOCKERD)], capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            unavailable(f"scripts/start_dockerd.sh failed: {proc.stderr[-2000:]}")
-        export = proc.stdout.strip().splitlines()[-1]
-        assert export.startswith("export DOCKER_HOST="), export
-        os.environ["DOCKER_HOST"] = export.split("=", 1)[1]
-        started = "starting dockerd" in proc.stderr  # not when it reused one already running
-    client = _docker_client()
-    try:
+    with machine_lock("dockerd"):
+        problem = unix_daemon_problem()
+        if problem is not None:
+            can_start = shutil.which("dockerd") is not None or IN_CI or os.environ.get("POLAR_START_DOCKERD")
+            if not can_start:
+                unavailable(f"no Docker daemon ({problem}) and no dockerd; run scripts/start_dockerd.sh")
+            if os.geteuid() != 0:
+                unavailable("starting dockerd needs root: run sudo scripts/start_dockerd.sh, or set DOCKER_HOST to a running daemon")
+            os.environ["DOCKER_HOST"], started = start_dockerd()
+            users = DaemonUsers(Path(os.environ.get("POLAR_DOCKER_DIR", "/tmp/polar-dockerd")))
+            users.join(started)
+        client = _docker_client()
         try:
-            client.images.get(DOCKER_IMAGE)
-        except Exception:  # noqa: BLE001
-            request.getfixturevalue("rootfs")  # build_rootfs.sh imports the cached rootfs
-            proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
-            if proc.returncode != 0:
-                unavailable(f"could not import {DOCKER_IMAGE}: {proc.stderr[-2000:]}")
-            client.images.get(DOCKER_IMAGE)
-    finally:
-        client.close()
+            try:
+                client.images.get(DOCKER_IMAGE)
+            except Exception:  # noqa: BLE001
+                request.getfixturevalue("rootfs")  # build_rootfs.sh imports the cached rootfs
+                proc = subprocess.run(["bash", str(BUILD_ROOTFS)], capture_output=True, text=True, timeout=1200, check=False)
+                if proc.returncode != 0:
+                    unavailable(f"could not import {DOCKER_IMAGE}: {proc.stderr[-2000:]}")
+                client.images.get(DOCKER_IMAGE)
+        finally:
+            client.close()
     yield os.environ.get("DOCKER_HOST", "")
-    if started:
-        subprocess.run(["bash", str(START_DOCKERD), "--stop"], capture_output=True, timeout=120, check=False)
+    if users is not None:
+        with machine_lock("dockerd"):
+            if users.leave():
+                stop_dockerd()
         if saved is None:
             os.environ.pop("DOCKER_HOST", None)
         else:

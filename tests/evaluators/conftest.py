@@ -81,7 +81,9 @@ class LocalRuntime:
             *argv,
             cwd=self.host_path(cwd or self.spec.workdir),
             # paths under spec.workdir in the env (e.g. PYTEST_ADDOPTS' --rootdir) point at the stand-in
-            env={**os.environ, **self.spec.env,
+            # the test process's environment minus pytest's own (an xdist worker's PYTEST_XDIST_WORKER
+            # would switch the graded run's grader plugin off), as the real runtimes clear it
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, **self.spec.env,
                  **{k: self._local(v) for k, v in (env or {}).items()}},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

@@ -26,7 +26,8 @@ from polar_env.runtimes import docker_leftovers as dl
 from polar_env.runtimes.docker import AGENT_UID, CAPS_KEPT
 from polar_env.runtimes.docker_disk import no_tmpfs_reason
 from polar_env.runtimes.docker_userns import Userns, agent_uid, describe, parse_info
-from tests.conftest import BUILD_ROOTFS, DOCKER_IMAGE, IN_CI, START_DOCKERD, unavailable
+from tests.conftest import BUILD_ROOTFS, DOCKER_IMAGE, IN_CI, start_dockerd, stop_dockerd, unavailable
+from tests.machine import DaemonUsers, machine_lock
 from tests.runtimes.conftest import GATEWAY_PORT, Gateway
 from tests.runtimes.test_docker_privileges import FETCH
 
@@ -122,20 +123,24 @@ def remapped(request: pytest.FixtureRequest) -> Iterator[Remapped]:
     if shutil.which("dockerd") is None and not (IN_CI or os.environ.get("POLAR_START_DOCKERD")):
         unavailable("no dockerd; run scripts/start_dockerd.sh once (it installs docker.io)")
     env = {**os.environ, "POLAR_DOCKER_DIR": REMAP_DIR, "POLAR_DOCKERD_USERNS": "1"}
-    proc = subprocess.run(["bash", str(START_DOCKERD)], env=env, capture_output=True, text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        unavailable(f"POLAR_DOCKERD_USERNS=1 scripts/start_dockerd.sh failed: {proc.stderr[-2000:]}")
-    started = "starting dockerd" in proc.stderr
+    users = DaemonUsers(Path(REMAP_DIR))
     saved = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = host = proc.stdout.strip().splitlines()[-1].split("=", 1)[1]
-    client = docker.from_env()
+    with machine_lock("dockerd-userns"):  # this module's tests may run in both xdist workers
+        host, started = start_dockerd(env)
+        users.join(started)
+        os.environ["DOCKER_HOST"] = host
+        client = docker.from_env()
+        try:
+            request.getfixturevalue("rootfs")
+            proc = subprocess.run(["bash", str(BUILD_ROOTFS)], env={**os.environ, "DOCKER_HOST": host}, capture_output=True,
+                                  text=True, timeout=1200, check=False)
+            if proc.returncode != 0:
+                unavailable(f"could not import {DOCKER_IMAGE} into the remapped daemon: {proc.stderr[-2000:]}")
+            _build_swe_image(client)
+        except BaseException:
+            client.close()
+            raise
     try:
-        request.getfixturevalue("rootfs")
-        proc = subprocess.run(["bash", str(BUILD_ROOTFS)], env={**os.environ, "DOCKER_HOST": host}, capture_output=True,
-                              text=True, timeout=1200, check=False)
-        if proc.returncode != 0:
-            unavailable(f"could not import {DOCKER_IMAGE} into the remapped daemon: {proc.stderr[-2000:]}")
-        _build_swe_image(client)
         yield Remapped(client, Path(client.info()["DockerRootDir"]))
     finally:
         client.close()
@@ -143,8 +148,9 @@ def remapped(request: pytest.FixtureRequest) -> Iterator[Remapped]:
             os.environ.pop("DOCKER_HOST", None)
         else:
             os.environ["DOCKER_HOST"] = saved
-        if started:
-            subprocess.run(["bash", str(START_DOCKERD), "--stop"], env=env, capture_output=True, timeout=120, check=False)
+        with machine_lock("dockerd-userns"):
+            if users.leave():
+                stop_dockerd(env)
 
 
 def _upper(rt: DockerRuntime) -> Path:

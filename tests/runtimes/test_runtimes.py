@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ async def test_system_is_read_only_and_workspace_writable(runtimes: Any, task_re
 
 async def test_timeout_kills_the_whole_command(runtimes: Any, task_repo: Path) -> None:
     rt = await runtimes(source_dir=task_repo)
-    marker = "4242.125"
+    marker = f"4242.{secrets.randbelow(10**6):06d}"  # unique: another xdist worker may run a variant at once
     # 3 s leaves room for sandbox start-up on a loaded 2-core machine before "started" is printed.
     res = await rt.exec(f"echo started; sleep {marker} & sleep 100", timeout_s=3)
     assert res.timed_out and res.exit_code == 124
