@@ -46,13 +46,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # The suite runs in two xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``). The private
 # dockerd and the debootstrap rootfs are shared through tests/machine.py (a lock each; the last worker
 # using a dockerd the tests started stops it). Modules whose fixtures build a machine-wide thing with
-# fixed names (Ray's local clusters, the multi-host netns cluster) run in one worker, one after another.
+# fixed names (Ray's local clusters, the multi-host netns cluster) run in one worker, one after another,
+# and so do the tests of a module that share a module-scoped fixture (built once, not once per worker).
 MACHINE_MODULES = {"tests/staging/test_ray.py": "ray", "tests/e2e/test_multihost.py": "ray"}
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    """Uses a module-scoped fixture: split over two workers, its module's fixture would be built twice
+    (a live dashboard run, an attack's graded rollouts: up to 100 s each)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {})
+    return any(d.scope == "module" for ds in defs.values() for d in ds)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        group = MACHINE_MODULES.get(item.nodeid.split("::", 1)[0])
+        module = item.nodeid.split("::", 1)[0]
+        group = MACHINE_MODULES.get(module) or (module if _module_scoped(item) else None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
