@@ -59,6 +59,7 @@ def _module_scoped(item: pytest.Item) -> bool:
     return any(d.scope == "module" for ds in defs.values() for d in ds)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.nodeid.split("::", 1)[0]

@@ -249,7 +249,10 @@ def test_a_rollout_server_is_listed_once_with_its_timeline(root: Path, context: 
                                  "--server-token", token], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert dash.stdout is not None and dash.stderr is not None
         line = dash.stdout.readline()
-        assert line.startswith("dashboard: http://127.0.0.1:"), line + (dash.stderr.read() if dash.poll() is not None else "")
+        if not line:  # it exited: say how (stderr is complete once it has)
+            dash.wait(timeout=30)
+        assert line.startswith("dashboard: http://127.0.0.1:"), (
+            f"{line!r}, exit {dash.poll()}: " + (dash.stderr.read() if dash.poll() is not None else ""))
         address = line.split(" ", 1)[1].strip()
         page = context.new_page()
         goto(page, address, "#/run/server")  # the live page polls the server from here on
