@@ -172,10 +172,11 @@ def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
     except ImportError:
         unavailable("the docker extra is not installed: pip install -e '.[docker]'")
     saved = os.environ.get("DOCKER_HOST")
-    users: DaemonUsers | None = None
+    users = DaemonUsers(Path(os.environ.get("POLAR_DOCKER_DIR", "/tmp/polar-dockerd")))  # start_dockerd.sh's
+    joined = False
     from polar_env.runtimes.docker import unix_daemon_problem
 
-    with machine_lock("dockerd"):
+    with users.lock():
         problem = unix_daemon_problem()
         if problem is not None:
             can_start = shutil.which("dockerd") is not None or IN_CI or os.environ.get("POLAR_START_DOCKERD")
@@ -184,8 +185,8 @@ def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
             if os.geteuid() != 0:
                 unavailable("starting dockerd needs root: run sudo scripts/start_dockerd.sh, or set DOCKER_HOST to a running daemon")
             os.environ["DOCKER_HOST"], started = start_dockerd()
-            users = DaemonUsers(Path(os.environ.get("POLAR_DOCKER_DIR", "/tmp/polar-dockerd")))
             users.join(started)
+            joined = True
         client = _docker_client()
         try:
             try:
@@ -199,8 +200,8 @@ def docker_host(request: pytest.FixtureRequest) -> Iterator[str]:
         finally:
             client.close()
     yield os.environ.get("DOCKER_HOST", "")
-    if users is not None:
-        with machine_lock("dockerd"):
+    if joined:
+        with users.lock():
             if users.leave():
                 stop_dockerd()
         if saved is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 LOCK_DIR = Path(os.environ.get("POLAR_TEST_LOCKS", "/tmp/polar-test-locks"))
@@ -34,11 +34,16 @@ def _alive(pid: int) -> bool:
 
 
 class DaemonUsers:
-    """Who uses a daemon under ``state_dir``; call both methods under the daemon's machine_lock."""
+    """Who uses a daemon under ``state_dir``; start it and ``join``, or ``leave``, under ``lock()``."""
 
     def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
         self.users = state_dir / "test-users"
         self.marker = state_dir / "started-by-tests"  # absent: someone else's daemon, never stopped
+
+    def lock(self) -> AbstractContextManager[None]:
+        """This daemon's machine_lock (one per state dir)."""
+        return machine_lock("daemon" + str(self.state_dir).replace("/", "_"))
 
     def join(self, started: bool) -> None:
         self.users.mkdir(parents=True, exist_ok=True)

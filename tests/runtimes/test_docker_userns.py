@@ -27,7 +27,7 @@ from polar_env.runtimes.docker import AGENT_UID, CAPS_KEPT
 from polar_env.runtimes.docker_disk import no_tmpfs_reason
 from polar_env.runtimes.docker_userns import Userns, agent_uid, describe, parse_info
 from tests.conftest import BUILD_ROOTFS, DOCKER_IMAGE, IN_CI, start_dockerd, stop_dockerd, unavailable
-from tests.machine import DaemonUsers, machine_lock
+from tests.machine import DaemonUsers
 from tests.runtimes.conftest import GATEWAY_PORT, Gateway
 from tests.runtimes.test_docker_privileges import FETCH
 
@@ -125,7 +125,7 @@ def remapped(request: pytest.FixtureRequest) -> Iterator[Remapped]:
     env = {**os.environ, "POLAR_DOCKER_DIR": REMAP_DIR, "POLAR_DOCKERD_USERNS": "1"}
     users = DaemonUsers(Path(REMAP_DIR))
     saved = os.environ.get("DOCKER_HOST")
-    with machine_lock("dockerd-userns"):  # this module's tests may run in both xdist workers
+    with users.lock():  # this module's tests may run in both xdist workers
         host, started = start_dockerd(env)
         users.join(started)
         os.environ["DOCKER_HOST"] = host
@@ -148,7 +148,7 @@ def remapped(request: pytest.FixtureRequest) -> Iterator[Remapped]:
             os.environ.pop("DOCKER_HOST", None)
         else:
             os.environ["DOCKER_HOST"] = saved
-        with machine_lock("dockerd-userns"):
+        with users.lock():
             if users.leave():
                 stop_dockerd(env)
 
