@@ -48,7 +48,7 @@ from polar_env.proxy.core import GatewayCore
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Inbound, Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
-from polar_env.proxy.reuse import share_lists
+from polar_env.proxy.reuse import Translations, share_lists
 from polar_env.proxy.sessions import Session, request_keys
 from polar_env.proxy.validate import check_messages
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
@@ -201,11 +201,12 @@ def trainer_overrides(chat: ChatRequest, config: GatewayConfig, notes: list[str]
     return updates
 
 
-def translate(provider: Provider, body: dict[str, Any], match_info: Mapping[str, str]) -> Inbound:
+def translate(provider: Provider, body: dict[str, Any], match_info: Mapping[str, str],
+              memo: Translations | None = None) -> Inbound:
     """``provider.to_chat`` with ill-typed input reported as a 400 naming the problem. The
     providers check what they read; this catches what a fuzzer finds that they do not."""
     try:
-        return provider.to_chat(body, match_info)
+        return provider.to_chat(body, match_info, memo)
     except RequestError:
         raise
     except ValidationError as exc:
@@ -406,7 +407,7 @@ class CallPipeline:
             check_recordable(body, session.shared_body)  # what it shares was checked with that body
         session.shared_body = shared  # only a recordable body is shared from
         with stage("parse"):
-            inbound = translate(provider, body, request.match_info)
+            inbound = translate(provider, body, request.match_info, session.translations)
         with stage("validate"):
             notes = inbound.notes
             updates = trainer_overrides(inbound.chat, config, notes, session.sampling)

@@ -10,14 +10,21 @@ shared only when ``orjson.dumps`` writes it byte for byte as the new one (Python
 would also equate ``1``, ``1.0`` and ``True``, or reordered keys). The check serializes both
 sides (~0.1 ms a MB), several times cheaper than the per-item BLAKE2b hashing it saves, but it
 still reads the history: see docs/performance.md for what is left.
+
+``Translations`` carries the sharing through a provider's ``to_chat``: an item object the session
+translated before is not translated again, so the chat request's unchanged history is the last
+one's objects too, and the chat-side share is a pointer compare.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
+from typing import Any, TypeVar
 
 import orjson
+
+from polar_env.journal.format import identical_prefix
 
 T = TypeVar("T")
 
@@ -59,3 +66,39 @@ def share_lists(body: dict[str, object], previous: Mapping[str, list[object]]) -
                 body[key] = shared
             lists[key] = shared
     return lists
+
+
+# One raw item's translation: what it becomes (any number of chat items) and the notes it leaves.
+ItemTranslator = Callable[[Any, int, list[str]], list[T]]
+
+
+class Translations:
+    """A session's translated body items, by the identity of the raw item objects.
+
+    A provider whose items translate independently (each chat message, tool or note depends on
+    its own raw item alone, its index naming it only in errors) asks ``items`` for a list; the
+    leading raw items that are the very objects it translated last time (shared history,
+    ``share_lists``) take their earlier translation and notes, the rest are translated. The same
+    object always translates the same way, so the result is the from-scratch translation. The
+    memo holds the raw list and the outputs it returned (the objects the session's chat request
+    holds anyway), per name; one gateway session speaks one provider, and a name carries its
+    provider's prefix so a switch never reuses another format's output."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[list[Any], list[list[Any]], list[tuple[str, ...]]]] = {}
+
+    def items(self, name: str, raw: list[Any], translate: ItemTranslator[T], notes: list[str]) -> list[T]:
+        """``raw``'s items translated, flattened in order; their notes added to ``notes`` once
+        each. A ``RequestError`` from ``translate`` leaves the memo as it was."""
+        old = self._memo.get(name)
+        k = identical_prefix(raw, old[0]) if old is not None else 0
+        out, said = (old[1][:k], old[2][:k]) if old is not None else ([], [])
+        for index in range(k, len(raw)):
+            item_notes: list[str] = []
+            out.append(translate(raw[index], index, item_notes))
+            said.append(tuple(item_notes) if item_notes else ())
+        self._memo[name] = (raw, out, said)
+        for note in chain.from_iterable(said):
+            if note not in notes:
+                notes.append(note)
+        return list(chain.from_iterable(out))

@@ -29,6 +29,7 @@ from polar_env.journal.protocols import JournalSink
 from polar_env.journal.store import SessionMeta, check_session_id, key_digest
 from polar_env.proxy.config import Sampling
 from polar_env.proxy.continuation import Continuation
+from polar_env.proxy.reuse import Translations
 
 log = logging.getLogger("polar_env.gateway")
 
@@ -53,6 +54,7 @@ class Session:
     # unchanged history with (proxy/reuse.py); references, not copies.
     shared_body: dict[str, list[object]] = field(default_factory=dict)
     shared_chat: dict[str, list[object]] = field(default_factory=dict)
+    translations: Translations = field(default_factory=Translations)  # what to_chat made of shared items
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -177,7 +179,7 @@ class SessionRegistry:
         session = self.get(session_id)
         session.closed = True
         session.continuation = None
-        session.shared_body, session.shared_chat = {}, {}
+        session.shared_body, session.shared_chat, session.translations = {}, {}, Translations()
         self._by_key.pop(session.key_hash, None)
         self.store.close_session(session_id)
         try:

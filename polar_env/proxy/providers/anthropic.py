@@ -25,11 +25,13 @@ from polar_env.proxy.providers.base import (
     as_int,
     as_temperature,
     as_top_p,
+    chat_request,
     id_suffix,
     object_list,
     require,
     stop_list,
 )
+from polar_env.proxy.reuse import Translations
 from polar_env.proxy.sse import sse
 from polar_env.records import ChatRequest, ProviderAPI
 
@@ -181,7 +183,23 @@ def _assistant(content: Any, where: str, notes: list[str]) -> dict[str, Any]:
     return out
 
 
-def _messages(body: Mapping[str, Any], notes: list[str]) -> list[dict[str, Any]]:
+def _message(msg: Any, i: int, notes: list[str]) -> list[dict[str, Any]]:
+    where = f"messages[{i}]"
+    if not isinstance(msg, Mapping):
+        raise RequestError(f"{where} must be an object")
+    if "content" not in msg:
+        raise RequestError(f"{where}.content is required")
+    role = msg.get("role")
+    if role == "user":
+        return _user(msg["content"], where, notes)
+    if role == "assistant":
+        return [_assistant(msg["content"], where, notes)]
+    if role == "system":  # Claude Code 2.1 (mid-conversation-system beta): keep it here, in order
+        return [{"role": "system", "content": _plain_text(msg["content"], f"{where}.content")}]
+    raise RequestError(f"{where}.role {role!r} is not one of ['assistant', 'system', 'user']")
+
+
+def _messages(body: Mapping[str, Any], notes: list[str], memo: Translations) -> list[dict[str, Any]]:
     messages = require(body, "messages", list, "a list of messages")
     if not messages:
         raise RequestError("'messages' must not be empty")
@@ -191,40 +209,22 @@ def _messages(body: Mapping[str, Any], notes: list[str]) -> list[dict[str, Any]]
         text = _plain_text(system, "system")
         if text:
             out.append({"role": "system", "content": text})
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, Mapping):
-            raise RequestError(f"{where} must be an object")
-        if "content" not in msg:
-            raise RequestError(f"{where}.content is required")
-        role = msg.get("role")
-        if role == "user":
-            out += _user(msg["content"], where, notes)
-        elif role == "assistant":
-            out.append(_assistant(msg["content"], where, notes))
-        elif role == "system":  # Claude Code 2.1 (mid-conversation-system beta): keep it here, in order
-            out.append({"role": "system", "content": _plain_text(msg["content"], f"{where}.content")})
-        else:
-            raise RequestError(f"{where}.role {role!r} is not one of ['assistant', 'system', 'user']")
-    return out
+    return out + memo.items("anthropic.messages", messages, _message, notes)
 
 
-def _tools(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for i, tool in enumerate(object_list(tools, "tools")):
-        if tool.get("type", "custom") != "custom" and "input_schema" not in tool:
-            _note(notes, f"dropped server tool of type {tool['type']!r}")
-            continue
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise RequestError(f"tools[{i}].name must be a non-empty string")
-        if not isinstance(tool.get("input_schema"), Mapping):
-            raise RequestError(f"tools[{i}].input_schema must be an object")
-        fn: dict[str, Any] = {"name": tool["name"]}
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
-        fn["parameters"] = dict(tool["input_schema"])  # as given, $schema included; cache_control is not copied
-        out.append({"type": "function", "function": fn})
-    return out
+def _tool(tool: Mapping[str, Any], i: int, notes: list[str]) -> list[dict[str, Any]]:
+    if tool.get("type", "custom") != "custom" and "input_schema" not in tool:
+        _note(notes, f"dropped server tool of type {tool['type']!r}")
+        return []
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise RequestError(f"tools[{i}].name must be a non-empty string")
+    if not isinstance(tool.get("input_schema"), Mapping):
+        raise RequestError(f"tools[{i}].input_schema must be an object")
+    fn: dict[str, Any] = {"name": tool["name"]}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    fn["parameters"] = dict(tool["input_schema"])  # as given, $schema included; cache_control is not copied
+    return [{"type": "function", "function": fn}]
 
 
 def _tool_choice(choice: Any) -> str | dict[str, Any] | None:
@@ -262,12 +262,13 @@ def _template_kwargs(thinking: Any) -> dict[str, Any]:
     return {"enable_thinking": False} if thinking.get("type") == "disabled" else {}
 
 
-def _chat(body: Mapping[str, Any], notes: list[str], max_tokens: int | None) -> ChatRequest:
+def _chat(body: Mapping[str, Any], notes: list[str], max_tokens: int | None, memo: Translations) -> ChatRequest:
+    """Messages and tools translate one by one: ``memo`` (the session's) reuses each shared item's."""
     if "top_k" in body:
         _note(notes, "ignored top_k")
-    return ChatRequest(
-        messages=_messages(body, notes),
-        tools=_tools(body.get("tools"), notes),
+    return chat_request(
+        messages=_messages(body, notes, memo),
+        tools=memo.items("anthropic.tools", object_list(body.get("tools"), "tools"), _tool, notes),
         tool_choice=_tool_choice(body.get("tool_choice")),
         temperature=as_temperature(body.get("temperature"), "temperature"),
         top_p=as_top_p(body.get("top_p"), "top_p"),
@@ -278,12 +279,12 @@ def _chat(body: Mapping[str, Any], notes: list[str], max_tokens: int | None) -> 
     )
 
 
-def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
+def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translations | None = None) -> Inbound:
     if not isinstance(body, Mapping):
         raise RequestError("request body must be a JSON object")
     max_tokens = as_int(require(body, "max_tokens", int, "a positive integer"), "max_tokens")
     notes: list[str] = []
-    chat = _chat(body, notes, max_tokens)
+    chat = _chat(body, notes, max_tokens, memo if memo is not None else Translations())
     options = {"stop_sequences": chat.stop}  # from_chat tells stop_sequence from end_turn with these
     return Inbound(chat=chat, stream=bool(body.get("stream")), model=str(body.get("model") or ""), notes=notes, options=options)
 
@@ -292,7 +293,7 @@ def count_tokens_chat(body: dict[str, Any]) -> ChatRequest:
     """``/v1/messages/count_tokens`` bodies (no ``max_tokens``), converted exactly as ``to_chat`` does."""
     if not isinstance(body, Mapping):
         raise RequestError("request body must be a JSON object")
-    return _chat(body, [], None)
+    return _chat(body, [], None, Translations())
 
 
 def _stop(reply: Reply) -> tuple[str, str | None]:

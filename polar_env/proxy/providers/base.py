@@ -2,9 +2,13 @@
 
 A provider is a module exposing ``API``, ``ROUTES`` and four pure functions:
 
-- ``to_chat(body, path_params) -> Inbound``: the provider request as a normalized ChatRequest
-  (OpenAI Chat messages/tools, generation params), whether the client wants a stream, the model
-  name it asked for, and notes on anything dropped. Bad input raises ``RequestError``.
+- ``to_chat(body, path_params, memo) -> Inbound``: the provider request as a normalized
+  ChatRequest (OpenAI Chat messages/tools, generation params), whether the client wants a stream,
+  the model name it asked for, and notes on anything dropped. Bad input raises ``RequestError``.
+  ``memo`` is the session's ``proxy.reuse.Translations`` (None: translate everything): a format
+  whose items translate independently (OpenAI Chat, Anthropic) translates only items it has not
+  seen; one whose items depend on earlier ones (Gemini pairs responses with earlier calls,
+  Responses folds items into messages) translates the whole body.
 - ``from_chat(reply) -> dict``: the provider's non-streaming response body.
 - ``stream_events(reply) -> Iterator[bytes]``: the provider's full SSE event sequence (framed).
 - ``error_body(status, message) -> dict``: the provider's error JSON.
@@ -25,6 +29,7 @@ from typing import Any, Protocol
 import orjson
 
 from polar_env.errors import RequestError
+from polar_env.proxy.reuse import Translations
 from polar_env.records import ChatRequest, Generation, ProviderAPI
 
 
@@ -56,13 +61,21 @@ class Provider(Protocol):
     API: ProviderAPI
     ROUTES: tuple[Route, ...]
 
-    def to_chat(self, body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound: ...
+    def to_chat(self, body: dict[str, Any], path_params: Mapping[str, str],
+                memo: Translations | None = None) -> Inbound: ...
 
     def from_chat(self, reply: Reply) -> dict[str, Any]: ...
 
     def stream_events(self, reply: Reply) -> Iterator[bytes]: ...
 
     def error_body(self, status: int, message: str) -> dict[str, Any]: ...
+
+
+def chat_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]], **fields: Any) -> ChatRequest:
+    """A ChatRequest holding these very ``messages`` and ``tools`` (dicts the provider built, so
+    already of their type); its other fields are validated. Validating the lists would copy every
+    dict, and the session's unchanged history must stay the objects ``Translations`` returned."""
+    return ChatRequest(messages=[], **fields).model_copy(update={"messages": messages, "tools": tools})
 
 
 def id_suffix(engine_id: str, length: int = 24) -> str:

@@ -40,6 +40,7 @@ from polar_env.proxy.providers.base import (
     require,
     stop_list,
 )
+from polar_env.proxy.reuse import Translations
 from polar_env.proxy.sse import sse
 from polar_env.records import ChatRequest, ProviderAPI
 
@@ -397,7 +398,9 @@ def _response_format(config: Mapping[str, Any], notes: list[str]) -> dict[str, A
     return None
 
 
-def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
+def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translations | None = None) -> Inbound:
+    """The whole body, every time (``memo`` unused): a function response pairs with an earlier
+    turn's call, so turns do not translate one by one."""
     method = path_params.get("method", "")
     if method not in _STREAM:
         raise RequestError(

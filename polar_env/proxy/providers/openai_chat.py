@@ -22,14 +22,16 @@ from polar_env.proxy.providers.base import (
     as_int,
     as_temperature,
     as_top_p,
+    chat_request,
     compact_arguments,
     id_suffix,
     object_list,
     require,
     stop_list,
 )
+from polar_env.proxy.reuse import Translations
 from polar_env.proxy.sse import DONE, sse
-from polar_env.records import ChatRequest, ProviderAPI
+from polar_env.records import ProviderAPI
 
 API = ProviderAPI.OPENAI_CHAT
 ROUTES = (Route("POST", "/v1/chat/completions"), Route("POST", "/chat/completions"))
@@ -84,17 +86,14 @@ def _tool_call(call: Any, index: int) -> dict[str, Any]:
     }
 
 
-def _tools(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for i, tool in enumerate(object_list(tools, "tools")):
-        fn = tool.get("function")
-        if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
-            notes.append(f"dropped tool of type {tool.get('type')!r}")
-            continue
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RequestError(f"tools[{i}].function.name is required")
-        out.append({"type": "function", "function": dict(fn)})
-    return out
+def _tool(tool: Mapping[str, Any], i: int, notes: list[str]) -> list[dict[str, Any]]:
+    fn = tool.get("function")
+    if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
+        notes.append(f"dropped tool of type {tool.get('type')!r}")
+        return []
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise RequestError(f"tools[{i}].function.name is required")
+    return [{"type": "function", "function": dict(fn)}]
 
 
 _TOOL_CHOICES = ("auto", "none", "required")
@@ -119,14 +118,16 @@ def _template_kwargs(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
+def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translations | None = None) -> Inbound:
+    """Messages and tools translate one by one: ``memo`` (the session's) reuses each shared item's."""
     messages = require(body, "messages", list, "a list of messages")
     if not messages:
         raise RequestError("'messages' must not be empty")
+    memo = memo if memo is not None else Translations()
     notes: list[str] = []
-    chat = ChatRequest(
-        messages=[_message(m, i) for i, m in enumerate(messages)],
-        tools=_tools(body.get("tools"), notes),
+    chat = chat_request(
+        messages=memo.items("openai_chat.messages", messages, lambda m, i, _: [_message(m, i)], notes),
+        tools=memo.items("openai_chat.tools", object_list(body.get("tools"), "tools"), _tool, notes),
         tool_choice=_tool_choice(body.get("tool_choice")),
         temperature=as_temperature(body.get("temperature"), "temperature"),
         top_p=as_top_p(body.get("top_p"), "top_p"),

@@ -42,6 +42,7 @@ from polar_env.proxy.providers.base import (
     id_suffix,
     require,
 )
+from polar_env.proxy.reuse import Translations
 from polar_env.proxy.sse import sse
 from polar_env.records import ChatRequest, ProviderAPI
 
@@ -312,7 +313,9 @@ def _response_format(text: Any, notes: list[str]) -> dict[str, Any] | None:
     return None
 
 
-def to_chat(body: dict[str, Any], path_params: Mapping[str, str]) -> Inbound:
+def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translations | None = None) -> Inbound:
+    """The whole body, every time (``memo`` unused): items fold into the messages around them
+    (calls into the assistant turn), so they do not translate one by one."""
     items = require(body, "input", (str, list), "a string or a list of input items")
     notes: list[str] = []
     if body.get("previous_response_id"):
