@@ -3,7 +3,11 @@ through the real node and gateway, then POSTRUN — this tree against a baseline
 
 Per variant, a child process runs one ``GatewayNode`` (real gateway, journal, continuation mode,
 staged pools) whose sessions are the built-in ``loop`` harness on ``SimulatedRuntime`` (a test
-double: tool calls run nothing and echo their command). The engine is a mock vLLM server in its
+double: tool calls run nothing and echo their command). By default the harnesses run in a
+process of their own, as CLIs run in their sandboxes in production: the node's ``loop`` call is
+handed to a harness host (``run_harness_host``) that runs the same ``run_loop_agent`` against the
+node's gateway socket, so the node's figures are the node's work; its CPU per call is printed on
+its own row. ``--harness node`` keeps them in the node process (the ``loop`` deployment). The engine is a mock vLLM server in its
 own process (a test double): every reply has realistic token data — ``prompt_token_ids`` (the
 token-in ids it was sent, or ids derived from the messages), ``R`` sampled ids with logprobs and
 a ``bash`` tool call whose command is long enough that each turn adds ``C/T`` tokens — after
@@ -149,6 +153,64 @@ def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> No
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
 
 
+# -- the harness host (a test double for the sandboxed CLIs, in its own process) -----------------
+
+def run_harness_host(path: str) -> None:
+    """Serves ``run_loop_agent`` calls, one JSON line each way per session, on a unix socket; an
+    ``{"op": "cpu"}`` line answers this process's CPU seconds so far."""
+    import orjson
+
+    sys.path.insert(0, str(REPO))
+    from polar_env.harnesses import loop
+    from polar_env.runtimes.base import RuntimeSpec
+    from polar_env.testing.simulated_runtime import SimulatedRuntime
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        job = orjson.loads(await reader.readline())
+        if job.get("op") == "cpu":
+            answer: dict[str, Any] = {"cpu_s": time.process_time()}
+        else:
+            outcome = await loop.run_loop_agent(
+                SimulatedRuntime(RuntimeSpec()), socket=Path(job["socket"]), base_url=job["base_url"], key=job["key"],
+                model=job["model"], prompt=job["prompt"], settings=loop.LoopSettings.from_dict(job["settings"]))
+            answer = {name: getattr(outcome, name) for name in loop.LoopOutcome.__dataclass_fields__}
+        writer.write(orjson.dumps(answer) + b"\n")
+        await writer.drain()
+        writer.close()
+
+    async def serve() -> None:
+        server = await asyncio.start_unix_server(handle, path, limit=1 << 26, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+async def _ask_host(path: str, job: dict[str, Any]) -> dict[str, Any]:
+    import orjson
+
+    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 26)
+    writer.write(orjson.dumps(job) + b"\n")
+    line = await reader.readline()
+    writer.close()
+    return dict(orjson.loads(line))
+
+
+def _loop_in_host(host: str) -> Any:
+    """``run_loop_agent`` for the node process: the session's loop runs in the harness host."""
+    import dataclasses
+
+    from polar_env.harnesses import loop
+
+    async def run_loop_agent(runtime: Any, *, socket: Path, base_url: str, key: str, model: str, prompt: str,
+                             settings: Any) -> Any:
+        answer = await _ask_host(host, {"socket": str(socket), "base_url": base_url, "key": key, "model": model,
+                                        "prompt": prompt, "settings": dataclasses.asdict(settings)})
+        return loop.LoopOutcome(**answer)
+
+    return run_loop_agent
+
+
 # -- the child: one node under load ---------------------------------------------------------------
 
 def _rss(pid: int | str) -> int:
@@ -216,6 +278,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             gc_pauses.append((time.perf_counter() - gc_started[0]) * 1000)
 
     gc.callbacks.append(on_gc)
+    if args.harness_host:
+        from polar_env.harnesses import loop
+
+        loop.run_loop_agent = _loop_in_host(args.harness_host)  # the node calls it through the module
 
     class SimulatedNode(GatewayNode):
         def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
@@ -249,6 +315,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             self.reward, self.where = result.reward, result.evaluation.get("evaluated_in", "node")
 
     stage_ns: dict[str, int] = {}
+    harness_s = [float("nan")]  # the harness host's CPU over the run (NaN: harnesses in the node)
     thread_s: dict[str, float] = {}  # CPU s per thread over the run (threads alive at its end)
 
     async def run() -> tuple[list[Done], float, float, str]:
@@ -264,9 +331,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             return Done(await node.run(spec))
 
         stages0, threads0 = _stage_cpu(), _thread_cpu()
+        host0 = (await _ask_host(args.harness_host, {"op": "cpu"}))["cpu_s"] if args.harness_host else 0.0
         cpu0, t0 = time.process_time(), time.monotonic()
         done = await asyncio.gather(*(one(spec) for spec in specs))
         wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        if args.harness_host:
+            harness_s[0] = (await _ask_host(args.harness_host, {"op": "cpu"}))["cpu_s"] - host0
         stage_ns.update({k: v - stages0.get(k, 0) for k, v in _stage_cpu().items()})
         threads = _thread_cpu()
         thread_s.update({k: v - threads0.get(k, 0.0) for k, v in threads.items()})
@@ -320,6 +390,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "added_ms_postrun_p50": _pct(busy, 50), "added_ms_postrun_p99": _pct(busy, 99),
         "calls_during_postrun": len(busy),
         "rps": calls / wall if wall else 0.0, "cpu_ms_per_call": cpu * 1000 / max(1, calls),
+        "harness_cpu_ms_per_call": harness_s[0] * 1000 / max(1, calls),
         "postrun_s_per_session": statistics.mean(postrun_s) if postrun_s else 0.0,
         "wall_s": wall, "evaluated_in_worker": sum(1 for r in results if r.where == "worker"),
         "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
@@ -390,7 +461,7 @@ finally:
 """
 
 
-def run_variant(tree: Path, args: argparse.Namespace, engine_port: int) -> dict[str, Any]:
+def run_variant(tree: Path, args: argparse.Namespace, engine_port: int, host: str | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="polar-scale-") as store:
         out = Path(store) / "result.json"
         env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE}"}
@@ -398,6 +469,8 @@ def run_variant(tree: Path, args: argparse.Namespace, engine_port: int) -> dict[
                "--sessions", str(args.sessions), "--turns", str(args.turns), "--context", str(args.context),
                "--eval-log-lines", str(args.eval_log_lines), "--eval-repo-files", str(args.eval_repo_files),
                "--result", str(out)]
+        if host is not None:
+            cmd += ["--harness-host", host]
         if args.profile:  # the node's main thread (gateway, loop harness, staging), timed by its own CPU clock
             cmd[1:2] = ["-c", PROFILED_CHILD, f"{args.profile}.{tree.name}.prof", __file__]
         proc = subprocess.run(cmd, env=env, cwd=str(tree), check=False)
@@ -419,6 +492,7 @@ ROWS = [
     ("calls during POSTRUN", "calls_during_postrun", "{:,}"),
     ("calls / s (node)", "rps", "{:.1f}"),
     ("node CPU ms / call", "cpu_ms_per_call", "{:.2f}"),
+    ("harness host CPU ms / call", "harness_cpu_ms_per_call", "{:.2f}"),
     ("POSTRUN s / session", "postrun_s_per_session", "{:.2f}"),
     ("calls", "calls", "{:,}"),
     ("errors", "errors", "{}"),
@@ -465,11 +539,14 @@ def main() -> None:
     ap.add_argument("--profile", help="write each variant's cProfile to PROFILE.<tree>.prof (pstats; inflates CPU)")
     ap.add_argument("--eval-log-lines", type=int, default=50_000, help="GradeLog's test log (0: no evaluator)")
     ap.add_argument("--eval-repo-files", type=int, default=500, help="files in the grading runtime's repo copy")
+    ap.add_argument("--harness", choices=("process", "node"), default="process",
+                    help="where the loop harnesses run: a process of their own (as sandboxed CLIs) or the node's")
     # child mode (internal)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine-port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--harness-host", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         Path(args.result).write_text(json.dumps(child(args)))
@@ -483,17 +560,31 @@ def main() -> None:
     engine = multiprocessing.get_context("spawn").Process(
         target=run_mock_engine, args=(port, args.engine_ms, args.turns, args.context), daemon=True)
     engine.start()
+    host_dir = tempfile.TemporaryDirectory(prefix="polar-harness-host-")
+    host = str(Path(host_dir.name) / "host.sock") if args.harness == "process" else None
+    harnesses = None
+    if host is not None:
+        harnesses = multiprocessing.get_context("spawn").Process(target=run_harness_host, args=(host,), daemon=True)
+        harnesses.start()
     try:
         wait_port(port)
+        while harnesses is not None and not Path(str(host)).exists():
+            if not harnesses.is_alive():
+                raise SystemExit(f"the harness host exited ({harnesses.exitcode}) before it listened")
+            time.sleep(0.05)
         results: dict[str, dict[str, Any]] = {}
         if not args.no_baseline:
-            results[f"before({args.baseline_rev})"] = run_variant(baseline_tree(args.baseline_rev), args, port)
-        results["after"] = run_variant(REPO, args, port)
+            results[f"before({args.baseline_rev})"] = run_variant(baseline_tree(args.baseline_rev), args, port, host)
+        results["after"] = run_variant(REPO, args, port, host)
     finally:
-        engine.terminate()
-        engine.join(10)
+        for process in (engine, harnesses):
+            if process is not None:
+                process.terminate()
+                process.join(10)
+        host_dir.cleanup()
     print(f"bench_scale: {args.sessions} sessions x {args.turns} turns, contexts to ~{args.context:,} tokens, "
-          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn, "
+          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn, harnesses in "
+          f"{'their own process' if host else 'the node'}, "
           + (f"graded: {args.eval_log_lines:,}-line log, {args.eval_repo_files}-file repo" if args.eval_log_lines else "no evaluator"))
     print(table(results))
     for name, r in results.items():

@@ -5,6 +5,7 @@ linear in tokens; speed figures are the script's to print, not this test's to ti
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,11 +18,12 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.slow  # a reduced benchmark run
 
 
-def test_bench_scale_reduced_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize("harness", ["process", "node"])
+def test_bench_scale_reduced_size(tmp_path: Path, harness: str) -> None:
     out = tmp_path / "scale.json"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench_scale.py"), "--sessions", "6", "--turns", "6",
-                           "--context", "6000", "--engine-ms", "20", "--no-baseline", "--json", str(out)],
+                           "--context", "6000", "--engine-ms", "20", "--no-baseline", "--json", str(out), "--harness", harness],
                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "journal bytes / token" in proc.stdout and "POSTRUN s / session" in proc.stdout
@@ -30,3 +32,5 @@ def test_bench_scale_reduced_size(tmp_path: Path) -> None:
     assert after["final_context_tokens"] > 3000
     # v2 stores each token about once (ids as JSON digits, plus logprobs of sampled ids), not once per turn
     assert after["journal_bytes_per_token"] < 60, after
+    # the loops ran in the harness host (its CPU is counted there) or in the node (no host figure)
+    assert (after["harness_cpu_ms_per_call"] > 0) if harness == "process" else math.isnan(after["harness_cpu_ms_per_call"])
