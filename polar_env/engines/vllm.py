@@ -34,6 +34,7 @@ from polar_env.engines.base import new_session, request_json
 from polar_env.errors import EngineProtocolError
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
 from polar_env.stagecpu import stage, timed
+from polar_env.tokenids import ids_json
 
 # Keys this client owns; a caller's extra_body must not switch token capture off or stream.
 _FORCED = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True, "stream": False}
@@ -110,9 +111,10 @@ class VLLMClient:
         with stage("engine_build"):
             fragment = None
             if request.prompt_ids is not None:
-                # Token-in: the ids are serialized once (no copy of the list), and the engine's
-                # echo of them is checked against these bytes instead of decoded id by id.
-                sent = orjson.dumps(request.prompt_ids)
+                # Token-in: the ids are serialized once (no copy of the list; a continuation's
+                # prompt carries its JSON already), and the engine's echo of them is checked
+                # against these bytes instead of decoded id by id.
+                sent = ids_json(request.prompt_ids)
                 fragment = orjson.Fragment(sent)
                 decode = _token_in_decoder(sent, request.prompt_ids)
             payload = orjson.dumps(self._body(request, fragment))

@@ -32,6 +32,7 @@ from polar_env.chat import ChatFormat, NotContinuable
 from polar_env.chat.content import content_text
 from polar_env.journal.format import common_prefix
 from polar_env.records import AssistantMessage, ChatRequest, Generation
+from polar_env.tokenids import extend_ids
 
 _KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
 # One int object per token id for the whole process: ids parsed from engine replies are fresh
@@ -72,9 +73,10 @@ class Turn:
         return self.extended([])
 
     def extended(self, tail: list[int]) -> list[int]:
-        """``context() + tail`` with one copy of the context, not two."""
+        """``context() + tail`` with one copy of the context, not two; a tip's carries its JSON
+        (``polar_env.tokenids``), so the engine client serializes only the new ids."""
         if self.cache is not None:
-            return [*self.cache, *self.response_ids, *tail]
+            return extend_ids(self.cache, self.response_ids, tail)
         head = self.parent.context()[: self.keep] if self.parent is not None else []
         return [*head, *self.suffix, *self.response_ids, *tail]
 
@@ -215,7 +217,7 @@ class Continuation:
         last = self.turns[-1] if self.turns else None
         messages = chat.messages
         parent: Turn | None
-        if plan is not None and generation.prompt_ids == plan.ids:
+        if plan is not None and (generation.prompt_ids is plan.ids or generation.prompt_ids == plan.ids):
             parent, keep, prompt = plan.parent, plan.keep, plan.ids  # interned already
             messages = parent.messages + messages[len(parent.messages):]  # share the unchanged prefix
         else:  # templated: share what the previous turn's context has in common with it

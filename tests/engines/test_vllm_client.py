@@ -34,6 +34,7 @@ class Upstream:
     def __init__(self) -> None:
         self.url = ""
         self.requests: list[tuple[str, str, Any]] = []
+        self.raw: list[bytes] = []  # the request bodies as sent
         self.replies: dict[str, tuple[int, bytes]] = {}
         self.hang_paths: set[str] = set()
         self.release = asyncio.Event()
@@ -48,6 +49,7 @@ class Upstream:
 
     async def handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
+        self.raw.append(raw)
         self.requests.append((request.method, request.path, json.loads(raw) if raw else None))
         if request.path in self.hang_paths:
             await self.release.wait()
@@ -402,6 +404,22 @@ async def test_token_in_echo_sent_back_byte_for_byte_is_not_decoded(upstream: Up
     gen = await client.generate(request)
     assert upstream.bodies[0]["kv_transfer_params"]["prompt_token_ids"] == prompt
     assert gen.prompt_ids is request.prompt_ids  # the echo matched the bytes sent: not decoded
+
+
+async def test_a_continuation_prompt_is_sent_as_the_json_it_carries(upstream: Upstream, client: VLLMClient) -> None:
+    """A ``JsonIds`` prompt (the continuation's, extended by the delta) is sent as the JSON text
+    it carries, not serialized again (that text is exact by construction: tests/test_tokenids.py)."""
+    import orjson
+
+    from polar_env.tokenids import extend_ids
+
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, orjson.dumps(fx))
+    prompt = extend_ids(fx["prompt_token_ids"][:-3], fx["prompt_token_ids"][-3:])
+    assert prompt.json == orjson.dumps(list(prompt))
+    gen = await client.generate(ChatRequest(messages=USER).model_copy(update={"prompt_ids": prompt}))
+    assert upstream.bodies[0]["kv_transfer_params"]["prompt_token_ids"] == prompt and gen.prompt_ids is prompt
+    assert upstream.raw[0].count(prompt.json) == 1  # the carried text, as it is
 
 
 @pytest.mark.parametrize("echo", ["spaced", "other", "null", "missing", "past64"])

@@ -3,9 +3,12 @@ context), and the planned prompt is exactly the parent's context plus the new to
 
 from __future__ import annotations
 
+import orjson
+
 from polar_env.chat import chat_format
 from polar_env.proxy.continuation import Continuation
 from polar_env.records import AssistantMessage, ChatRequest, Generation
+from polar_env.tokenids import JsonIds, ids_json
 
 
 def test_100_turns_keep_one_context_not_100() -> None:
@@ -18,6 +21,8 @@ def test_100_turns_keep_one_context_not_100() -> None:
         if seq:
             assert plan is not None, note
             assert plan.ids[: plan.keep] == plan.parent.context()
+            assert ids_json(plan.ids) == orjson.dumps(list(plan.ids))  # extended by the delta, exactly
+            assert isinstance(plan.ids, JsonIds)
             prompt = plan.ids
         response = [100 + seq, 248046]
         generation = Generation(message=AssistantMessage(content=f"ok {seq}"), prompt_ids=list(prompt),

@@ -1,0 +1,44 @@
+"""Token-id lists that carry their JSON text, so a growing prompt is serialized by its delta.
+
+A token-in prompt is the previous context plus a few new ids, and the engine client sends it as
+JSON on every call: ~0.8 ms for 100k ids with orjson, each time for the whole history. A
+``JsonIds`` is a plain ``list[int]`` (what records, builders and engines read) that also holds
+``orjson.dumps(self)``, built from the list it extends: its JSON with the new ids' JSON appended.
+Lists are never mutated after they are built (the gateway's convention for every id list), so
+the text stays exact; ``tests/test_tokenids.py`` checks it against ``orjson.dumps``.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class JsonIds(list[int]):
+    """Token ids and their exact JSON text (``json``)."""
+
+    __slots__ = ("json",)
+
+    json: bytes
+
+
+def ids_json(ids: list[int]) -> bytes:
+    """``orjson.dumps(ids)``, read off a ``JsonIds`` instead of serialized again."""
+    return ids.json if type(ids) is JsonIds else orjson.dumps(ids)
+
+
+def extend_ids(head: list[int], *tails: list[int]) -> JsonIds:
+    """``head`` followed by ``tails``, with its JSON: ``head``'s (serialized only when ``head``
+    carries none) joined to the tails' (serialized now: the delta)."""
+    ids = JsonIds(head)
+    tail: list[int] = []
+    for part in tails:
+        tail += part
+    ids += tail
+    first, rest = ids_json(head), orjson.dumps(tail)
+    if len(first) == 2:  # b"[]"
+        ids.json = rest
+    elif len(rest) == 2:
+        ids.json = first
+    else:
+        ids.json = b"".join((first[:-1], b",", rest[1:]))
+    return ids
