@@ -40,5 +40,5 @@ def extend_ids(head: list[int], *tails: list[int]) -> JsonIds:
     elif len(rest) == 2:
         ids.json = first
     else:
-        ids.json = b"".join((first[:-1], b",", rest[1:]))
+        ids.json = b"".join((memoryview(first)[:-1], b",", memoryview(rest)[1:]))  # one copy of the head
     return ids

@@ -102,9 +102,18 @@ def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> No
     from aiohttp import web
 
     grow_tokens = max(0, (context // max(1, turns)) - RESPONSE_IDS - 40)  # 40: template and tool framing
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "river", "stone",
-             "cloud", "forest", "engine"]
-    filler = " ".join(words[(i * 7) % len(words)] for i in range(grow_tokens))  # ~1 Qwen token per word
+    # What a SWE tool call reads: source code, a different stretch every turn (the stdlib's own,
+    # ~4.5 characters a Qwen token), so prompts hold the thousands of distinct ids real ones do.
+    import argparse as m1
+    import asyncio.base_events as m2
+    import inspect as m3
+    import typing as m4
+    corpus = "".join(Path(str(m.__file__)).read_text() for m in (m1, m2, m3, m4))
+    chars = min(len(corpus) // 2, grow_tokens * 9 // 2)
+
+    def filler(turn: int) -> str:
+        start = (turn * chars) % (len(corpus) - chars)
+        return corpus[start:start + chars]
     logprob_entries = [{"token": f"t{i}", "logprob": -0.5 - (i % 7) * 0.1, "bytes": [116], "top_logprobs": []}
                        for i in range(RESPONSE_IDS)]
 
@@ -132,7 +141,7 @@ def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> No
             message = {"role": "assistant", "content": f"Done after {turn + 1} turns.", "tool_calls": []}
             finish = "stop"
         else:
-            command = f"echo step-{turn} {filler}"
+            command = f"echo step-{turn} {filler(turn)}"
             message = {"role": "assistant", "content": None, "reasoning": f"Turn {turn}: look further.",
                        "tool_calls": [{"id": f"call-{turn}", "type": "function",
                                        "function": {"name": "bash", "arguments": orjson.dumps({"command": command}).decode()}}]}

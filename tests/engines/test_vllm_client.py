@@ -422,8 +422,11 @@ async def test_a_continuation_prompt_is_sent_as_the_json_it_carries(upstream: Up
     assert upstream.raw[0].count(prompt.json) == 1  # the carried text, as it is
 
 
-@pytest.mark.parametrize("echo", ["spaced", "other", "null", "missing", "past64"])
+@pytest.mark.parametrize("echo", ["spaced", "other", "null", "missing", "past64", "decoy", "decoy-missing", "marker"])
 def test_token_in_echo_that_differs_is_decoded_and_checked_as_before(echo: str) -> None:
+    """Echoes other than the sent bytes, and bodies where the first key of that name is not the
+    top-level echo (a nested ``prompt_token_ids`` holding the sent ids; the top level other,
+    absent, or the cut marker itself), all get the full decode's verdict."""
     import orjson
 
     from polar_env.engines.vllm import decode_chat_body, decode_token_in
@@ -438,6 +441,14 @@ def test_token_in_echo_that_differs_is_decoded_and_checked_as_before(echo: str) 
         del fx["prompt_token_ids"]
     elif echo == "past64":
         fx["prompt_token_ids"] = [2**70, *prompt[1:]]
+    elif echo.startswith("decoy"):
+        fx = {"decoy": {"prompt_token_ids": prompt}, **fx}  # found first, holds the sent ids
+        if echo == "decoy":
+            fx["prompt_token_ids"] = prompt[:-1] + [prompt[-1] + 1]
+        else:
+            del fx["prompt_token_ids"]
+    elif echo == "marker":
+        fx = {"decoy": {"prompt_token_ids": prompt}, **fx, "prompt_token_ids": "polar-env:cut"}
     raw = json.dumps(fx).encode() if echo in ("spaced", "past64") else orjson.dumps(fx)  # orjson: no 2**70
     client = VLLMClient("http://127.0.0.1:9", MODEL)
     request = ChatRequest(messages=USER, prompt_ids=prompt)
@@ -445,3 +456,5 @@ def test_token_in_echo_that_differs_is_decoded_and_checked_as_before(echo: str) 
     expected = _outcome(lambda: client.parse_decoded(decode_chat_body(raw), request))
     assert _outcome(lambda: client.parse_decoded(decode_token_in(raw, sent, prompt), request)) == expected
     assert isinstance(expected, tuple) == (echo != "spaced")  # ("error", message) or a Generation
+    if echo.startswith("decoy"):
+        assert orjson.dumps(fx).index(b'"prompt_token_ids":' + sent) < orjson.dumps(fx).index(b'"choices"')
