@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from polar_env.journal.format import Encoder, fingerprint, fingerprint_since
-from polar_env.proxy.reuse import share_lists, shared_prefix
+from polar_env.proxy.reuse import same_json, share_lists, shared_prefix
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
 from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
 
@@ -182,3 +184,48 @@ def test_message_checks_skip_only_what_was_checked_before() -> None:
     with pytest.raises(RequestError, match="No user query"):
         check_messages([tool_only, {"role": "assistant", "content": "a"}, tool_only], rules, checked=2)
     check_messages([tool_only, {"role": "user", "content": "real"}, tool_only], rules, checked=3)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([0.0, -0.0, 1.0, 2.5, -1.0]) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abc"), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+def _variant(value: Any, flips: list[bool]) -> Any:
+    """``value`` rebuilt with some nodes changed in ways ``==`` does not see (1 -> 1.0 -> True,
+    0.0 -> -0.0, reversed key order), as chosen by ``flips``; the rest copied."""
+    flip = flips.pop() if flips else False
+    if isinstance(value, dict):
+        items = [(k, _variant(v, flips)) for k, v in value.items()]
+        return dict(reversed(items) if flip else items)
+    if isinstance(value, list):
+        return [_variant(v, flips) for v in value]
+    if flip and type(value) is int and value in (0, 1):
+        return float(value)
+    if flip and type(value) is float:
+        return -value if value == 0 else (True if value == 1.0 else value)
+    if flip and type(value) is bool:
+        return int(value)
+    return orjson.loads(orjson.dumps(value))  # another object, equal
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_json, min_size=1, max_size=4), st.lists(st.booleans(), max_size=30))
+def test_the_share_check_agrees_with_orjson_on_generated_values(values: list[Any], flips: list[bool]) -> None:
+    """``==`` plus ``same_json`` shares exactly the prefix ``orjson.dumps`` would write alike."""
+    other = [_variant(v, list(flips)) for v in values]
+    expected = next((i for i, (a, b) in enumerate(zip(values, other, strict=True)) if orjson.dumps(a) != orjson.dumps(b)),
+                    len(values))
+    assert shared_prefix(other, values) == expected
+    for a, b in zip(values, other, strict=True):
+        assert (a == b and same_json(a, b)) == (orjson.dumps(a) == orjson.dumps(b))
+
+
+def test_a_history_nested_past_the_comparison_limit_is_not_shared() -> None:
+    deep: Any = "x"
+    for _ in range(5000):
+        deep = [deep]
+    assert shared_prefix([{"a": 1}, deep], [{"a": 1}, deep]) == 2  # the very object: shared
+    assert shared_prefix([{"a": 1}, deep], [{"a": 1}, [deep]]) == 1
