@@ -37,7 +37,7 @@ def run_dashboard(paths: list[str], host: str, port: int, token: str | None, ser
     if not folders and not server:
         raise ConfigError("dashboard: give a run folder, a capture store or a folder of runs (or --server URL)")
     if not is_loopback(host) and not token:
-        token = secrets.token_urlsafe(24)
+        token = f"polar-dashboard-{secrets.token_urlsafe(24)}"  # never "-...": it is typed as an argument
     dashboard = Dashboard(folders, server_url=server, server_token=server_token)
     warm_tokenizer()  # while the user opens the page: the first trace then decodes at once
     return asyncio.run(_serve(build_dashboard(dashboard, token if not is_loopback(host) or token else None),

@@ -194,7 +194,8 @@ async def _server_on_head(cluster: Cluster, host: str, port: int, token: str, de
 
 def write_token(path: Any, token: str | None) -> tuple[str, Any]:
     """The server's bearer token: the given one, else the one in ``path``, else a new one written
-    there readable by this user only."""
+    there readable by this user only. A new one starts with letters: a bare urlsafe token starts
+    with ``-`` one time in 64, and ``--token $(cat rollout_token)`` then fails as a missing value."""
     import os
     import secrets
     from pathlib import Path
@@ -205,7 +206,7 @@ def write_token(path: Any, token: str | None) -> tuple[str, Any]:
     if path.exists():
         return path.read_text().strip(), path
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = secrets.token_urlsafe(32)
+    new = f"polar-rollout-{secrets.token_urlsafe(32)}"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(new + "\n")

@@ -246,7 +246,7 @@ def test_a_rollout_server_is_listed_once_with_its_timeline(root: Path, context: 
         url = f"http://127.0.0.1:{port}"
         token = (store / "rollout_token").read_text().strip()
         dash = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "dashboard", str(store), "--port", "0", "--server", url,
-                                 "--server-token", token], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 f"--server-token={token}"], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert dash.stdout is not None and dash.stderr is not None
         line = dash.stdout.readline()
         if not line:  # it exited: say how (stderr is complete once it has)

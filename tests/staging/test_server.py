@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -165,3 +166,14 @@ async def test_cancel_a_running_task_over_http(node_config) -> None:  # type: ig
 def test_task_request_json_round_trip() -> None:
     req = loop_task(3, priority=90, metadata={"policy_version": 2})
     assert TaskRequest.model_validate_json(req.model_dump_json()) == req
+
+
+def test_a_generated_token_can_be_given_as_an_argument(tmp_path: Path) -> None:
+    """``--token $(cat rollout_token)``: a new token never starts with "-" (argparse would read it
+    as an option; a bare urlsafe token does one time in 64)."""
+    from polar_env.staging.cluster import write_token
+
+    for i in range(200):
+        token, path = write_token(tmp_path / f"t{i}" / "rollout_token", None)
+        assert token[0].isalpha() and path is not None and path.read_text().strip() == token
+        assert write_token(path, None)[0] == token  # read back, not replaced
