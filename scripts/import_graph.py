@@ -26,7 +26,7 @@ PACKAGE = "polar_env"
 # its own layer or above. "polar_env" is the root facade (lazy public names loaded from env).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "access_log"),
-    ("registry", "records", "eventloop", "weights", "stagecpu"),
+    ("registry", "records", "eventloop", "weights", "stagecpu", "tokenids"),
     ("yaml_config", "chat", "runtimes", "journal", "observe"),
     ("tasks", "engines"),
     ("proxy", "evaluators", "harnesses"),

@@ -30,10 +30,14 @@ from polar_env.journal.format import identical_prefix
 T = TypeVar("T")
 
 
-def same_json(a: Any, b: Any) -> bool:
+def same_json(a: object, b: object) -> bool:
     """For values that are ``==``: do they serialize alike? The same type at every node, dict
     keys in the same order, zeros of the same sign. Strings are not read: a string equal to a
     string writes the same bytes."""
+    return _same_json(a, b)
+
+
+def _same_json(a: Any, b: Any) -> bool:
     kind = type(a)
     if kind is not type(b):
         return False
@@ -41,12 +45,12 @@ def same_json(a: Any, b: Any) -> bool:
         if list(a) != list(b):
             return False
         for x, y in zip(a.values(), b.values()):  # noqa: B905 - == gave equal sizes
-            if type(x) is not str and not same_json(x, y):
+            if type(x) is not str and not _same_json(x, y):
                 return False
         return True
     if kind is list:
         for x, y in zip(a, b):  # noqa: B905
-            if type(x) is not str and not same_json(x, y):
+            if type(x) is not str and not _same_json(x, y):
                 return False
         return True
     if kind is float:
@@ -62,7 +66,7 @@ def shared_prefix(new: Sequence[object], old: Sequence[object]) -> int:
     k = 0
     try:
         for a, b in zip(new, old, strict=False):
-            if a is not b and not (a == b and same_json(a, b)):
+            if a is not b and not (a == b and _same_json(a, b)):
                 break
             k += 1
     except RecursionError:  # nested deeper than a comparison goes: nothing past it is shared
@@ -110,9 +114,9 @@ class Translations:
     provider's prefix so a switch never reuses another format's output."""
 
     def __init__(self) -> None:
-        self._memo: dict[str, tuple[list[Any], list[list[Any]], list[tuple[str, ...]]]] = {}
+        self._memo: dict[str, tuple[Sequence[object], list[list[Any]], list[tuple[str, ...]]]] = {}
 
-    def items(self, name: str, raw: list[Any], translate: ItemTranslator[T], notes: list[str]) -> list[T]:
+    def items(self, name: str, raw: Sequence[object], translate: ItemTranslator[T], notes: list[str]) -> list[T]:
         """``raw``'s items translated, flattened in order; their notes added to ``notes`` once
         each. A ``RequestError`` from ``translate`` leaves the memo as it was."""
         old = self._memo.get(name)

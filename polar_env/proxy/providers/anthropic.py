@@ -25,11 +25,11 @@ from polar_env.proxy.providers.base import (
     as_int,
     as_temperature,
     as_top_p,
-    chat_request,
     id_suffix,
     object_list,
     require,
     stop_list,
+    with_items,
 )
 from polar_env.proxy.reuse import Translations
 from polar_env.proxy.sse import sse
@@ -266,9 +266,10 @@ def _chat(body: Mapping[str, Any], notes: list[str], max_tokens: int | None, mem
     """Messages and tools translate one by one: ``memo`` (the session's) reuses each shared item's."""
     if "top_k" in body:
         _note(notes, "ignored top_k")
-    return chat_request(
-        messages=_messages(body, notes, memo),
-        tools=memo.items("anthropic.tools", object_list(body.get("tools"), "tools"), _tool, notes),
+    messages = _messages(body, notes, memo)
+    tools = memo.items("anthropic.tools", object_list(body.get("tools"), "tools"), _tool, notes)
+    chat = ChatRequest(
+        messages=[],
         tool_choice=_tool_choice(body.get("tool_choice")),
         temperature=as_temperature(body.get("temperature"), "temperature"),
         top_p=as_top_p(body.get("top_p"), "top_p"),
@@ -277,6 +278,7 @@ def _chat(body: Mapping[str, Any], notes: list[str], max_tokens: int | None, mem
         response_format=_response_format(body.get("output_config"), notes),
         chat_template_kwargs=_template_kwargs(body.get("thinking")),
     )
+    return with_items(chat, messages, tools)
 
 
 def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translations | None = None) -> Inbound:

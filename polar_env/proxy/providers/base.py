@@ -71,11 +71,11 @@ class Provider(Protocol):
     def error_body(self, status: int, message: str) -> dict[str, Any]: ...
 
 
-def chat_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]], **fields: Any) -> ChatRequest:
-    """A ChatRequest holding these very ``messages`` and ``tools`` (dicts the provider built, so
-    already of their type); its other fields are validated. Validating the lists would copy every
-    dict, and the session's unchanged history must stay the objects ``Translations`` returned."""
-    return ChatRequest(messages=[], **fields).model_copy(update={"messages": messages, "tools": tools})
+def with_items(chat: ChatRequest, messages: list[dict[str, object]], tools: list[dict[str, object]]) -> ChatRequest:
+    """``chat`` (its other fields validated) holding these very ``messages`` and ``tools``: dicts
+    the provider built, so of their type already. Validating them would copy every dict, and the
+    session's unchanged history must stay the objects ``Translations`` returned."""
+    return chat.model_copy(update={"messages": messages, "tools": tools})
 
 
 def id_suffix(engine_id: str, length: int = 24) -> str:

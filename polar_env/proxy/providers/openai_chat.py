@@ -22,16 +22,16 @@ from polar_env.proxy.providers.base import (
     as_int,
     as_temperature,
     as_top_p,
-    chat_request,
     compact_arguments,
     id_suffix,
     object_list,
     require,
     stop_list,
+    with_items,
 )
 from polar_env.proxy.reuse import Translations
 from polar_env.proxy.sse import DONE, sse
-from polar_env.records import ProviderAPI
+from polar_env.records import ChatRequest, ProviderAPI
 
 API = ProviderAPI.OPENAI_CHAT
 ROUTES = (Route("POST", "/v1/chat/completions"), Route("POST", "/chat/completions"))
@@ -125,9 +125,10 @@ def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translat
         raise RequestError("'messages' must not be empty")
     memo = memo if memo is not None else Translations()
     notes: list[str] = []
-    chat = chat_request(
-        messages=memo.items("openai_chat.messages", messages, lambda m, i, _: [_message(m, i)], notes),
-        tools=memo.items("openai_chat.tools", object_list(body.get("tools"), "tools"), _tool, notes),
+    items = memo.items("openai_chat.messages", messages, lambda m, i, _: [_message(m, i)], notes)
+    tools = memo.items("openai_chat.tools", object_list(body.get("tools"), "tools"), _tool, notes)
+    chat = ChatRequest(
+        messages=[],
         tool_choice=_tool_choice(body.get("tool_choice")),
         temperature=as_temperature(body.get("temperature"), "temperature"),
         top_p=as_top_p(body.get("top_p"), "top_p"),
@@ -137,6 +138,7 @@ def to_chat(body: dict[str, Any], path_params: Mapping[str, str], memo: Translat
         response_format=body.get("response_format") if isinstance(body.get("response_format"), dict) else None,
         chat_template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
     )
+    chat = with_items(chat, items, tools)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, Mapping):
         raise RequestError("'stream_options' must be an object")
