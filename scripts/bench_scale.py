@@ -5,7 +5,7 @@ Per variant, a child process runs one ``GatewayNode`` (real gateway, journal, co
 staged pools) whose sessions are the built-in ``loop`` harness on ``SimulatedRuntime`` (a test
 double: tool calls run nothing and echo their command). By default the harnesses run in a
 process of their own, as CLIs run in their sandboxes in production: the node's ``loop`` call is
-handed to a harness host (``run_harness_host``) that runs the same ``run_loop_agent`` against the
+handed to a harness host (``scripts/harness_host.py``) that runs the same ``run_loop_agent`` against the
 node's gateway socket, so the node's figures are the node's work; its CPU per call is printed on
 its own row. ``--harness node`` keeps them in the node process (the ``loop`` deployment). The engine is a mock vLLM server in its
 own process (a test double): every reply has realistic token data — ``prompt_token_ids`` (the
@@ -162,64 +162,6 @@ def run_mock_engine(port: int, engine_ms: float, turns: int, context: int) -> No
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
 
 
-# -- the harness host (a test double for the sandboxed CLIs, in its own process) -----------------
-
-def run_harness_host(path: str) -> None:
-    """Serves ``run_loop_agent`` calls, one JSON line each way per session, on a unix socket; an
-    ``{"op": "cpu"}`` line answers this process's CPU seconds so far."""
-    import orjson
-
-    sys.path.insert(0, str(REPO))
-    from polar_env.harnesses import loop
-    from polar_env.runtimes.base import RuntimeSpec
-    from polar_env.testing.simulated_runtime import SimulatedRuntime
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        job = orjson.loads(await reader.readline())
-        if job.get("op") == "cpu":
-            answer: dict[str, Any] = {"cpu_s": time.process_time()}
-        else:
-            outcome = await loop.run_loop_agent(
-                SimulatedRuntime(RuntimeSpec()), socket=Path(job["socket"]), base_url=job["base_url"], key=job["key"],
-                model=job["model"], prompt=job["prompt"], settings=loop.LoopSettings.from_dict(job["settings"]))
-            answer = {name: getattr(outcome, name) for name in loop.LoopOutcome.__dataclass_fields__}
-        writer.write(orjson.dumps(answer) + b"\n")
-        await writer.drain()
-        writer.close()
-
-    async def serve() -> None:
-        server = await asyncio.start_unix_server(handle, path, limit=1 << 26, backlog=4096)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(serve())
-
-
-async def _ask_host(path: str, job: dict[str, Any]) -> dict[str, Any]:
-    import orjson
-
-    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 26)
-    writer.write(orjson.dumps(job) + b"\n")
-    line = await reader.readline()
-    writer.close()
-    return dict(orjson.loads(line))
-
-
-def _loop_in_host(host: str) -> Any:
-    """``run_loop_agent`` for the node process: the session's loop runs in the harness host."""
-    import dataclasses
-
-    from polar_env.harnesses import loop
-
-    async def run_loop_agent(runtime: Any, *, socket: Path, base_url: str, key: str, model: str, prompt: str,
-                             settings: Any) -> Any:
-        answer = await _ask_host(host, {"socket": str(socket), "base_url": base_url, "key": key, "model": model,
-                                        "prompt": prompt, "settings": dataclasses.asdict(settings)})
-        return loop.LoopOutcome(**answer)
-
-    return run_loop_agent
-
-
 # -- the child: one node under load ---------------------------------------------------------------
 
 def _rss(pid: int | str) -> int:
@@ -278,6 +220,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)  # as the gateway CLI does (cli.serving._tune_gc)
     gc_pauses: list[float] = []  # the cyclic GC's pauses of this process (they stop the event loop)
+    gc_gen2: list[float] = []  # of them, the full collections (every generation)
     gc_started = [0.0]
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
@@ -285,12 +228,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             gc_started[0] = time.perf_counter()
         else:
             gc_pauses.append((time.perf_counter() - gc_started[0]) * 1000)
+            if info.get("generation") == 2:
+                gc_gen2.append(gc_pauses[-1])
 
     gc.callbacks.append(on_gc)
     if args.harness_host:
+        from harness_host import ask_host, loop_in_host
+
         from polar_env.harnesses import loop
 
-        loop.run_loop_agent = _loop_in_host(args.harness_host)  # the node calls it through the module
+        loop.run_loop_agent = loop_in_host(args.harness_host)  # the node calls it through the module
 
     class SimulatedNode(GatewayNode):
         def make_runtime(self, spec: Any, session_id: str, **options: Any) -> Any:
@@ -340,12 +287,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             return Done(await node.run(spec))
 
         stages0, threads0 = _stage_cpu(), _thread_cpu()
-        host0 = (await _ask_host(args.harness_host, {"op": "cpu"}))["cpu_s"] if args.harness_host else 0.0
+        host0 = (await ask_host(args.harness_host, {"op": "cpu"}))["cpu_s"] if args.harness_host else 0.0
         cpu0, t0 = time.process_time(), time.monotonic()
         done = await asyncio.gather(*(one(spec) for spec in specs))
         wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
         if args.harness_host:
-            harness_s[0] = (await _ask_host(args.harness_host, {"op": "cpu"}))["cpu_s"] - host0
+            harness_s[0] = (await ask_host(args.harness_host, {"op": "cpu"}))["cpu_s"] - host0
         stage_ns.update({k: v - stages0.get(k, 0) for k, v in _stage_cpu().items()})
         threads = _thread_cpu()
         thread_s.update({k: v - threads0.get(k, 0.0) for k, v in threads.items()})
@@ -403,6 +350,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "postrun_s_per_session": statistics.mean(postrun_s) if postrun_s else 0.0,
         "wall_s": wall, "evaluated_in_worker": sum(1 for r in results if r.where == "worker"),
         "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
+        "gc_full_count": len(gc_gen2), "gc_full_max_ms": max(gc_gen2, default=0.0),
         "stage_ms_per_call": {k: v / 1e6 / max(1, calls) for k, v in stage_ns.items()},
         "thread_ms_per_call": {k: v * 1000 / max(1, calls) for k, v in sorted(thread_s.items(), key=lambda kv: -kv[1])},
     }
@@ -509,6 +457,8 @@ ROWS = [
     ("wall s", "wall_s", "{:.1f}"),
     ("GC pause max ms (node)", "gc_pause_max_ms", "{:.1f}"),
     ("GC pause total s (node)", "gc_pause_total_s", "{:.2f}"),
+    ("GC full collections (node)", "gc_full_count", "{}"),
+    ("GC full collection max ms", "gc_full_max_ms", "{:.1f}"),
 ]
 
 
@@ -573,6 +523,8 @@ def main() -> None:
     host = str(Path(host_dir.name) / "host.sock") if args.harness == "process" else None
     harnesses = None
     if host is not None:
+        from harness_host import run_harness_host
+
         harnesses = multiprocessing.get_context("spawn").Process(target=run_harness_host, args=(host,), daemon=True)
         harnesses.start()
     try:
