@@ -30,3 +30,11 @@ def test_a_chain_of_extensions_stays_exact_and_reads_as_a_list() -> None:
     copy = pickle.loads(pickle.dumps(ids))
     assert copy == ids and copy.json == ids.json
     assert isinstance(ids, JsonIds) and isinstance(ids, list)
+
+
+def test_a_tuple_head_with_its_json_extends_like_a_list() -> None:
+    head = list(range(300, 420))
+    for given in (orjson.dumps(head), None):
+        ids = extend_ids(tuple(head), [7], [248046], head_json=given)
+        assert type(ids) is JsonIds and ids == [*head, 7, 248046]
+        assert ids.json == orjson.dumps([*head, 7, 248046])

@@ -32,7 +32,7 @@ from polar_env.chat import ChatFormat, NotContinuable
 from polar_env.chat.content import content_text
 from polar_env.journal.format import common_prefix
 from polar_env.records import AssistantMessage, ChatRequest, Generation
-from polar_env.tokenids import extend_ids
+from polar_env.tokenids import JsonIds, extend_ids
 
 _KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
 # One int object per token id for the whole process: ids parsed from engine replies are fresh
@@ -64,9 +64,12 @@ class Turn:
     suffix: list[int]
     response_ids: list[int]
     message: AssistantMessage
-    # The whole prompt, kept on tips only (the list the call was recorded with, not a copy): the
-    # context is it + ``response_ids``, built in the same pass as the next prompt (``extended``).
-    cache: list[int] | None = None
+    # The whole prompt, kept on tips only, as a tuple with its JSON: the context is it +
+    # ``response_ids``, built in the same pass as the next prompt (``extended``). A tuple of ints
+    # leaves the cyclic GC's tracking at its first pass; a tip's 100k-id list was traversed by
+    # every young-generation collection it lived through (256 of them: 350-600 ms pauses).
+    cache: tuple[int, ...] | None = None
+    cache_json: bytes | None = None
     abandoned: bool = False  # its client went away: the harness never saw this reply
 
     def context(self) -> list[int]:
@@ -76,7 +79,7 @@ class Turn:
         """``context() + tail`` with one copy of the context, not two; a tip's carries its JSON
         (``polar_env.tokenids``), so the engine client serializes only the new ids."""
         if self.cache is not None:
-            return extend_ids(self.cache, self.response_ids, tail)
+            return extend_ids(self.cache, self.response_ids, tail, head_json=self.cache_json)
         head = self.parent.context()[: self.keep] if self.parent is not None else []
         return [*head, *self.suffix, *self.response_ids, *tail]
 
@@ -230,12 +233,13 @@ class Continuation:
         if last is not None and last.tools == tools:
             tools = last.tools
         if parent is not None:
-            parent.cache = None  # the new turn is the chain's tip now
+            parent.cache = parent.cache_json = None  # the new turn is the chain's tip now
         response = _interned(generation.response_ids)
         self.turns.append(
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
                  parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
-                 message=generation.message, cache=prompt, abandoned=abandoned)
+                 message=generation.message, cache=tuple(prompt),
+                 cache_json=prompt.json if type(prompt) is JsonIds else None, abandoned=abandoned)
         )
 

@@ -38,9 +38,12 @@ def test_100_turns_keep_one_context_not_100() -> None:
     assert tracker.turns[-1].messages[0] is tracker.turns[0].messages[0]
 
 
-def test_the_tip_keeps_the_recorded_prompt_not_a_copy() -> None:
-    """The tip's context is its prompt list (the one recorded) + its sampled ids; the next plan
-    copies it once, and a non-tip rebuilds it from its parent exactly."""
+def test_the_tip_keeps_its_prompt_as_a_tuple_with_its_json() -> None:
+    """The tip's context is its prompt (a tuple: out of the cyclic GC once seen, with the JSON the
+    engine was sent) + its sampled ids; the next plan copies it once, and a non-tip rebuilds it
+    from its parent exactly."""
+    import gc
+
     tracker = Continuation(chat_format("qwen3.5"))
     messages: list[dict] = [{"role": "user", "content": "start"}]
     prompt = list(range(10, 60))
@@ -55,8 +58,13 @@ def test_the_tip_keeps_the_recorded_prompt_not_a_copy() -> None:
                                 response_ids=[100 + seq, 248046], response_logprobs=[-1.0, -1.0], finish_reason="stop")
         tracker.remember(ChatRequest(messages=list(messages)), generation, seq, plan)
         tip = tracker.turns[-1]
-        if plan is not None:  # token-in: the tip holds the planned prompt itself (interned already)
-            assert tip.cache is plan.ids
+        assert type(tip.cache) is tuple and tip.cache == tuple(prompt)
+        if plan is not None:  # token-in: the tip holds the planned prompt and its JSON
+            assert tip.cache_json == plan.ids.json == orjson.dumps(list(prompt))
+            gc.collect()
+            assert not gc.is_tracked(tip.cache)  # a tuple of ints: untracked at its first collection
+        else:
+            assert tip.cache_json is None  # templated: serialized when first extended
         contexts.append(generation.prompt_ids + [100 + seq, 248046])
         assert tip.context() == contexts[-1] and tip.context_len() == len(contexts[-1])
         messages += [{"role": "assistant", "content": f"ok {seq}"}, {"role": "user", "content": f"more {seq}"}]
