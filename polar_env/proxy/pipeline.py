@@ -129,21 +129,36 @@ def check_recordable(body: dict[str, Any], checked: Mapping[str, Sequence[object
         raise RequestError(f"request body cannot be recorded ({exc}); JSON may nest at most {254 - _NEST_MARGIN} levels") from exc
 
 
+async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
+    """The request body in one buffer the caller owns, refused (413) past ``max_body_bytes``.
+    aiohttp's ``read()`` copies it twice and keeps it on the request until the handler returns:
+    ~1 MB per call for the whole generation, times the calls in flight."""
+    too_big = RequestError(f"request body exceeds {max_body_bytes} bytes", status=413)
+    if (request.content_length or 0) > max_body_bytes:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)  # one chunk: that chunk itself
+
+
 async def read_json(request: web.Request, max_body_bytes: int, *, recordable_check: bool = True) -> dict[str, Any]:
     """The request's JSON object; ``recordable_check=False``: the caller checks it
     (``check_recordable`` against the history it shares)."""
     ctype = request.content_type.lower() if request.headers.get("Content-Type") else ""
     if ctype not in _JSON_TYPES:
         raise RequestError(f"Content-Type must be application/json, got {ctype!r}", status=415)
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestError(f"request body exceeds {max_body_bytes} bytes", status=413) from exc
+    raw = await read_body(request, max_body_bytes)
     with stage("parse"):
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise RequestError(f"request body is not valid JSON: {exc}") from exc
+    del raw  # the parsed body is what the call keeps
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     if recordable_check:

@@ -157,6 +157,26 @@ async def test_bad_input_gets_provider_shaped_4xx(fake_gateway: Gateway, fake_en
     assert fake_engine.seen == [] and fake_gateway.store.read(s["session_id"]) == []
 
 
+@pytest.mark.parametrize("pad", [60_000, 70_000])
+async def test_a_chunked_body_is_held_to_the_same_limit(fake_gateway: Gateway, fake_engine: FakeEngine, pad: int) -> None:
+    """No Content-Length (chunked): the gateway's own read counts the bytes as they come and
+    refuses past the limit with the provider's 413, like a declared length."""
+    s = await fake_gateway.session()
+    body = b'{"messages": [{"role": "user", "content": "' + b"x" * pad + b'"}], "max_tokens": 5}'
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for i in range(0, len(body), 8192):
+            yield body[i:i + 8192]
+
+    resp = await fake_gateway.client.post(CHAT, data=chunks(), headers={**bearer(s), "Content-Type": "application/json"})
+    if pad < 64 * 1024:
+        assert resp.status == 200, await resp.text()
+        assert len(fake_gateway.store.read(s["session_id"])) == 1
+    else:
+        assert resp.status == 413 and "exceeds" in (await resp.json())["error"]["message"]
+        assert fake_engine.seen == [] and fake_gateway.store.read(s["session_id"]) == []
+
+
 async def test_unknown_path_is_a_provider_shaped_404(fake_gateway: Gateway) -> None:
     resp = await fake_gateway.post("/v1/embeddings", {"input": "x"})
     assert resp.status == 404 and "no route" in (await resp.json())["error"]["message"]
