@@ -21,7 +21,7 @@ class JsonIds(list[int]):
     json: bytes
 
 
-def ids_json(ids: list[int]) -> bytes:
+def ids_json(ids: list[int] | tuple[int, ...]) -> bytes:
     """``orjson.dumps(ids)``, read off a ``JsonIds`` instead of serialized again."""
     return ids.json if type(ids) is JsonIds else orjson.dumps(ids)
 
@@ -36,7 +36,7 @@ def extend_ids(head: list[int] | tuple[int, ...], *tails: list[int], head_json: 
     for part in tails:
         tail += part
     ids += tail
-    first = head_json if head_json is not None else ids_json(head) if type(head) is JsonIds else orjson.dumps(head)
+    first = head_json if head_json is not None else ids_json(head)
     rest = orjson.dumps(tail)
     if len(first) == 2:  # b"[]"
         ids.json = rest

@@ -420,6 +420,13 @@ async def test_a_continuation_prompt_is_sent_as_the_json_it_carries(upstream: Up
     gen = await client.generate(ChatRequest(messages=USER).model_copy(update={"prompt_ids": prompt}))
     assert upstream.bodies[0]["kv_transfer_params"]["prompt_token_ids"] == prompt and gen.prompt_ids is prompt
     assert upstream.raw[0].count(prompt.json) == 1  # the carried text, as it is
+    # the carried text, not a fresh serialization: a spaced one (the same ids) reaches the engine as
+    # it is; the compact echo then differs from the bytes sent, so it is decoded and compared
+    spaced = extend_ids(list(prompt), [])
+    spaced.json = b"[" + b", ".join(str(i).encode() for i in prompt) + b"]"
+    gen = await client.generate(ChatRequest(messages=USER).model_copy(update={"prompt_ids": spaced}))
+    assert spaced.json in upstream.raw[1] and orjson.dumps(list(prompt)) not in upstream.raw[1]
+    assert gen.prompt_ids == prompt
 
 
 @pytest.mark.parametrize("echo", ["spaced", "other", "null", "missing", "past64", "decoy", "decoy-missing", "marker"])
