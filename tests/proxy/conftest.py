@@ -102,3 +102,13 @@ async def fake_gateway(fake_engine: FakeEngine, tmp_path: Path):
         yield Gateway(client, store)
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def continuation_gateway(fake_engine: FakeEngine, tmp_path: Path):
+    """A live gateway in token-in continuation mode over ``fake_engine``."""
+    client, store = await start_gateway(fake_engine, tmp_path, continuation=True)
+    try:
+        yield Gateway(client, store)
+    finally:
+        await client.close()

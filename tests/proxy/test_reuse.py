@@ -4,7 +4,6 @@ computation, and a gateway session's journal is what it was without the sharing.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from polar_env.journal.format import Encoder, fingerprint, fingerprint_since
 from polar_env.proxy.reuse import same_json, share_lists, shared_prefix
 from polar_env.records import AssistantMessage, ChatRequest, CompletionRecord, ProviderAPI, Timings
-from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
+from tests.proxy.conftest import FakeEngine, Gateway
 
 
 def _history(turns: int) -> list[dict[str, Any]]:
@@ -98,30 +97,25 @@ def test_journal_lines_are_the_same_with_and_without_shared_objects() -> None:
         shared.commit(token_b)
 
 
-async def test_a_gateway_session_records_each_body_exactly(tmp_path: Path) -> None:
+async def test_a_gateway_session_records_each_body_exactly(continuation_gateway: Gateway, fake_engine: FakeEngine) -> None:
     """Through the gateway (continuation on): every record's provider request serializes as the
     body sent, a history value that is == but not the same JSON included; the engine gets the
     same messages as without the sharing."""
-    engine = FakeEngine()
-    client, store = await start_gateway(engine, tmp_path, continuation=True)
-    try:
-        gw = Gateway(client, store)
-        session = await gw.session()
-        headers = {"Authorization": f"Bearer {session['key']}"}
-        sent = []
-        for turn in range(4):
-            messages = [{k: v for k, v in m.items() if k != "tool_calls"} | {"n": i} for i, m in enumerate(_history(turn + 1))]
-            if turn == 2:
-                messages[3]["n"] = 3.0  # the same value for ==, another JSON
-            body = {"model": "m", "messages": messages, "max_tokens": 5}
-            sent.append(orjson.dumps(body))
-            resp = await gw.post("/v1/chat/completions", body, headers)
-            assert resp.status == 200, await resp.text()
-        records = store.read(session["session_id"])
-        assert [orjson.dumps(r.provider_request) for r in records] == sent
-        assert [orjson.dumps(r.chat_request.messages) for r in records] == [orjson.dumps(c.messages) for c in engine.seen]
-    finally:
-        await client.close()
+    gw, engine, store = continuation_gateway, fake_engine, continuation_gateway.store
+    session = await gw.session()
+    headers = {"Authorization": f"Bearer {session['key']}"}
+    sent = []
+    for turn in range(4):
+        messages = [{k: v for k, v in m.items() if k != "tool_calls"} | {"n": i} for i, m in enumerate(_history(turn + 1))]
+        if turn == 2:
+            messages[3]["n"] = 3.0  # the same value for ==, another JSON
+        body = {"model": "m", "messages": messages, "max_tokens": 5}
+        sent.append(orjson.dumps(body))
+        resp = await gw.post("/v1/chat/completions", body, headers)
+        assert resp.status == 200, await resp.text()
+    records = store.read(session["session_id"])
+    assert [orjson.dumps(r.provider_request) for r in records] == sent
+    assert [orjson.dumps(r.chat_request.messages) for r in records] == [orjson.dumps(c.messages) for c in engine.seen]
 
 
 def _deep(levels: int) -> Any:

@@ -5,7 +5,6 @@ history."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,7 +14,7 @@ from polar_env.errors import RequestError
 from polar_env.proxy.providers import anthropic, openai_chat
 from polar_env.proxy.providers.base import Inbound
 from polar_env.proxy.reuse import Translations, share_lists
-from tests.proxy.conftest import FakeEngine, Gateway, start_gateway
+from tests.proxy.conftest import FakeEngine, Gateway
 
 
 def _chat_body(turns: int) -> dict[str, Any]:
@@ -105,28 +104,24 @@ def test_a_memo_never_serves_another_format() -> None:
     assert inbound.chat.tools == []
 
 
-async def test_a_gateway_session_translates_each_message_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_gateway_session_translates_each_message_once(continuation_gateway: Gateway, fake_engine: FakeEngine,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     translate = openai_chat._message
     monkeypatch.setattr(openai_chat, "_message", lambda msg, index: calls.append(index) or translate(msg, index))
-    engine = FakeEngine()
-    client, store = await start_gateway(engine, tmp_path, continuation=True)
-    try:
-        gw = Gateway(client, store)
-        session = await gw.session()
-        headers = {"Authorization": f"Bearer {session['key']}"}
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q0"}]
-        for turn in range(3):
-            resp = await gw.post("/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 5}, headers)
-            assert resp.status == 200, await resp.text()
-            answer = (await resp.json())["choices"][0]["message"]
-            messages = [*messages, {"role": "assistant", "content": answer["content"]}, {"role": "user", "content": f"q{turn + 1}"}]
-        first, second, third = engine.seen
-        assert all(a is b for a, b in zip(second.messages, first.messages, strict=False))
-        assert all(a is b for a, b in zip(third.messages[:4], second.messages, strict=True))
-        assert third.messages[4] is not second.messages[-1]
-        assert calls == [0, 1, 2, 3, 4, 5]  # each message once, not 2 + 4 + 6 times
-        records = store.read(session["session_id"])
-        assert [orjson.dumps(r.chat_request.messages) for r in records] == [orjson.dumps(c.messages) for c in engine.seen]
-    finally:
-        await client.close()
+    gw, engine, store = continuation_gateway, fake_engine, continuation_gateway.store
+    session = await gw.session()
+    headers = {"Authorization": f"Bearer {session['key']}"}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q0"}]
+    for turn in range(3):
+        resp = await gw.post("/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 5}, headers)
+        assert resp.status == 200, await resp.text()
+        answer = (await resp.json())["choices"][0]["message"]
+        messages = [*messages, {"role": "assistant", "content": answer["content"]}, {"role": "user", "content": f"q{turn + 1}"}]
+    first, second, third = engine.seen
+    assert all(a is b for a, b in zip(second.messages, first.messages, strict=False))
+    assert all(a is b for a, b in zip(third.messages[:4], second.messages, strict=True))
+    assert third.messages[4] is not second.messages[-1]
+    assert calls == [0, 1, 2, 3, 4, 5]  # each message once, not 2 + 4 + 6 times
+    records = store.read(session["session_id"])
+    assert [orjson.dumps(r.chat_request.messages) for r in records] == [orjson.dumps(c.messages) for c in engine.seen]
