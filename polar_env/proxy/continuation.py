@@ -67,7 +67,9 @@ class Turn:
     # The whole prompt, kept on tips only, as a tuple with its JSON: the context is it +
     # ``response_ids``, built in the same pass as the next prompt (``extended``). A tuple of ints
     # leaves the cyclic GC's tracking at its first pass; a tip's 100k-id list was traversed by
-    # every young-generation collection it lived through (256 of them: 350-600 ms pauses).
+    # every young-generation collection it lived through (256 of them: 350-600 ms pauses). A
+    # ``JsonIds`` prompt is sliced first: ``tuple()`` iterates a list subclass (0.40 ms at 104k
+    # ids), while a slice is a plain list it copies directly (0.13 + 0.14 ms).
     cache: tuple[int, ...] | None = None
     cache_json: bytes | None = None
     abandoned: bool = False  # its client went away: the harness never saw this reply
@@ -239,7 +241,7 @@ class Continuation:
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
                  parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
-                 message=generation.message, cache=tuple(prompt),
+                 message=generation.message, cache=tuple(prompt[:] if type(prompt) is JsonIds else prompt),
                  cache_json=prompt.json if type(prompt) is JsonIds else None, abandoned=abandoned)
         )
 
