@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from polar_env import eventloop
 from polar_env.errors import ConfigError
 from polar_env.records import Trajectory
 from polar_env.staging.cluster import Cluster, start_cluster
@@ -133,7 +134,7 @@ class PolarEnv:
     # -- sync forms -------------------------------------------------------------------------------
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._loop is None:
-            self._loop = asyncio.new_event_loop()
+            self._loop = eventloop.new_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="polar-env", daemon=True)
             self._thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

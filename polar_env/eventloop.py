@@ -1,10 +1,12 @@
-"""The event loop a server process runs on: uvloop when it is installed (the ``fast`` extra), else
+"""The event loop a gateway or node process runs on: uvloop (a core dependency off Windows), else
 asyncio's default loop.
 
-uvloop (libuv underneath) spends less CPU per socket read, write and timer than the default
-selector loop; the gateway's hop is mostly that work (scripts/bench_gateway.py). It is optional:
-without it, or with ``POLAR_ENV_LOOP=asyncio`` (to rule the loop out when chasing a bug), the
-default loop runs the same code.
+uvloop (libuv underneath) spends less CPU per socket read and write than the default selector
+loop, and writes a large body without copying it into a buffer first; a node's calls at 100k
+tokens move ~3.5 MB each (request in, engine payload out, engine reply in): 5.56 → 5.25 ms of
+node CPU per call (scripts/bench_scale.py, docs/performance.md). Ray's async actors pick it up
+on their own where it is installed. Without it, or with ``POLAR_ENV_LOOP=asyncio`` (to rule the
+loop out when chasing a bug), the default loop runs the same code.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 def loop_name() -> str:
     """What ``run`` would run on, for start-up lines: 'uvloop' or 'asyncio'."""
     return "asyncio" if loop_factory() is None else "uvloop"
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new loop of the kind ``run`` would run on (for a loop kept in a thread)."""
+    factory = loop_factory()
+    return asyncio.new_event_loop() if factory is None else factory()
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

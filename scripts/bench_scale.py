@@ -301,7 +301,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         await node.stop()
         return list(done), wall, cpu, root
 
-    results, wall, cpu, root = asyncio.run(run())
+    try:  # the loop the node's command runs on (uvloop where installed; POLAR_ENV_LOOP=asyncio: the default)
+        from polar_env import eventloop
+
+        results, wall, cpu, root = eventloop.run(run())
+        loop_name = eventloop.loop_name()
+    except ImportError:  # a baseline tree from before polar_env.eventloop
+        results, wall, cpu, root = asyncio.run(run())
+        loop_name = "asyncio"
     stop.set()
     windows = sorted((r.stage_times["postrun"], r.stage_times.get("done", r.stage_times["postrun"])) for r in results)
     postrun_s = [b - a for a, b in windows]
@@ -336,7 +343,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     errors = sum(1 for r in results if r.status is not SessionStatus.COMPLETED or not r.traced
                  or (args.eval_log_lines > 0 and r.reward != 1.0))
     return {
-        "sessions": sessions, "calls": calls, "errors": errors,
+        "sessions": sessions, "calls": calls, "errors": errors, "loop": loop_name,
         "error_samples": [r.failure_detail for r in results if r.status is not SessionStatus.COMPLETED][:3],
         "journal_mb_per_session": journal_bytes / max(1, sessions) / 1e6,
         "journal_bytes_per_token": journal_bytes / max(1, final_tokens),
@@ -455,6 +462,7 @@ ROWS = [
     ("errors", "errors", "{}"),
     ("evaluated in a worker", "evaluated_in_worker", "{}"),
     ("wall s", "wall_s", "{:.1f}"),
+    ("node event loop", "loop", "{}"),
     ("GC pause max ms (node)", "gc_pause_max_ms", "{:.1f}"),
     ("GC pause total s (node)", "gc_pause_total_s", "{:.2f}"),
     ("GC full collections (node)", "gc_full_count", "{}"),

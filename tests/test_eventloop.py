@@ -43,3 +43,34 @@ def test_env_typo_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(eventloop.LOOP_ENV, "uvlop")
     with pytest.raises(ConfigError, match="POLAR_ENV_LOOP='uvlop': use 'uvloop' or 'asyncio'"):
         eventloop.loop_factory()
+
+
+def test_new_loop_is_the_kind_run_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PolarEnv keeps its nodes on a loop in a thread: the same kind ``run`` picks."""
+    monkeypatch.delenv(eventloop.LOOP_ENV, raising=False)
+    loop = eventloop.new_loop()
+    try:
+        assert type(loop).__module__.startswith("uvloop") is HAS_UVLOOP
+    finally:
+        loop.close()
+    monkeypatch.setenv(eventloop.LOOP_ENV, "asyncio")
+    loop = eventloop.new_loop()
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+    finally:
+        loop.close()
+
+
+def test_rollout_runs_its_nodes_on_the_chosen_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``polar_env.rollout`` (and the rollout, eval and sft commands, through the same ``eventloop.run``)
+    runs the job on uvloop where installed: a node's CPU per call is mostly its sockets' work."""
+    from polar_env.staging import job as job_module
+
+    async def loop_of_job(job: object, progress: object = None) -> dict[str, str]:
+        return {"loop": await _loop_module()}
+
+    monkeypatch.delenv(eventloop.LOOP_ENV, raising=False)
+    monkeypatch.setattr(job_module, "run_job", loop_of_job)
+    assert job_module.rollout({})["loop"].startswith("uvloop") is HAS_UVLOOP
+    monkeypatch.setenv(eventloop.LOOP_ENV, "asyncio")
+    assert job_module.rollout({})["loop"].startswith("asyncio")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 
+from polar_env import eventloop
 from polar_env.cli.checks import add_command
 from polar_env.cli.options import literal_values
 from polar_env.cli.resume import job_and_resume
@@ -54,7 +54,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
           f"harness {job.env.harness}; {f'resuming {resume}' if resume else f'output {job.out}/<run id>'}", flush=True)
     live = None if args.no_progress else LiveProgress(title="polar-env sft")
     try:
-        report = asyncio.run(run_job(job, live, command="sft", resume=resume, reqs=reqs))
+        report = eventloop.run(run_job(job, live, command="sft", resume=resume, reqs=reqs))
     finally:
         if live is not None:
             live.stop()

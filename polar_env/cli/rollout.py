@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from polar_env import eventloop
 from polar_env.cli.checks import add_command
 from polar_env.cli.options import add_flags, chosen_settings, env_config, flags_for
 from polar_env.cli.resume import job_and_resume
@@ -51,7 +51,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
           f"{where}; preflight passed in {time.monotonic() - began:.1f}s", flush=True)
     live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
-        report = asyncio.run(run_job(job, live, command=args.command, resume=resume, reqs=reqs))
+        report = eventloop.run(run_job(job, live, command=args.command, resume=resume, reqs=reqs))
     finally:
         if live is not None:
             live.stop()
@@ -86,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"ray": True})
     store = Path(args.store)
     config = config.model_copy(update={"store": store / "capture"})
-    return asyncio.run(serve(config, args.host, args.port, store, args.token))
+    return eventloop.run(serve(config, args.host, args.port, store, args.token))
 
 
 def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, dict[str, Any]]:

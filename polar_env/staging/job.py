@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_env import eventloop
 from polar_env.errors import ConfigError
 from polar_env.observe.live import JobObserver
 from polar_env.records import FailureKind
@@ -396,4 +397,4 @@ async def _watch(server: Any, statuses: list[TaskStatus], total: int, started: f
 def rollout(job: RolloutJob | dict[str, Any] | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Run the main job to completion (see the module docstring); returns the report."""
     job = job if isinstance(job, RolloutJob) else RolloutJob.model_validate(job or {})
-    return asyncio.run(run_job(job, progress))
+    return eventloop.run(run_job(job, progress))
