@@ -79,28 +79,39 @@ def dashboard(root: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def watched(root: Path) -> Iterator[subprocess.Popen[str]]:
-    """The watched rollout, started (not finished): the first test sees it run."""
-    # the tool sleeps: each session holds the one RUNNING slot ~15 s, so the pages see it run
-    job = rollout(root, "watched", "sleep 15; echo 6*7=$((6*7))", TASKS, 2, "--max-running", "1")
+def jobs(root: Path) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The three runs, started together: the watched one spends its minute asleep in its tool, and the
+    train run and the alpha-only rollout need CPU, not that minute (one after the other, they took it)."""
+    recipe = root / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump(TRAIN))
+    started = {
+        # the tool sleeps: each session holds the one RUNNING slot ~15 s, so the pages see it run
+        "watched": rollout(root, "watched", "sleep 15; echo 6*7=$((6*7))", TASKS, 2, "--max-running", "1"),
+        "train": subprocess.Popen([sys.executable, "-m", "polar_env.cli", "train", str(recipe), "--out-dir",
+                                   str(root / "runs" / "train")], env=env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True),  # a few lines a step: the pipe never fills
+        "alpha-only": rollout(root, "alpha-only", "echo 6*7=$((6*7))", TASKS[:1], 2, "--tracker", "tensorboard"),
+    }
     try:
-        yield job
+        yield started
     finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGINT)
-        job.communicate(timeout=600)
+        for job in started.values():
+            if job.poll() is None:
+                job.send_signal(signal.SIGINT)
+            job.communicate(timeout=600)
 
 
 @pytest.fixture(scope="module")
-def finished_runs(root: Path, watched: subprocess.Popen[str]) -> Path:
-    """All runs written: the watched one finished, then the alpha-only rollout and the train run."""
-    finish(watched)
-    recipe = root / "tiny.yaml"
-    recipe.write_text(yaml.safe_dump(TRAIN))
-    train = subprocess.run([sys.executable, "-m", "polar_env.cli", "train", str(recipe), "--out-dir", str(root / "runs" / "train")],
-                           env=env(), capture_output=True, text=True, timeout=600, check=False)
-    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-2000:]
-    finish(rollout(root, "alpha-only", "echo 6*7=$((6*7))", TASKS[:1], 2, "--tracker", "tensorboard"))
+def watched(jobs: dict[str, subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """The watched rollout, started (not finished): the first test sees it run."""
+    return jobs["watched"]
+
+
+@pytest.fixture(scope="module")
+def finished_runs(root: Path, jobs: dict[str, subprocess.Popen[str]]) -> Path:
+    """All runs written."""
+    for job in jobs.values():
+        finish(job)
     return root / "runs"
 
 
