@@ -211,6 +211,7 @@ async def _serve(app: web.Application, host: str, port: int, what: str, started:
     from aiohttp import web
 
     from polar_env.access_log import LOGGER, AccessLogger
+    from polar_env.proxy.gateway import UNIX_BACKLOG
     from polar_env.staging.interrupt import until_signal
 
     _tune_gc()
@@ -229,7 +230,7 @@ async def _serve(app: web.Application, host: str, port: int, what: str, started:
                 await unix_runner.setup()
                 runners.insert(0, unix_runner)
             try:
-                await web.UnixSite(unix_runner, unix_socket).start()
+                await web.UnixSite(unix_runner, unix_socket, backlog=UNIX_BACKLOG).start()
             except OSError as exc:
                 raise ConfigError(f"cannot listen on --unix-socket {unix_socket} ({exc.strerror or exc}); "
                                   "give a path in an existing, writable folder") from exc

@@ -24,6 +24,14 @@ from polar_env.proxy.app import build_app, build_provider_app, gateway_of
 from polar_env.proxy.config import GatewayConfig
 from polar_env.proxy.core import GatewayCore
 
+# The sandboxes' socket's accept queue: a node's sessions may all connect at once (256 at the
+# production shape, more while earlier connections wait). A connect past a full queue fails with
+# EAGAIN, which asyncio's client (our relay, Python harnesses) takes for "in progress": the socket
+# polls writable, SO_ERROR reads 0, and the first write fails ENOTCONN — a lost call. aiohttp's
+# default of 128 lost 7 of 256 sessions at full size once the node's loop accepted a little later
+# (uvloop). The kernel caps it at net.core.somaxconn (4096 since Linux 5.4).
+UNIX_BACKLOG = 4096
+
 
 class Gateway(GatewayCore):
     """A ``GatewayCore`` with its two route tables and the sockets that serve them."""
@@ -78,7 +86,7 @@ class Gateway(GatewayCore):
                 sandbox = web.AppRunner(self.provider_app, access_log=None)
                 await sandbox.setup()
                 self._runners.insert(0, sandbox)
-                await web.UnixSite(sandbox, str(unix_socket)).start()
+                await web.UnixSite(sandbox, str(unix_socket), backlog=UNIX_BACKLOG).start()
                 self.socket = Path(unix_socket)
         except BaseException:
             await self.aclose()
