@@ -118,9 +118,10 @@ class VLLMClient:
                 sent = ids_json(request.prompt_ids)
                 fragment = orjson.Fragment(sent)
                 decode = _token_in_decoder(sent, request.prompt_ids)
-            payload = orjson.dumps(self._body(request, fragment))
-        data = await request_json(self._http(), self.url, payload=payload, engine=self.name, timeout_s=self.timeout_s,
-                                  decode=decode)
+            encoded = [orjson.dumps(self._body(request, fragment))]
+        # handed over, not named: request_json releases the body once it is sent (engines/base.py)
+        data = await request_json(self._http(), self.url, payload=encoded.pop(), engine=self.name,
+                                  timeout_s=self.timeout_s, decode=decode)
         with stage("engine_decode"):
             return self.parse_decoded(data, request)
 
