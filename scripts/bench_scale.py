@@ -303,12 +303,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     try:  # the loop the node's command runs on (uvloop where installed; POLAR_ENV_LOOP=asyncio: the default)
         from polar_env import eventloop
-
-        results, wall, cpu, root = eventloop.run(run())
-        loop_name = eventloop.loop_name()
     except ImportError:  # a baseline tree from before polar_env.eventloop
         results, wall, cpu, root = asyncio.run(run())
         loop_name = "asyncio"
+    else:
+        results, wall, cpu, root = eventloop.run(run())
+        loop_name = eventloop.loop_name()
     stop.set()
     windows = sorted((r.stage_times["postrun"], r.stage_times.get("done", r.stage_times["postrun"])) for r in results)
     postrun_s = [b - a for a, b in windows]
