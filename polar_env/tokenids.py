@@ -10,6 +10,8 @@ the text stays exact; ``tests/test_tokenids.py`` checks it against ``orjson.dump
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import orjson
 
 
@@ -36,12 +38,15 @@ def extend_ids(head: list[int] | tuple[int, ...], *tails: list[int], head_json: 
     for part in tails:
         tail += part
     ids += tail
-    first = head_json if head_json is not None else ids_json(head)
-    rest = orjson.dumps(tail)
-    if len(first) == 2:  # b"[]"
-        ids.json = rest
-    elif len(rest) == 2:
-        ids.json = first
-    else:
-        ids.json = b"".join((memoryview(first)[:-1], b",", memoryview(rest)[1:]))  # one copy of the head
+    ids.json = joined_json(head_json if head_json is not None else ids_json(head), tail)
     return ids
+
+
+def joined_json(head_json: bytes, tail: Sequence[int]) -> bytes:
+    """The JSON of a list whose first ids serialize as ``head_json``, followed by ``tail``."""
+    rest = orjson.dumps(tail)
+    if len(head_json) == 2:  # b"[]"
+        return rest
+    if len(rest) == 2:
+        return head_json
+    return b"".join((memoryview(head_json)[:-1], b",", memoryview(rest)[1:]))  # one copy of the head

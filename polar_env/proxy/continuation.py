@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -32,72 +32,96 @@ from polar_env.chat import ChatFormat, NotContinuable
 from polar_env.chat.content import content_text
 from polar_env.journal.format import common_prefix
 from polar_env.records import AssistantMessage, ChatRequest, Generation
-from polar_env.tokenids import JsonIds, extend_ids
+from polar_env.tokenids import JsonIds, joined_json
 
 _KEEP_TURNS = 32  # recent turns remembered per session: enough for interleaved sub-agents
 # One int object per token id for the whole process: ids parsed from engine replies are fresh
 # 28-byte objects each; remembered contexts point into this table instead, so a session's tip
-# costs 8 bytes an id (its list) — ~0.8 MB at 100k tokens, ~200 MB for 256 sessions, not ~1 GB.
+# costs 8 bytes an id (its chunks) — ~0.8 MB at 100k tokens, ~200 MB for 256 sessions, not ~1 GB.
 _IDS = list(range(1 << 18))
 
 
-def _interned(ids: list[int]) -> list[int]:
+def _interned(ids: list[int]) -> tuple[int, ...]:
     table = _IDS
     if ids and max(ids) < len(table) and min(ids) >= 0:
-        return list(map(table.__getitem__, ids))
-    return list(ids)
+        return tuple(map(table.__getitem__, ids))
+    return tuple(ids)
+
+
+# A context as the chunks it was built from, each an immutable run of ids. A session's turns share
+# their chunks, so what they store adds up to the final context, not to turns x context. A tuple of
+# ints leaves the cyclic GC's tracking at its first pass; what a young collection walks per call is
+# the chunk list (one pointer per turn). A whole-context tuple built per call was walked in full:
+# at 256 sessions each young collection met ~256 of them, ~100k ids each (230-375 ms pauses).
+Chunks = tuple[tuple[int, ...], ...]
+L = TypeVar("L", bound=list[int])
+_MAX_CHUNKS = 512  # a longer chain is flattened into one chunk (a copy per ~250 turns)
+
+
+def _cut(chunks: Chunks, n: int) -> Chunks:
+    """The first ``n`` ids of ``chunks``, as chunks (the one that straddles ``n`` is sliced)."""
+    out: list[tuple[int, ...]] = []
+    for chunk in chunks:
+        if n <= 0:
+            break
+        out.append(chunk if len(chunk) <= n else chunk[:n])
+        n -= len(chunk)
+    return tuple(out)
+
+
+def _joined(chunks: Chunks, ids: L) -> L:
+    """``ids`` extended by every chunk (each a tuple, copied by CPython's fast path)."""
+    for chunk in chunks:
+        ids.extend(chunk)
+    return ids
 
 
 @dataclass(slots=True, eq=False)
 class Turn:
-    """One remembered call. Its prompt is ``parent``'s context (prompt + sampled ids) cut to
-    ``keep`` tokens, then ``suffix``: a session's turns form a tree whose stored ids add up to
-    the final context, not to turns × context. Messages and tool lists share the objects of the
-    turn they extend. Only chain tips cache their materialized context."""
+    """One remembered call: its prompt as chunks shared with the turn it extends, its sampled ids,
+    and (a chain's tip only) the prompt's JSON, so the next prompt is serialized by its delta."""
 
     seq: int
     messages: list[dict[str, Any]]
     tools: bytes
     thinking: bool
-    parent: Turn | None
-    keep: int
-    suffix: list[int]
-    response_ids: list[int]
+    prompt: Chunks
+    prompt_len: int
+    response_ids: tuple[int, ...]
     message: AssistantMessage
-    # The whole prompt, kept on tips only, as a tuple with its JSON: the context is it +
-    # ``response_ids``, built in the same pass as the next prompt (``extended``). A tuple of ints
-    # leaves the cyclic GC's tracking at its first pass; a tip's 100k-id list was traversed by
-    # every young-generation collection it lived through (256 of them: 350-600 ms pauses). A
-    # ``JsonIds`` prompt is sliced first: ``tuple()`` iterates a list subclass (0.40 ms at 104k
-    # ids), while a slice is a plain list it copies directly (0.13 + 0.14 ms).
-    cache: tuple[int, ...] | None = None
-    cache_json: bytes | None = None
+    prompt_json: bytes | None = None
     abandoned: bool = False  # its client went away: the harness never saw this reply
 
-    def context(self) -> list[int]:
-        return self.extended([])
+    def context_chunks(self) -> Chunks:
+        return (*self.prompt, self.response_ids) if self.response_ids else self.prompt
 
-    def extended(self, tail: list[int]) -> list[int]:
-        """``context() + tail`` with one copy of the context, not two; a tip's carries its JSON
-        (``polar_env.tokenids``), so the engine client serializes only the new ids."""
-        if self.cache is not None:
-            return extend_ids(self.cache, self.response_ids, tail, head_json=self.cache_json)
-        head = self.parent.context()[: self.keep] if self.parent is not None else []
-        return [*head, *self.suffix, *self.response_ids, *tail]
+    def context(self) -> list[int]:
+        return _joined(self.context_chunks(), [])
 
     def context_len(self) -> int:
-        if self.cache is not None:
-            return len(self.cache) + len(self.response_ids)
-        return self.keep + len(self.suffix) + len(self.response_ids)
+        return self.prompt_len + len(self.response_ids)
+
+    def next_prompt(self, tail: tuple[int, ...]) -> tuple[JsonIds, Chunks]:
+        """``context() + tail`` as the engine's prompt with its JSON (a tip's JSON with the new
+        ids' appended: ``polar_env.tokenids``), and as the chunks its turn will keep."""
+        chunks = (*self.context_chunks(), tail) if tail else self.context_chunks()
+        ids = _joined(chunks, JsonIds())
+        if len(chunks) > _MAX_CHUNKS:
+            chunks = (tuple(ids),)
+        new = self.response_ids + tail
+        ids.json = joined_json(self.prompt_json, new) if self.prompt_json is not None else orjson.dumps(ids)
+        return ids, chunks
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A token-in prompt: ``ids`` is ``parent.context()`` (``keep`` tokens) then new tokens."""
+    """A token-in prompt: ``ids`` is ``parent.context()`` (``keep`` tokens) then new tokens;
+    ``chunks`` holds the same ids for the turn that remembers it."""
 
-    ids: list[int]
+    ids: JsonIds
     parent: Turn
     keep: int
+    chunks: Chunks
 
 
 def _arguments(value: Any) -> Any:
@@ -151,7 +175,7 @@ def pick_sibling(echo: Mapping[str, Any], siblings: list[Turn]) -> tuple[Turn | 
             candidates = by_reasoning
     if len(candidates) > 1:
         candidates = [t for t in candidates if not t.abandoned] or candidates
-    if len({tuple(t.response_ids) for t in candidates}) > 1:
+    if len({t.response_ids for t in candidates}) > 1:
         return None, (f"{len(candidates)} sampled turns (retries) match the echoed assistant turn and differ "
                       "in their tokens; cannot tell which the harness sent")
     return candidates[-1], ""
@@ -205,8 +229,8 @@ class Continuation:
             return None, f"continuation fallback: {exc.reason}"
         end = [] if ended else [self.chat.end_of_turn_id]
         keep = best.context_len()
-        ids = best.extended(_interned(end + self.chat.tokenizer.encode(new_text)))
-        return Plan(ids, best, keep), f"continuation: token-in over {keep} earlier tokens"
+        ids, chunks = best.next_prompt(_interned(end + self.chat.tokenizer.encode(new_text)))
+        return Plan(ids, best, keep, chunks), f"continuation: token-in over {keep} earlier tokens"
 
     def abandon(self, seq: int) -> None:
         """The reply of call ``seq`` never reached its client (the harness cannot continue it)."""
@@ -221,27 +245,23 @@ class Continuation:
         tools = orjson.dumps(chat.tools)
         last = self.turns[-1] if self.turns else None
         messages = chat.messages
-        parent: Turn | None
+        prompt_json: bytes | None = None
         if plan is not None and (generation.prompt_ids is plan.ids or generation.prompt_ids == plan.ids):
-            parent, keep, prompt = plan.parent, plan.keep, plan.ids  # interned already
-            messages = parent.messages + messages[len(parent.messages):]  # share the unchanged prefix
+            chunks, prompt_len, prompt_json = plan.chunks, len(plan.ids), plan.ids.json  # interned already
+            parent: Turn | None = plan.parent
+            messages = plan.parent.messages + messages[len(plan.parent.messages):]  # share the unchanged prefix
         else:  # templated: share what the previous turn's context has in common with it
-            prompt = _interned(generation.prompt_ids)
-            parent, keep = last, 0
-            if last is not None:
-                keep = common_prefix(last.context(), prompt)
-                if keep == 0:
-                    parent = None
+            prompt = list(_interned(generation.prompt_ids))
+            prompt_len, parent = len(prompt), last
+            keep = common_prefix(last.context(), prompt) if last is not None else 0
+            chunks = (*_cut(last.context_chunks(), keep), tuple(prompt[keep:])) if last is not None and keep else (tuple(prompt),)
         if last is not None and last.tools == tools:
             tools = last.tools
         if parent is not None:
-            parent.cache = parent.cache_json = None  # the new turn is the chain's tip now
-        response = _interned(generation.response_ids)
+            parent.prompt_json = None  # the new turn is the chain's tip now
         self.turns.append(
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
-                 parent=parent, keep=keep, suffix=prompt[keep:], response_ids=response,
-                 message=generation.message, cache=tuple(prompt[:] if type(prompt) is JsonIds else prompt),
-                 cache_json=prompt.json if type(prompt) is JsonIds else None, abandoned=abandoned)
+                 prompt=chunks, prompt_len=prompt_len, response_ids=_interned(generation.response_ids),
+                 message=generation.message, prompt_json=prompt_json, abandoned=abandoned)
         )
-
