@@ -28,20 +28,6 @@ def ids_json(ids: list[int] | tuple[int, ...]) -> bytes:
     return ids.json if type(ids) is JsonIds else orjson.dumps(ids)
 
 
-def extend_ids(head: list[int] | tuple[int, ...], *tails: list[int], head_json: bytes | None = None) -> JsonIds:
-    """``head`` followed by ``tails``, with its JSON: ``head``'s (``head_json``, else read off a
-    ``JsonIds``, else serialized now) joined to the tails' (serialized now: the delta). A
-    ``tuple`` or exact ``list`` head is copied with CPython's fast path; a ``JsonIds`` head is
-    iterated (~1.5x slower), so long-lived heads are best kept as tuples."""
-    ids = JsonIds(head)
-    tail: list[int] = []
-    for part in tails:
-        tail += part
-    ids += tail
-    ids.json = joined_json(head_json if head_json is not None else ids_json(head), tail)
-    return ids
-
-
 def joined_json(head_json: bytes, tail: Sequence[int]) -> bytes:
     """The JSON of a list whose first ids serialize as ``head_json``, followed by ``tail``."""
     rest = orjson.dumps(tail)

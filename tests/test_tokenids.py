@@ -1,5 +1,6 @@
-"""``JsonIds`` carry exactly ``orjson.dumps`` of their ids however they were extended, and they
-are plain lists to every reader (equality, slicing, JSON, pickling)."""
+"""``JsonIds`` carry exactly ``orjson.dumps`` of their ids however they were extended (their JSON
+``joined_json`` of the head's and the delta's), and they are plain lists to every reader (equality,
+slicing, JSON, pickling)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import pickle
 import orjson
 import pytest
 
-from polar_env.tokenids import JsonIds, extend_ids, ids_json
+from polar_env.tokenids import JsonIds, ids_json, joined_json
+
+
+def extend_ids(head: list[int] | tuple[int, ...], *tails: list[int], head_json: bytes | None = None) -> JsonIds:
+    """``head`` + ``tails`` as the continuation builds a prompt: the ids copied, the JSON the
+    head's (given, carried, or serialized) joined with the delta's."""
+    tail = [i for part in tails for i in part]
+    ids = JsonIds([*head, *tail])
+    ids.json = joined_json(head_json if head_json is not None else ids_json(head), tail)
+    return ids
 
 
 @pytest.mark.parametrize(("head", "tails"), [

@@ -86,7 +86,6 @@ class Turn:
     tools: bytes
     thinking: bool
     prompt: Chunks
-    prompt_len: int
     response_ids: tuple[int, ...]
     message: AssistantMessage
     prompt_json: bytes | None = None
@@ -99,7 +98,7 @@ class Turn:
         return _joined(self.context_chunks(), [])
 
     def context_len(self) -> int:
-        return self.prompt_len + len(self.response_ids)
+        return sum(map(len, self.prompt)) + len(self.response_ids)
 
     def next_prompt(self, tail: tuple[int, ...]) -> tuple[JsonIds, Chunks]:
         """``context() + tail`` as the engine's prompt with its JSON (a tip's JSON with the new
@@ -247,14 +246,13 @@ class Continuation:
         messages = chat.messages
         prompt_json: bytes | None = None
         if plan is not None and (generation.prompt_ids is plan.ids or generation.prompt_ids == plan.ids):
-            chunks, prompt_len, prompt_json = plan.chunks, len(plan.ids), plan.ids.json  # interned already
+            chunks, prompt_json = plan.chunks, plan.ids.json  # interned already
             parent: Turn | None = plan.parent
             messages = plan.parent.messages + messages[len(plan.parent.messages):]  # share the unchanged prefix
         else:  # templated: share what the previous turn's context has in common with it
-            prompt = list(_interned(generation.prompt_ids))
-            prompt_len, parent = len(prompt), last
-            keep = common_prefix(last.context(), prompt) if last is not None else 0
-            chunks = (*_cut(last.context_chunks(), keep), tuple(prompt[keep:])) if last is not None and keep else (tuple(prompt),)
+            ids, parent = _interned(generation.prompt_ids), last
+            keep = common_prefix(last.context(), list(ids)) if last is not None else 0
+            chunks = (*_cut(last.context_chunks(), keep), ids[keep:]) if last is not None and keep else (ids,)
         if last is not None and last.tools == tools:
             tools = last.tools
         if parent is not None:
@@ -262,6 +260,6 @@ class Continuation:
         self.turns.append(
             Turn(seq=seq, messages=messages, tools=tools,
                  thinking=chat.chat_template_kwargs.get("enable_thinking", True) is not False,
-                 prompt=chunks, prompt_len=prompt_len, response_ids=_interned(generation.response_ids),
+                 prompt=chunks, response_ids=_interned(generation.response_ids),
                  message=generation.message, prompt_json=prompt_json, abandoned=abandoned)
         )

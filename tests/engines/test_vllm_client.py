@@ -411,18 +411,19 @@ async def test_a_continuation_prompt_is_sent_as_the_json_it_carries(upstream: Up
     it carries, not serialized again (that text is exact by construction: tests/test_tokenids.py)."""
     import orjson
 
-    from polar_env.tokenids import extend_ids
+    from polar_env.tokenids import JsonIds, joined_json
 
     fx = load("vllm_chat_reasoning.json")
     upstream.reply(CHAT, orjson.dumps(fx))
-    prompt = extend_ids(fx["prompt_token_ids"][:-3], fx["prompt_token_ids"][-3:])
+    prompt = JsonIds(fx["prompt_token_ids"])
+    prompt.json = joined_json(orjson.dumps(fx["prompt_token_ids"][:-3]), fx["prompt_token_ids"][-3:])
     assert prompt.json == orjson.dumps(list(prompt))
     gen = await client.generate(ChatRequest(messages=USER).model_copy(update={"prompt_ids": prompt}))
     assert upstream.bodies[0]["kv_transfer_params"]["prompt_token_ids"] == prompt and gen.prompt_ids is prompt
     assert upstream.raw[0].count(prompt.json) == 1  # the carried text, as it is
     # the carried text, not a fresh serialization: a spaced one (the same ids) reaches the engine as
     # it is; the compact echo then differs from the bytes sent, so it is decoded and compared
-    spaced = extend_ids(list(prompt), [])
+    spaced = JsonIds(prompt)
     spaced.json = b"[" + b", ".join(str(i).encode() for i in prompt) + b"]"
     gen = await client.generate(ChatRequest(messages=USER).model_copy(update={"prompt_ids": spaced}))
     assert spaced.json in upstream.raw[1] and orjson.dumps(list(prompt)) not in upstream.raw[1]
