@@ -5,6 +5,11 @@ ones through ``fresh_graded_runtime``) goes through ``graded_runtime``: the chan
 node took from the agent's workspace, ``ctx.changes``; or one computed from a text patch,
 ``ctx.patch``; or taken now from the agent's live runtime) is admitted under the task's policy and
 written into the context's fresh runtime. See ``integrity.py`` for the contract.
+
+The agent's breakage is the agent's: what goes wrong while its change is taken, admitted or
+written because of that change (``integrity.agent_fault``) is a ``Graded`` with nothing to grade,
+which every evaluator turns into reward 0, unmasked (``broken_result``); a failure of the grading
+runtime itself (it cannot start, its exec fails) is raised, an ``evaluator_error``, masked.
 """
 
 from __future__ import annotations
@@ -22,13 +27,26 @@ from polar_env.evaluators.integrity import (
     Graded,
     IntegrityParams,
     IntegrityPolicy,
+    agent_fault,
     grade_changes,
     grading_env,
     prepare_grading_home,
     resolve_policy,
+    test_location,
 )
-from polar_env.evaluators.results import PLUGIN_MODULE, Reporter, read_verdict, stage_reporter
+from polar_env.evaluators.results import (
+    FAULT,
+    NOT_LOADED,
+    PLUGIN_MODULE,
+    TAMPERED,
+    UNFINISHED,
+    Reporter,
+    Verdict,
+    read_verdict,
+    stage_reporter,
+)
 from polar_env.evaluators.workspace import Changes, Manifest, agent_changes, changes_between, snapshot
+from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 from polar_env.runtimes.limits import LimitExceeded
 
@@ -41,6 +59,15 @@ APPLY_COMMANDS = (
 )
 RESET_COMMAND = "git reset -q && git checkout -- . && git clean -fdq"
 PATCH_FILE = ".git/polar_model.patch"
+
+
+class NothingToGrade(ConfigError):
+    """``fresh_graded_runtime``: the agent left nothing the grader can take or write (``report``: the
+    reward-0 report). ``run_evaluator`` grades one that escapes a custom evaluator 0, unmasked."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        super().__init__(f"nothing to grade: {report.get('reason')}")
+        self.report = report
 
 
 async def changes_from_patch(runtime: Runtime, patch: str, base: Manifest, *,
@@ -103,36 +130,70 @@ async def context_changes(ctx: EvalContext, runtime: Runtime, *,
 
 async def graded_runtime(ctx: EvalContext, policy: IntegrityPolicy, *, test_files: Sequence[str] = (),
                          timeout_s: float = 120.0) -> tuple[Runtime, Graded]:
-    """The context's fresh runtime with the admitted change written in, and what was graded."""
+    """The context's fresh runtime with the admitted change written in, and what was graded. A
+    fresh runtime that cannot start raises (masked); a change that cannot be taken or written by
+    its own doing (``integrity.agent_fault``) comes back as ``Graded.fault`` (reward 0, unmasked;
+    ``limit_exceeded`` when it went over a limit); any other failure raises."""
     runtime = await ctx.fresh_runtime()
-    changes, logs, fresh = await context_changes(ctx, runtime, timeout_s=timeout_s)
-    graded = await grade_changes(runtime, changes, policy, test_files=test_files, base=fresh)
-    graded.apply_logs = logs
+    try:
+        changes, logs, fresh = await context_changes(ctx, runtime, timeout_s=timeout_s)
+    except Exception as exc:
+        fault = await agent_fault(runtime, exc)
+        if fault is None:
+            raise
+        graded = Graded(policy, Changes(source="patch" if ctx.patch is not None else "snapshot"), fault=fault)
+    else:
+        graded = await grade_changes(runtime, changes, policy, test_files=test_files, base=fresh)
+        graded.apply_logs = logs
     await prepare_grading_home(runtime, policy)
     return runtime, graded
 
 
-async def check_env(runtime: Runtime, policy: IntegrityPolicy, *, files: Sequence[str] = (),
+async def check_env(runtime: Runtime, policy: IntegrityPolicy, *, files: Sequence[str] = (), prefer: Sequence[str] = (),
                     safe_path: bool = False) -> tuple[dict[str, str], Reporter | None]:
     """The environment for a check that runs (or may run) pytest, with the grader's plugin staged:
     its report and canaries gate the reward whatever else decides it (``swebench``: the verdict
-    itself; ``output`` commands, Harbor verifiers: tampering). ``files``: test modules the canaries
-    prefer; ``safe_path``: see ``grading_env``."""
+    itself; ``output`` commands, Harbor verifiers: see ``pytest_gate``). ``files``: test modules
+    the canaries are copied from first, ``prefer``: tests whose outcome the task knows;
+    ``safe_path``: see ``grading_env``."""
     workdir = runtime.spec.workdir
     if not policy.enabled:
         return grading_env(policy, workdir), None
-    reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files)
+    reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files, prefer=prefer)
     env = grading_env(policy, workdir, {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}, safe_path=safe_path)
     return env, reporter
 
 
-async def tamper_evidence(runtime: Runtime, reporter: Reporter | None) -> dict[str, Any] | None:
-    """The plugin's report fields when a pytest ran under it and its canaries or lines say the run
-    was tampered with (reward 0, ``tampered``); None otherwise."""
+async def pytest_verdict(runtime: Runtime, reporter: Reporter | None, output: str, *,
+                         test_files: Sequence[str] = ()) -> Verdict | None:
+    """The plugin's verdict on the run (None when none was staged). An XFAIL or SKIP raised from a
+    file a fix may edit (not a test location) is refused there."""
     if reporter is None:
         return None
-    found = await read_verdict(runtime, reporter)
-    return {**found.as_report(), "tampered": True} if found.tampered else None
+    return await read_verdict(runtime, reporter, output, editable=lambda path: not test_location(path, test_files))
+
+
+def pytest_gate(found: Verdict | None, report: dict[str, Any]) -> EvalResult | None:
+    """For checks whose own pass rule is an exit status or a reward file (``output``, ``harbor``):
+    the result a pytest run under the plugin forces, or None when the check decides. Tampering is
+    0; the grader's own fault is an ERROR (masked, never the agent's); a session that never
+    finished (``os._exit`` from project code, a killed process) or an outcome the grader refused
+    is 0. No pytest under the plugin (the check runs none) leaves it to the check."""
+    if found is None or found.state == NOT_LOADED:
+        return None
+    report.update(found.as_report())
+    if found.state == TAMPERED:
+        report["tampered"] = True
+        return EvalResult(reward=0.0, report={**report, "reason": "tampered: " + "; ".join(found.problems[:5])})
+    if found.state == FAULT:
+        return EvalResult(status=Status.ERROR, report={**report, "error": "; ".join(found.faults[:3])})
+    if found.state == UNFINISHED:
+        return EvalResult(reward=0.0, report={**report, "reason": "pytest ran under the grader's plugin and its session "
+                                              "never finished (the process ended or was killed mid-run)"})
+    if found.refused:
+        why = "; ".join(f"{r['test']}: {r['why']}" for r in found.refused[:3])
+        return EvalResult(reward=0.0, report={**report, "reason": f"outcomes the grader refuses: {why}"})
+    return None
 
 
 def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:
@@ -151,11 +212,12 @@ async def fresh_graded_runtime(
 ) -> tuple[Runtime, Graded, dict[str, str]]:
     """For custom evaluators: the context's fresh runtime holding the admitted change, the
     ``Graded`` record (``.as_report()`` goes into the report) and the environment to run checks
-    under. ``integrity`` defaults to ``ctx.params["integrity"]``. Raises ``ConfigError`` when the
-    agent's workspace could not be taken or its patch does not apply (grade that 0)."""
+    under. ``integrity`` defaults to ``ctx.params["integrity"]``. Raises ``NothingToGrade`` (a
+    ``ConfigError``) when the agent's change could not be taken or written or its patch does not
+    apply: grade that 0 (``run_evaluator`` does, when it is not caught)."""
     policy = resolve_policy(integrity if integrity is not None else ctx.params.get("integrity"), default=default_policy)
     runtime, graded = await graded_runtime(ctx, policy, test_files=test_files, timeout_s=timeout_s)
-    problem = broken_result(graded, {})
+    problem = broken_result(graded, graded.as_report())
     if problem is not None:
-        raise ConfigError(f"nothing to grade: {problem.report['reason']}")
+        raise NothingToGrade(problem.report)
     return runtime, graded, grading_env(policy, runtime.spec.workdir)

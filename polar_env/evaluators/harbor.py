@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, tamper_evidence
+from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_gate, pytest_verdict
 from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, resolve_policy
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
@@ -136,10 +136,9 @@ class HarborEvaluator:
         if run.exit_code == STAGING_FAILED:
             report["reason"] = "could not stage /tests and /logs/verifier in the grading runtime"
             return EvalResult(status=Status.ERROR, report=report)
-        tampered = await tamper_evidence(runtime, reporter)
-        if tampered is not None:
-            report.update(tampered, reason="tampered: " + "; ".join(tampered["tamper_evidence"][:5]))
-            return EvalResult(reward=0.0, report=report)
+        forced = pytest_gate(await pytest_verdict(runtime, reporter, run.output), report)
+        if forced is not None:
+            return forced
         text = await _read(runtime, f"{STAGE_OUT}/reward.txt")
         data = await _read(runtime, f"{STAGE_OUT}/reward.json")
         try:

@@ -75,7 +75,8 @@ class IntegrityPolicy(BaseModel):
     # "source": a new file needs a source or data suffix (a repo's fix); "any": any text file (a task
     # whose deliverable is the workspace: Harbor, output commands). Name and kind rules hold for both.
     new_files: Literal["source", "any"] = "source"
-    plugin_autoload: bool = True  # False: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 (when the suite needs no plugin)
+    plugin_autoload: bool = True  # False: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, and only ``plugins`` are loaded
+    plugins: tuple[str, ...] = ()  # pytest plugins loaded by name (``-p``) under plugin_autoload False
 
 
 POLICIES: dict[str, IntegrityPolicy] = {
@@ -97,6 +98,9 @@ class IntegrityParams(BaseModel):
     allow: list[str] = Field(default_factory=list)
     protect: list[str] = Field(default_factory=list)
     canaries: int | None = Field(default=None, ge=0)
+    # the pytest plugins the task's suite needs (``-p`` names, e.g. "xdist.plugin", "pytest_benchmark.plugin"),
+    # loaded by name when the policy turns autoloading off (allowlist-hermetic)
+    plugins: list[str] = Field(default_factory=list)
 
 
 def register_policy(policy: IntegrityPolicy, *, replace: bool = False) -> IntegrityPolicy:
@@ -125,6 +129,8 @@ def resolve_policy(spec: IntegrityParams | Mapping[str, Any] | str | None = None
         update = {"allow": (*base.allow, *spec.allow), "protect": (*base.protect, *spec.protect)}
     if spec.canaries is not None:
         update["canaries"] = spec.canaries
+    if spec.plugins:
+        update["plugins"] = (*base.plugins, *spec.plugins)
     return base.model_copy(update=update) if update else base
 
 
@@ -144,7 +150,8 @@ def _matches(path: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, pat) for pat in patterns)
 
 
-def _test_location(path: str, test_files: Sequence[str]) -> bool:
+def test_location(path: str, test_files: Sequence[str] = ()) -> bool:
+    """Whether ``path`` is where tests live: the test patch's files and folders, test folders, test modules."""
     if path in test_files:
         return True
     dirs = {d for d in (posixpath.dirname(p) for p in test_files) if d}
@@ -169,7 +176,7 @@ def name_rule(path: str, test_files: Sequence[str] = ()) -> str | None:
         return "compiled module, bytecode or interpreter hook"
     if name in RUNNER_CONFIG:
         return "runner or packaging config"
-    if _test_location(path, test_files):
+    if test_location(path, test_files):
         return "test location (tests come from the pristine base and the test patch)"
     return None
 
@@ -364,6 +371,7 @@ def grading_env(policy: IntegrityPolicy, workdir: str, extra: Mapping[str, str] 
         env["PYTHONSAFEPATH"] = "1"
     if not policy.plugin_autoload:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        env["PYTEST_ADDOPTS"] += "".join(f" -p {shlex.quote(name)}" for name in policy.plugins)
     return env
 
 

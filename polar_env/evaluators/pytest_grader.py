@@ -1,44 +1,82 @@
-"""The grader's pytest plugin: structured, authenticated results and canary tests.
+# ruff: noqa: UP006, UP035, UP045, B905  (this file runs on Python 3.6: typing generics, zip without strict=)
+"""The grader's pytest plugin: authenticated results and canaries written into the real test files.
 
 This file is copied into the grading runtime (a directory named at random under ``/tmp``) and
-loaded by name (``-p polar_grader``); it imports nothing from polar_env and runs under the runtime's
-own interpreter. At import it reads its configuration file and deletes it, so no later process can
-read the key in it:
+loaded by name (``-p polar_grader``) into the *task's* interpreter, whatever it is: Python 3.6 to
+3.13, pytest 4.6 to 8 (so: no ``from __future__ import annotations``, no ``pytest.Config`` at def
+time, nothing newer than those versions have). It imports nothing from polar_env. At import it
+reads its one-use configuration and deletes it, then:
 
-- every test report (nodeid, phase, outcome) is written as one JSON line with an HMAC-SHA256 under
-  that key to a report file the grader reads afterwards — the verdict never comes from the log the
-  code under test can print into; a line without a valid MAC means the run was tampered with;
-- canaries: tests the agent never saw, named like the task's tests in the same modules
-  (``<a real test's name>_<word>``, compiled against the test module's file and globals) and placed
-  at random positions of the run; some must pass, some must fail. A canary with the wrong outcome
-  means something in the test process changed outcomes;
+- **Results leave as they are made.** Every record (a test report, a collection error, the plan,
+  the finish) is appended to the report file as one JSON line with a sequence number and an
+  HMAC-SHA256 under a key that is replaced by its own hash after each line (a ratchet): code that
+  gains control later can at most add lines after its own arrival, never rewrite or remove one
+  already written (a gap, a repeat or a bad MAC is evidence the grader reads). The first line
+  is also printed to stderr (the grader captures it outside the sandbox), so a report file that
+  was truncated or removed is evidence too, not a lost run.
+- **Canaries are copies of the task's own tests**, written into the test module's file on disk
+  before anything imports it: a "same" copy of a real test (it must come out as its original does)
+  and a "fail" copy with one more assertion that fails (it must not pass). They call the project's
+  code, carry its fixtures and decorators, sit next to their originals and are named like them;
+  the plan (which node ids are copies of which) goes to the report before project code can run.
+- **Skips and xfails say where they came from** (``origin``: the file that raised them; ``xfail``:
+  from a mark or a call), and the plan lists which test files mention xfail at all, so the grader
+  can refuse an XFAIL or SKIP raised from the code a fix may edit.
+- the failing copies are the grader's, not the suite's: when they are all that failed, the
+  session's exit status is 0, so a check that reads pytest's status sees the task's own result.
+- its own errors are reported as such (``internal_error``): a grader fault, not the agent's.
 - the workspace stays off ``sys.path`` while the runner and its plugins import (the grader sets
   ``PYTHONSAFEPATH``); for ``python -m pytest`` the working directory is put back at
   ``pytest_load_initial_conftests``, as Python itself would have done, before any project code loads.
 """
 
-from __future__ import annotations
-
+import ast
 import hashlib
 import hmac
 import json
 import os
 import random
+import re
 import sys
-from typing import Any
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import pytest
 
 _CONFIG_ENV = "POLAR_GRADER_CONFIG"
+BEACON = "polar-grader-beacon"
+MIN_PYTEST = (4, 6)
+MAX_WALK = 2000  # test files looked at when the run names directories
+MAX_FILE = 2000000  # bytes of one test file parsed for canaries
+TEST_DIRS = ("test", "tests", "testing")
+# the extra assertion of a "fail" copy: a wrong value, the way a real test fails
+FAIL_TAILS = ("assert {a} + {b} == {d}", "assert sorted([{b}, {a}]) == [{hi}, {lo}]", "assert len([{a}]) == {b}",
+              "assert str({a}) == {b!r}", "assert {{'k': {a}}}.get('k') == {d}")
 
 
-def _load() -> dict[str, Any] | None:
+def _key(nodeid: str) -> str:
+    """A node id as the plan names tests: the file's base name, then the rest without parameters
+    (pytest spells the file part differently across versions and for files outside the rootdir)."""
+    path, _, rest = nodeid.partition("::")
+    return path.replace(os.sep, "/").rsplit("/", 1)[-1] + "::" + rest.split("[", 1)[0]
+
+
+def _pytest_version() -> Tuple[int, int]:
+    parts = (pytest.__version__.split(".") + ["0"])[:2]
+    try:
+        return int(parts[0]), int(re.sub(r"\D.*", "", parts[1]) or 0)
+    except ValueError:
+        return 0, 0
+
+
+def _load() -> Optional[Dict[str, Any]]:
     path = os.environ.pop(_CONFIG_ENV, None)
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            config: dict[str, Any] = json.load(f)
+            config = json.load(f)  # type: Dict[str, Any]
+    except (OSError, ValueError):
+        return None
     finally:
         try:
             os.unlink(path)
@@ -47,89 +85,326 @@ def _load() -> dict[str, Any] | None:
     return config
 
 
-_config = _load()
-_key = bytes.fromhex(_config.pop("key")) if _config else b""
-_fd = os.open(_config["report"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600) if _config else -1
-_canaries: dict[str, str] = {}  # nodeid -> "pass" / "fail"
-_collected = [0]
-# canary bodies; the failing ones fail the ways real tests do (a wrong value, an exception of a common
-# type), so a hook that forgives only some kinds of failure still flips one
-_PASSING = ("assert {a} + {b} == {s}", "assert sorted([{b}, {a}]) == [{lo}, {hi}]", "assert str({a}).isdigit()")
-_FAILING = ("assert {a} + {b} == {d}", "assert {a} // ({b} - {b})", "assert {{}}['k{a}']", "assert None.real_{a}",
-            "assert int('x{a}')", "assert len({a})", "assert [{a}][{b}]")
+def _channel(key: bytes, fd: int) -> Callable[[Dict[str, Any]], str]:
+    """The one writer of report lines; its key and counter live only in this closure's cell."""
+    state = [key, 0]  # type: List[Any]
+
+    def emit(record: Dict[str, Any]) -> str:
+        k, seq = state
+        record["seq"] = seq
+        body = json.dumps(record, sort_keys=True, separators=(",", ":"))
+        mac = hmac.new(k, body.encode(), hashlib.sha256).hexdigest()
+        state[0] = hashlib.sha256(b"polar-ratchet" + k).digest()
+        state[1] = seq + 1
+        line = body + "\t" + mac + "\n"
+        if fd >= 0:
+            os.write(fd, line.encode())
+        return line
+
+    return emit
 
 
-def _emit(record: dict[str, Any]) -> None:
-    if _fd < 0:
-        return
-    body = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    mac = hmac.new(_key, body.encode(), hashlib.sha256).hexdigest()
-    os.write(_fd, f"{body}\t{mac}\n".encode())
+def _start() -> Tuple[Optional[Callable[[Dict[str, Any]], str]], Dict[str, Any]]:
+    config = _load()
+    if not config:
+        return None, {}
+    key = bytes.fromhex(config.pop("key"))
+    try:
+        fd = os.open(config.pop("report"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError:
+        fd = -1
+    emit = _channel(key, fd)
+    supported = _pytest_version() >= MIN_PYTEST
+    line = emit({"event": "loaded", "pytest": pytest.__version__, "python": sys.version.split()[0],
+                 "supported": supported, "report_open": fd >= 0})
+    try:
+        os.write(2, "{} {} {}".format(BEACON, config.get("tag", ""), line).encode())
+    except OSError:
+        pass
+    return (emit if supported else None), config
+
+
+_emit, _config = _start()
+_must_fail = set()  # type: Set[str]  # node ids (sans parameters) of the copies that must fail
+_failed = [0, 0]  # [failed reports, of them failing copies]
+_root = [os.getcwd()]
+
+
+def _safe(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one of our hooks' bodies: our own error is reported as ours (a grader fault), never
+    raised into the run."""
+    if _emit is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the grader must hear of it, the run must go on
+        _emit({"event": "internal_error", "where": where, "error": repr(exc)[:500]})
+        return None
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+def pytest_load_initial_conftests(early_config: Any, parser: Any, args: List[str]) -> None:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name in ("pytest.__main__", "pytest") and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # what `python -m` adds; kept off until the runner had loaded
 
 
-def _module_of(item: Any) -> Any:
-    node = item
-    while node is not None and type(node).__name__ != "Module":
-        node = getattr(node, "parent", None)
-    return node
+# -- the plan: test files, canaries written into them ---------------------------------------------
+
+
+def _is_test_file(name: str) -> bool:
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+
+
+def _test_files(root: str, args: List[str], wanted: List[str]) -> List[str]:
+    """Absolute paths of the test files of this run (and the conftests above them): the grader's own list first, then what the args name."""
+    out = []  # type: List[str]
+    seen = set()  # type: Set[str]
+
+    def add(path: str) -> None:
+        full = os.path.abspath(path)
+        if full not in seen and os.path.isfile(full):
+            seen.add(full)
+            out.append(full)
+        parent = os.path.dirname(full)  # the conftests above it: they may mark tests xfail
+        while parent.startswith(root) and parent not in seen:
+            seen.add(parent)
+            conftest = os.path.join(parent, "conftest.py")
+            if os.path.isfile(conftest) and conftest not in seen:
+                seen.add(conftest)
+                out.append(conftest)
+            parent = os.path.dirname(parent)
+
+    for w in wanted:
+        add(os.path.join(root, w))
+    roots = [a.split("::", 1)[0] for a in args if not a.startswith("-")] or ["."]
+    for a in roots:
+        if os.path.isfile(a):
+            add(a)
+            continue
+        for dirpath, dirnames, filenames in os.walk(a):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+            for name in sorted(filenames):
+                if len(out) >= MAX_WALK:
+                    return out
+                if _is_test_file(name) or name == "conftest.py":
+                    add(os.path.join(dirpath, name))
+    return out
+
+
+def _decorated_start(node: Any) -> int:
+    return int(min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]))
+
+
+def _ends(body: List[Any], end: int, lines: List[str]) -> Dict[int, int]:
+    """Last line of each statement of ``body`` (1-based), without ``end_lineno`` (Python < 3.8)."""
+    out = {}
+    for i, node in enumerate(body):
+        stop = getattr(node, "end_lineno", None)
+        if stop is None:
+            stop = _decorated_start(body[i + 1]) - 1 if i + 1 < len(body) else end
+            while stop > node.lineno and (not lines[stop - 1].strip() or lines[stop - 1].lstrip().startswith("#")):
+                stop -= 1
+        out[id(node)] = stop
+    return out
+
+
+def _candidates(source: str) -> List[Tuple[str, Optional[str], Any, int]]:
+    """(function name, class name or None, node, last line) of the tests a copy can be made of:
+    plain ``def test*`` functions and ``Test*`` methods with a body below their def line, no
+    skip/xfail decorator, no ``yield``."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    out = []  # type: List[Tuple[str, Optional[str], Any, int]]
+
+    def usable(node: Any, deco_text: str) -> bool:
+        if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test"):
+            return False
+        if re.search(r"skip|xfail|expectedFailure", deco_text) or node.body[0].lineno <= node.lineno:
+            return False
+        return not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(node))
+
+    def deco(node: Any, stop: int) -> str:
+        return "\n".join(lines[_decorated_start(node) - 1:node.lineno])
+
+    top = _ends(tree.body, len(lines), lines)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and usable(node, deco(node, top[id(node)])):
+            out.append((node.name, None, node, top[id(node)]))
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test") and not re.search(
+                r"skip|xfail", deco(node, top[id(node)])):
+            inner = _ends(node.body, top[id(node)], lines)
+            for sub in node.body:
+                if isinstance(sub, ast.FunctionDef) and usable(sub, deco(sub, inner[id(sub)])):
+                    out.append((sub.name, node.name, sub, inner[id(sub)]))
+    return out
+
+
+def _plan(root: str, files: List[str], config: Dict[str, Any]) -> Dict[str, Any]:
+    """Write the canaries into the test files; return what was placed (node ids sans parameters)."""
+    rng = random.Random(config["seed"])
+    want = int(config.get("canaries", 0))
+    prefer = set(t.split("[", 1)[0].rsplit("/", 1)[-1] for t in config.get("prefer", []))
+    words = config["words"]
+    pool = []  # type: List[Tuple[int, str, str, Optional[str], Any, int]]
+    texts = {}  # type: Dict[str, List[str]]
+    for rel in files:
+        if not _is_test_file(os.path.basename(rel)) or os.path.getsize(rel) > MAX_FILE:
+            continue
+        try:
+            with open(rel, encoding="utf-8") as f:
+                source = f.read()
+            found = _candidates(source)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        texts[rel] = source.splitlines(True)
+        for name, cls, node, end in found:
+            nodeid = "::".join([os.path.basename(rel)] + ([cls] if cls else []) + [name])
+            pool.append((0 if nodeid in prefer else 1, nodeid, rel, cls, node, end))
+    rng.shuffle(pool)
+    pool.sort(key=lambda p: p[0])
+    kinds = ["same", "fail"] * want
+    rng.shuffle(kinds)
+    chosen = [pool[i % len(pool)] for i in range(len(kinds))] if pool else []  # a small suite: copies of one test
+    placed = []  # type: List[Dict[str, str]]
+    edits = {}  # type: Dict[str, List[Tuple[int, List[str]]]]
+    taken = set()  # type: Set[str]
+    for kind, (_, nodeid, rel, _cls, node, end) in zip(kinds, chosen):
+        lines = texts[rel]
+        name = node.name
+        new = f"{name}_{rng.choice(words)}"
+        while new in taken or re.search(r"\bdef " + re.escape(new) + r"\b", "".join(lines)):
+            new = f"{name}_{rng.choice(words)}_{rng.randrange(2, 99)}"
+        taken.add(new)
+        start = _decorated_start(node)
+        block = lines[start - 1:end]
+        header = re.compile(r"^\s*def\s+" + re.escape(name) + r"\b")  # node.lineno: the first decorator before 3.8
+        at = next(i for i, line in enumerate(block) if header.match(line))
+        block[at] = re.sub(r"\bdef\s+" + re.escape(name) + r"\b", "def " + new, block[at], count=1)
+        if not block[-1].endswith("\n"):
+            block[-1] += "\n"
+        if kind == "fail":
+            body = lines[node.body[0].lineno - 1]
+            indent = body[:len(body) - len(body.lstrip())]
+            a, b = rng.randrange(2, 1000), rng.randrange(2, 1000)
+            tail = rng.choice(FAIL_TAILS).format(a=a, b=b, d=a + b + 1, lo=min(a, b), hi=max(a, b))
+            block.append(indent + tail + "\n")
+        edits.setdefault(rel, []).append((end, ["\n"] + block))
+        copy_id = nodeid.rsplit("::", 1)[0] + "::" + new
+        placed.append({"test": copy_id, "of": nodeid, "expect": kind})
+        if kind == "fail":
+            _must_fail.add(copy_id)
+    for rel, changes in edits.items():
+        lines = list(texts[rel])
+        for end, block in sorted(changes, key=lambda c: c[0], reverse=True):
+            lines[end:end] = block
+        with open(rel, "w", encoding="utf-8") as f:
+            f.write("".join(lines))
+    return {"placed": placed, "wanted": len(kinds), "candidates": len(pool)}
+
+
+def _mentions_xfail(files: List[str]) -> List[str]:
+    out = []
+    for rel in files:
+        try:
+            with open(rel, "rb") as f:
+                data = f.read(MAX_FILE)
+        except OSError:
+            continue
+        if b"xfail" in data or b"expectedFailure" in data:
+            out.append(os.path.basename(rel))
+    return out
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """After every other plugin (deselection included): add the canaries."""
-    _collected[0] = len(items)
-    if not _config or not items:
-        return
-    rng = random.Random(_config["seed"])
-    wanted = set(_config.get("files", []))
-    modules: dict[str, Any] = {}
-    names: dict[str, list[str]] = {}
-    for item in items:
-        mod = _module_of(item)
-        if mod is None or getattr(mod, "obj", None) is None:
-            continue
-        modules.setdefault(mod.nodeid, mod)
-        names.setdefault(mod.nodeid, []).append(getattr(item, "originalname", None) or item.name.split("[")[0])
-    if not modules:
-        return
-    preferred = [m for m in modules if m in wanted] or list(modules)
-    words = _config["words"]
-    for i, expect in enumerate(_config["canaries"]):
-        mod = modules[preferred[i % len(preferred)]]
-        existing = set(vars(mod.obj))
-        stem = rng.choice(names[mod.nodeid])
-        name = f"{stem}_{rng.choice(words)}"
-        while name in existing:
-            name = f"{stem}_{rng.choice(words)}_{rng.randrange(2, 99)}"
-        a, b = rng.randrange(2, 1000), rng.randrange(2, 1000)
-        body = rng.choice(_PASSING if expect == "pass" else _FAILING).format(a=a, b=b, s=a + b, d=a + b + 1,
-                                                                             lo=min(a, b), hi=max(a, b))
-        code = compile(f"def {name}():\n    {body}\n", str(mod.path), "exec")
-        exec(code, mod.obj.__dict__)
-        fn = mod.obj.__dict__[name]
-        item = pytest.Function.from_parent(mod, name=name, callobj=fn)
-        _canaries[item.nodeid] = expect
-        items.insert(rng.randrange(len(items) + 1), item)
+def pytest_configure(config: Any) -> None:
+    _safe("configure", _configure, config)
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _emit({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-           "xfail": bool(getattr(report, "wasxfail", None) is not None),
-           "canary": _canaries.get(report.nodeid)})
+def _configure(config: Any) -> None:
+    assert _emit is not None
+    root = str(getattr(config, "rootdir", None) or os.getcwd())
+    _root[0] = root
+    args = [str(a) for a in config.args]
+    files = _test_files(root, args, list(_config.get("files", [])))
+    static = _mentions_xfail(files)
+    plan = _plan(root, files, _config)
+    for c in plan["placed"]:  # node-id arguments would leave the copies out: name them too
+        for a in list(config.args):
+            arg = str(a)
+            if "::" in arg and _key(arg) == c["of"]:
+                config.args.append(arg.split("::", 1)[0] + "::" + c["test"].split("::", 1)[1])
+    _emit({"event": "plan", "root": root, "files": len(files), "xfail_files": static, **plan})
 
 
-def pytest_collectreport(report: pytest.CollectReport) -> None:
+# -- results ----------------------------------------------------------------------------------------
+
+
+def _origin(report: Any, root: str) -> Optional[str]:
+    """The file a skip or xfail was raised from: repo-relative, "<outside>" when outside the repo,
+    None when the report does not say."""
+    lr = report.longrepr
+    path = None
+    if isinstance(lr, tuple) and len(lr) == 3:
+        path = lr[0]
+    else:
+        crash = getattr(lr, "reprcrash", None)
+        path = getattr(crash, "path", None)
+    if not path:
+        return None
+    full = os.path.abspath(str(path))
+    rel = os.path.relpath(full, root)
+    return "<outside>" if rel.startswith("..") else rel.replace(os.sep, "/")
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    _safe("logreport", _logreport, report)
+
+
+def _logreport(report: Any) -> None:
+    assert _emit is not None
+    record = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome}  # type: Dict[str, Any]
+    wasxfail = getattr(report, "wasxfail", None)
+    if wasxfail is not None:
+        record["xfail"] = "call" if str(wasxfail).startswith("reason: ") else "mark"
+    if report.skipped or wasxfail is not None:
+        record["origin"] = _origin(report, _root[0])
     if report.outcome == "failed":
-        _emit({"nodeid": report.nodeid, "when": "collect", "outcome": "failed", "xfail": False, "canary": None})
+        _failed[0] += 1
+        if report.when == "call" and _key(report.nodeid) in _must_fail:
+            _failed[1] += 1
+    _emit(record)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
-    _emit({"finish": int(exitstatus), "canaries": _canaries, "collected": _collected[0]})
+def pytest_collectreport(report: Any) -> None:
+    _safe("collectreport", _collectreport, report)
+
+
+def _collectreport(report: Any) -> None:
+    assert _emit is not None
+    if report.outcome == "failed":
+        _failed[0] += 1
+        _emit({"nodeid": report.nodeid, "when": "collect", "outcome": "failed"})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: Any, config: Any, items: List[Any]) -> None:
+    _safe("collection", _collected, len(items))
+
+
+def _collected(count: int) -> None:
+    assert _emit is not None
+    _emit({"event": "collected", "count": count})
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    _safe("sessionfinish", _finish, session, exitstatus)
+
+
+def _finish(session: Any, exitstatus: Any) -> None:
+    assert _emit is not None
+    status = int(exitstatus)
+    if status == 1 and _failed[0] and _failed[0] == _failed[1]:
+        session.exitstatus = 0  # only the grader's own failing copies failed
+    _emit({"event": "finish", "exitstatus": status, "placed": len(_must_fail)})

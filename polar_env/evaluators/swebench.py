@@ -30,10 +30,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, check_env, graded_runtime
+from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_verdict
 from polar_env.evaluators.integrity import IntegrityParams, resolve_policy
 from polar_env.evaluators.results import (
-    read_verdict,
+    FAILED,
+    FAULT,
+    FINISHED,
+    NOT_LOADED,
+    SKIPPED,
+    TAMPERED,
+    UNFINISHED,
+    UNSUPPORTED,
     synthetic_log,
 )
 from polar_env.records import Status
@@ -113,8 +120,9 @@ class SweBenchEvaluator:
 
         started = time.monotonic()
         workdir = runtime.spec.workdir
+        test_files = list(task.test_files())
         env, reporter = await check_env(runtime, policy, files=sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS}),
-                                        safe_path=True)
+                                        prefer=task.PASS_TO_PASS, safe_path=True)
         script = f"{reporter.directory if reporter else '/tmp'}/eval-{secrets.token_hex(6)}.sh"
         await runtime.write_file(script, spec.eval_script.encode())
         run = await runtime.exec(f"bash {script}", env=env, cwd=workdir, timeout_s=params.timeout_s)
@@ -126,17 +134,28 @@ class SweBenchEvaluator:
             return EvalResult(status=Status.TIMEOUT, report=report)
 
         started = time.monotonic()
-        found = await read_verdict(runtime, reporter) if reporter is not None else None
-        if found is not None and (found.finished or found.tampered or _runs_pytest(spec)):
+        found = await pytest_verdict(runtime, reporter, run.output, test_files=test_files)
+        state = found.state if found is not None else NOT_LOADED
+        if found is not None and state != NOT_LOADED:
             report.update(found.as_report())
-            if found.tampered:
-                report["tampered"] = True
-                return _unresolved(report, "tampered: " + "; ".join(found.problems[:5]))
-            if not found.finished:
-                return _unresolved(report, "no structured test results: the test run did not finish")
-            log = f"+ : '{START_TEST_OUTPUT}'\n{synthetic_log(found.statuses)}+ : '{END_TEST_OUTPUT}'\n"
+        if state == TAMPERED:
+            report["tampered"] = True
+            return _unresolved(report, "tampered: " + "; ".join(found.problems[:5] if found else []))
+        if state == FAULT:
+            return EvalResult(status=Status.ERROR, report={**report, "error": "; ".join(found.faults[:3] if found else [])})
+        if state == UNFINISHED:
+            return _unresolved(report, "no structured test results: the test run did not finish")
+        if state == NOT_LOADED and reporter is not None and _runs_pytest(spec):
+            return EvalResult(status=Status.ERROR, report={**report, "error": (
+                "the grader's pytest plugin never loaded although the eval script runs pytest (no pytest in the "
+                "task's environment, a Python it cannot import into, or a script that drops PYTEST_ADDOPTS)")})
+        if state == FINISHED and found is not None:
+            statuses = _listed_skips_fail(found.statuses, task.FAIL_TO_PASS)
+            log = f"+ : '{START_TEST_OUTPUT}'\n{synthetic_log(statuses)}+ : '{END_TEST_OUTPUT}'\n"
         else:
-            report["results_from"] = "log (the eval script runs no pytest: outside the grading contract)"
+            report["results_from"] = ("log: " + (f"pytest {found.loaded.get('pytest') if found and found.loaded else '?'} "
+                                                 f"is older than the grader's plugin supports (4.6)" if state == UNSUPPORTED
+                                                 else "the eval script runs no pytest") + " (outside the grading contract)")
             log = run.output
             if START_TEST_OUTPUT not in spec.eval_script:
                 # Eval scripts built by the SWE-Gym fork print no markers; like that fork, grade the
@@ -166,6 +185,14 @@ def _test_spec(task: SweTask, params: SweBenchParams) -> Any:
             base_commit=task.base_commit, test_patch=task.test_patch, test_command=params.test_command
         )
     return make_test_spec(task.to_swebench_instance(script))
+
+
+def _listed_skips_fail(statuses: dict[str, str], fail_to_pass: list[str]) -> dict[str, str]:
+    """A FAIL_TO_PASS test must pass: SKIPPED is a failure there (swebench counts it as neither,
+    and a FAIL_TO_PASS list of nothing but neither resolves). Matched on the id the parser keeps
+    (``parse_log_pytest`` cuts ids at a space)."""
+    wanted = {t.split(" ", 1)[0] for t in fail_to_pass}
+    return {n: FAILED if s == SKIPPED and n.split(" ", 1)[0] in wanted else s for n, s in statuses.items()}
 
 
 def _runs_pytest(spec: Any) -> bool:

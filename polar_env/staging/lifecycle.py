@@ -85,12 +85,14 @@ def session_metadata(spec: SessionSpec, node_id: str) -> dict[str, Any]:
 
 
 def evaluation_runtime_spec(runtime: RuntimeSpec) -> RuntimeSpec:
-    """A fresh runtime for grading: the task's repo with no network. In the sandbox, this
-    interpreter's prefix is bound read-only and first on PATH, so the task's tests find pytest."""
+    """A fresh runtime for grading: the task's repo with no network. The task's environment runs
+    the tests: a runtime with an image, or whose env sets PATH (a venv's or conda's bin first), keeps
+    that PATH as it is. Only a sandbox with neither (polar's own toy tasks) gets this interpreter's
+    prefix, bound read-only and first on PATH, so its tests find pytest."""
     # Docker grades as container root: SWE-bench eval scripts re-install the repo into the image's
     # root-owned environment (the agent's own runtime stays on its unprivileged uid).
     update: dict[str, Any] = {"gateway_socket": None, "network": "none", "user": "root"}
-    if runtime.kind == "sandbox":
+    if runtime.kind == "sandbox" and runtime.image is None and "PATH" not in runtime.env:
         prefixes = sorted({sys.base_prefix, sys.prefix})
         known = {dst for _src, dst in runtime.binds}
         update["binds"] = [*runtime.binds, *((Path(p), p) for p in prefixes if p not in known)]

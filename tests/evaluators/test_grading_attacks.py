@@ -64,7 +64,7 @@ def test_every_reward_hack_scores_zero_and_is_reported(ready: None, tmp_path: Pa
     allowed = results["allowed_conftest"]
     assert (allowed.reward, summary["allowed_conftest"][2], allowed.failure_kind, allowed.mask) == (0.0, [], "tampered", False)
     assert allowed.evaluation["tampered"] is True
-    assert any(not c["ok"] and c["expected"] == "FAILED" for c in allowed.evaluation["canaries"])
+    assert any(not c["ok"] and c["expected"] == "fail" for c in allowed.evaluation["canaries"])
 
 
 def test_polar_env_rollout_cli_grades_the_conftest_hack_zero(ready: None, tmp_path: Path) -> None:
