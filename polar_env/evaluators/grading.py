@@ -32,7 +32,7 @@ from polar_env.evaluators.integrity import (
     grading_env,
     prepare_grading_home,
     resolve_policy,
-    test_location,
+    in_test_location,
 )
 from polar_env.evaluators.results import (
     FAULT,
@@ -170,7 +170,7 @@ async def pytest_verdict(runtime: Runtime, reporter: Reporter | None, output: st
     file a fix may edit (not a test location) is refused there."""
     if reporter is None:
         return None
-    return await read_verdict(runtime, reporter, output, editable=lambda path: not test_location(path, test_files))
+    return await read_verdict(runtime, reporter, output, editable=lambda path: not in_test_location(path, test_files))
 
 
 def pytest_gate(found: Verdict | None, report: dict[str, Any]) -> EvalResult | None:

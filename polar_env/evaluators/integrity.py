@@ -150,7 +150,7 @@ def _matches(path: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, pat) for pat in patterns)
 
 
-def test_location(path: str, test_files: Sequence[str] = ()) -> bool:
+def in_test_location(path: str, test_files: Sequence[str] = ()) -> bool:
     """Whether ``path`` is where tests live: the test patch's files and folders, test folders, test modules."""
     if path in test_files:
         return True
@@ -176,7 +176,7 @@ def name_rule(path: str, test_files: Sequence[str] = ()) -> str | None:
         return "compiled module, bytecode or interpreter hook"
     if name in RUNNER_CONFIG:
         return "runner or packaging config"
-    if test_location(path, test_files):
+    if in_test_location(path, test_files):
         return "test location (tests come from the pristine base and the test patch)"
     return None
 
