@@ -25,7 +25,7 @@ PACKAGE = "polar_env"
 # Bottom to top. A module may import its own package and any package of a LOWER layer, never one of
 # its own layer or above. "polar_env" is the root facade (lazy public names loaded from env).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "access_log"),
+    ("errors", "access_log", "safetext"),
     ("registry", "records", "eventloop", "weights", "stagecpu", "tokenids"),
     ("yaml_config", "chat", "runtimes", "journal", "observe"),
     ("tasks", "engines"),

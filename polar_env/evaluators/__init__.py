@@ -5,7 +5,8 @@ one ``EVALUATORS.register`` line here, or from outside the package with ``@regis
 agent's code grades under the grading contract in ``integrity.py`` (re-exported here for custom
 evaluators: ``fresh_graded_runtime`` is the one-call helper). ``run_evaluator`` is the one
 wrapper every evaluation goes through: a crash
-becomes an ERROR result with the exception in its report, an overrun a TIMEOUT.
+becomes an ERROR result with the exception in its report, an overrun a TIMEOUT, and the agent's
+breakage stays the agent's (reward 0, not an ERROR that would mask the sample).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from polar_env.evaluators.base import (
     error_report,
 )
 from polar_env.evaluators.completion import SessionCompletion
-from polar_env.evaluators.grading import fresh_graded_runtime, graded_runtime
+from polar_env.evaluators.grading import NothingToGrade, fresh_graded_runtime, graded_runtime
 from polar_env.evaluators.harbor import HarborEvaluator
 from polar_env.evaluators.integrity import (
     POLICIES,
@@ -42,6 +43,8 @@ from polar_env.evaluators.swebench import SweBenchEvaluator
 from polar_env.evaluators.workspace import Changes, WorkspaceBroken
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.limits import LimitExceeded
+from polar_env.safetext import json_safe
 
 __all__ = [
     "EVALUATORS",
@@ -55,6 +58,7 @@ __all__ = [
     "Graded",
     "IntegrityParams",
     "IntegrityPolicy",
+    "NothingToGrade",
     "WorkspaceBroken",
     "admit",
     "fresh_graded_runtime",
@@ -112,7 +116,12 @@ async def prewarm(evaluator: str | Evaluator, ctx: EvalContext) -> Runtime | Non
 async def run_evaluator(evaluator: str | Evaluator, ctx: EvalContext, *, timeout_s: float | None = None) -> EvalResult:
     """Run one evaluation to a verdict. Returns, never raises (except on cancellation): a crash is
     ERROR with the exception and traceback in ``report``, an overrun of ``timeout_s`` is TIMEOUT.
-    The fresh runtime, if any, is stopped before returning."""
+    The agent's breakage is the agent's, reward 0 and never a (masked) ERROR: an escaped
+    ``NothingToGrade``, ``WorkspaceBroken`` or ``LimitExceeded``, and any verdict of a fresh runtime
+    that hit one of its limits (it started pristine: what ran in it was the agent's change), whose
+    report then names the ``limit`` (the session ends ``limit_exceeded``). The report is made safe
+    for every JSON writer (``json_safe``: a file name that is not UTF-8 is escaped, not fatal). The
+    fresh runtime, if any, is stopped before returning."""
     started = time.monotonic()
     name = evaluator if isinstance(evaluator, str) else getattr(evaluator, "name", repr(evaluator))
     deadline = asyncio.timeout(timeout_s)
@@ -127,16 +136,33 @@ async def run_evaluator(evaluator: str | Evaluator, ctx: EvalContext, *, timeout
             result = EvalResult(status=Status.TIMEOUT, report={"reason": f"evaluation exceeded {timeout_s} s"})
         else:
             result = EvalResult(status=Status.ERROR, report=error_report(exc))
+    except (NothingToGrade, WorkspaceBroken, LimitExceeded) as exc:
+        result = _agents_breakage(exc)
     except Exception as exc:  # noqa: BLE001 - the task boundary: a crash becomes an ERROR result
         _log.warning("evaluator %r crashed: %s: %s", name, type(exc).__name__, exc)
         result = EvalResult(status=Status.ERROR, report=error_report(exc))
     except asyncio.CancelledError:
         await ctx.aclose()  # a cancelled rollout must not leave its grading runtime behind
         raise
+    hit = ctx.fresh_limit_hit()
+    if hit is not None:
+        before = {"status": result.status.value, "reward": result.reward, "reason": result.report.get("reason")}
+        result = EvalResult(reward=0.0, report={**result.report, "limit": hit.split("=", 1)[0], "verdict_before_limit": before,
+                                                "reason": f"the grading runtime went over a limit: {hit}"})
     extra: dict[str, Any] = {"evaluator": name}
     try:
         await ctx.aclose()
     except Exception as exc:  # noqa: BLE001 - the verdict stands; the failed stop is reported
         extra["cleanup_error"] = f"{type(exc).__name__}: {exc}"
     extra["evaluate_s"] = round(time.monotonic() - started, 3)
-    return result.model_copy(update={"report": {**result.report, **extra}})
+    return result.model_copy(update={"report": json_safe({**result.report, **extra})})
+
+
+def _agents_breakage(exc: NothingToGrade | WorkspaceBroken | LimitExceeded) -> EvalResult:
+    """Reward 0 for what the agent's change did to the grader (a custom evaluator let it escape)."""
+    if isinstance(exc, NothingToGrade):
+        return EvalResult(reward=0.0, report=exc.report)
+    report: dict[str, Any] = {"resolved": False, "reason": str(exc)}
+    if isinstance(exc, LimitExceeded):
+        report["limit"] = exc.limit
+    return EvalResult(reward=0.0, report=report)

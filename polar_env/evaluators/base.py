@@ -134,6 +134,15 @@ class EvalContext:
         # behind; aclose() waits for it and stops it.
         return await asyncio.shield(self._fresh)
 
+    def fresh_limit_hit(self) -> str | None:
+        """The limit the fresh runtime hit (its sticky ``limit_hit``, e.g. ``"disk_mb=64 (...): ..."``),
+        or None: none hit, or no fresh runtime was started."""
+        fresh = self._fresh
+        if fresh is None or not fresh.done() or fresh.cancelled() or fresh.exception() is not None:
+            return None
+        hit = getattr(fresh.result(), "limit_hit", None)
+        return hit if isinstance(hit, str) and hit else None
+
     @staticmethod
     async def _build_fresh(factory: RuntimeFactory) -> Runtime:
         made = factory()

@@ -12,8 +12,10 @@ holds by construction:
    an existing package (so no new module can shadow the runner, its plugins or the standard library).
    Everything else is dropped and listed in ``dropped_paths`` with the rule: links and special
    files, binaries, bytecode and extension modules, dot-files and dot-folders and package metadata in
-   any case, runner and packaging config, anything in a test location. The grader *writes* the
-   admitted files into a fresh runtime; nothing is parsed twice.
+   any case, runner and packaging config, anything in a test location; under every policy, names
+   that are not UTF-8 text and paths inside a base file or a dropped path (the fresh runtime could
+   not hold them). The grader *writes* the admitted files into a fresh runtime; nothing is parsed
+   twice. A change it cannot write by the change's own doing is the agent's (``agent_fault``).
 3. **A hermetic run** (``grading_env``): no user site, a fresh ``HOME``, a clean ``PYTHONPATH`` (the
    grader's plugin directory only), no cache provider, an explicit ``--rootdir``, ``PYTEST_PLUGINS``
    empty; with the grader's plugin also ``PYTHONSAFEPATH`` (the workspace is off ``sys.path`` while
@@ -27,19 +29,22 @@ on repo paths; the name rules are lifted for those paths, the kind rules stay) a
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import posixpath
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.errors import ConfigError
-from polar_env.evaluators.workspace import Change, Changes, Manifest, is_text, read, snapshot, unified
+from polar_env.evaluators.workspace import Change, Changes, Manifest, WorkspaceBroken, is_text, read, snapshot, unified
 from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.limits import LimitExceeded
+from polar_env.safetext import bad_name, shown
 
 # Repos copied into a runtime may belong to another uid; git then refuses them as "dubious".
 GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
@@ -59,6 +64,11 @@ IMPORTABLE_PROBE = ("import sys, pkgutil, json; print(json.dumps(sorted(set(geta
                     "| set(sys.builtin_module_names) | {m.name for m in pkgutil.iter_modules()})))")
 NEW_FILE_SUFFIXES = (".py", ".pyi", ".pyx", ".pxd", ".txt", ".json", ".yaml", ".yml", ".csv", ".md", ".rst",
                      ".html", ".css", ".js", ".xml", ".sql", ".j2", ".jinja")
+# Rules of every policy ("off" too): the grading runtime could not hold such a path, or the report
+# could not carry its name.
+BAD_NAME = "a name that is not valid UTF-8 or holds a control character"
+INSIDE_BASE_FILE = "inside a path the base holds as a file, symlink or special file"
+INSIDE_DROPPED = "inside a dropped path"
 
 
 class IntegrityPolicy(BaseModel):
@@ -204,9 +214,30 @@ def _shadowed(path: str, reserved: frozenset[str] | None) -> str | None:
     return None
 
 
+def _inside(path: str, base: Manifest, dropped: Set[str]) -> str | None:
+    """Why ``path`` cannot be written where it lies: an ancestor is a file, symlink or special file of
+    the base (the fresh runtime holds that, not a directory: a base file replaced by a directory), or
+    an ancestor's own change was dropped (what lies under a dropped path goes with it)."""
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        if parent in dropped:
+            return INSIDE_DROPPED
+        entry = base.get(parent)
+        if entry is not None and entry.kind != "dir":
+            return INSIDE_BASE_FILE
+    return None
+
+
 def rule_for(change: Change, policy: IntegrityPolicy, base: Manifest, test_files: Sequence[str] = (),
-             reserved: frozenset[str] | None = None) -> str | None:
-    """Why ``change`` is dropped under ``policy``, or None when a fix may make it."""
+             reserved: frozenset[str] | None = None, *, dropped: Set[str] = frozenset()) -> str | None:
+    """Why ``change`` is dropped under ``policy``, or None when a fix may make it. ``dropped``: the
+    paths already dropped (a path under one is dropped too)."""
+    if bad_name(change.path):
+        return BAD_NAME
+    inside = _inside(change.path, base, dropped)
+    if inside is not None:
+        return inside
     new, old = change.new, change.old
     if new is not None and new.kind != "file":
         return {"link": "symlink", "dir": "a file replaced by a directory"}.get(new.kind, "not a regular file")
@@ -264,15 +295,76 @@ async def importable_names(runtime: Runtime) -> frozenset[str] | None:
 def admit(changes: Changes, policy: IntegrityPolicy, base: Manifest, test_files: Sequence[str] = (),
           reserved: frozenset[str] | None = None) -> Admitted:
     """Each change kept or dropped with its rule. ``reserved``: the names a new top-level module may
-    not take (None: any new top-level module is dropped)."""
+    not take (None: any new top-level module is dropped). Dropped paths are listed ``shown`` (escaped
+    UTF-8 text). Two passes, so a path under a dropped one goes with it whatever the order."""
     out = Admitted()
-    for change in changes.items:
-        rule = rule_for(change, policy, base, test_files, reserved)
+    rules = [(c, rule_for(c, policy, base, test_files, reserved)) for c in changes.items]
+    gone = {c.path for c, rule in rules if rule is not None}
+    for change, rule in rules:
+        if rule is None and gone:
+            rule = _inside(change.path, {}, gone)
         if rule is None:
             out.kept.append(change)
         else:
-            out.dropped.append(Dropped(change.path, rule))
+            out.dropped.append(Dropped(shown(change.path), rule))
     return out
+
+
+# -- the agent's breakage is the agent's -------------------------------------------------------------
+
+# errnos of a file call that describe the path or the bytes written, not the runtime
+CONTENT_ERRNOS = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP, errno.EILSEQ,
+                            errno.EFBIG, errno.EMLINK})
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFault:
+    """Why the agent's change could not be taken or written: reward 0, unmasked; ``limit``: the
+    RuntimeSpec limit it went over (the session ends ``limit_exceeded``)."""
+
+    reason: str
+    limit: str | None = None
+
+
+def _limit_name(hit: str) -> str:
+    return hit.split("=", 1)[0]
+
+
+async def agent_fault(runtime: Runtime, exc: Exception) -> AgentFault | None:
+    """Whether ``exc``, raised while taking, admitting or writing the agent's change into the fresh
+    ``runtime``, is the change's doing (an ``AgentFault``: graded 0, unmasked) or the grading
+    runtime's (None: the caller re-raises it, an ``evaluator_error``, masked).
+
+    The change's doing: a limit hit the grading runtime reports (it started pristine; what ran in
+    it since was the grader holding the change); ``LimitExceeded`` (the change is over ``patch_mb``,
+    or holding it went over a limit); ``WorkspaceBroken`` (the agent's workspace, or what its patch
+    made, cannot be taken); an ``OSError`` whose errno describes the path or the bytes
+    (``CONTENT_ERRNOS``: a directory where the base has a file, a name too long, ...), and ``ENOSPC``
+    or ``EDQUOT`` when the runtime then reports its disk limit hit; a ``UnicodeError`` (a name the
+    runtime's file API cannot carry).
+
+    The grading runtime's: everything else. It failed to start (raised before the change is taken,
+    never passed here), its exec or file API failed (``ConfigError``, ``RuntimeError``, a lost
+    connection, ``EACCES``, ``EIO``, ``EROFS``), or it is out of space with no disk limit hit (the
+    host's disk)."""
+    if isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS:
+        try:  # an exec re-reads the runtime's limits (a full sized tmpfs trips disk_mb)
+            await runtime.exec(["true"], cwd="/", timeout_s=60.0)
+        except Exception:  # noqa: BLE001 - a runtime that cannot run `true` failed itself
+            return None
+    hit = getattr(runtime, "limit_hit", None)
+    if isinstance(hit, str) and hit:
+        return AgentFault(f"the grading runtime went over a limit while the agent's change was written: {hit}", _limit_name(hit))
+    if isinstance(exc, LimitExceeded):
+        return AgentFault(str(exc), exc.limit)
+    if isinstance(exc, WorkspaceBroken):
+        return AgentFault(str(exc))
+    if isinstance(exc, OSError) and exc.errno in CONTENT_ERRNOS:
+        return AgentFault(f"the grading runtime cannot hold the agent's change: {exc}")
+    if isinstance(exc, UnicodeError):
+        return AgentFault(f"the grading runtime cannot carry a name of the agent's change: {exc}")
+    return None
 
 
 # -- into the grading runtime ---------------------------------------------------------------------
@@ -303,26 +395,34 @@ class Graded:
     dropped: list[Dropped] = field(default_factory=list)
     patch: str = ""  # the admitted change as a unified diff, for people
     apply_logs: list[dict[str, Any]] = field(default_factory=list)
+    fault: AgentFault | None = None  # the change could not be taken or written: the agent's doing
 
     @property
     def broken(self) -> str | None:
-        return self.changes.broken
+        """Why there is nothing to grade (reward 0, unmasked), or None."""
+        return self.fault.reason if self.fault is not None else self.changes.broken
 
     @property
     def empty(self) -> bool:
         return not self.kept
 
     def as_report(self) -> dict[str, Any]:
-        return {"policy": self.policy.name if self.policy.enabled else "off", "change_source": self.changes.source,
-                "graded_paths": [c.path for c in self.kept], "dropped_paths": [d.as_dict() for d in self.dropped],
-                "graded_patch": self.patch}
+        """The report fields; ``limit`` (read by the session as ``limit_exceeded``) only when the
+        change went over one."""
+        report = {"policy": self.policy.name if self.policy.enabled else "off", "change_source": self.changes.source,
+                  "graded_paths": [c.path for c in self.kept], "dropped_paths": [d.as_dict() for d in self.dropped],
+                  "graded_patch": self.patch}
+        if self.fault is not None and self.fault.limit is not None:
+            report["limit"] = self.fault.limit
+        return report
 
 
 async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPolicy, *,
                         test_files: Sequence[str] = (), base: Manifest | None = None) -> Graded:
     """Admit ``changes`` under ``policy`` against the fresh ``runtime``'s pristine workspace (``base``,
     its manifest, when the caller already took one) and write what passes into it. Nothing is
-    written for a broken change set."""
+    written for a broken change set; a write that fails by the change's doing (``agent_fault``) sets
+    ``fault``, any other failure is raised."""
     graded = Graded(policy, changes)
     if changes.broken is not None or not changes.items:
         return graded
@@ -339,7 +439,12 @@ async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPol
             except (OSError, ConfigError, UnicodeDecodeError):
                 originals[c.path] = None
     graded.patch = unified(graded.kept, originals.get)
-    await write_admitted(runtime, graded.kept)
+    try:
+        await write_admitted(runtime, graded.kept)
+    except Exception as exc:
+        graded.fault = await agent_fault(runtime, exc)
+        if graded.fault is None:
+            raise
     return graded
 
 

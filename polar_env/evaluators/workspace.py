@@ -37,6 +37,7 @@ from polar_env.errors import PolarError
 from polar_env.runtimes import walk as _walk
 from polar_env.runtimes.base import Runtime
 from polar_env.runtimes.walk import HASH_LIMIT, walk
+from polar_env.safetext import bad_name
 
 MAX_ENTRIES = _walk.MAX_ENTRIES  # module-level, so a test can lower it
 
@@ -220,12 +221,15 @@ async def changes_between(runtime: Runtime, base: Manifest, after: Manifest, *, 
     total = 0
     for path, new, old in compare(base, after):
         data = None
-        if new is not None and new.kind == "file" and new.digest is not None:
+        # a name that is not UTF-8 text is dropped by the allow-list whatever it holds: not read
+        if new is not None and new.kind == "file" and new.digest is not None and not bad_name(path):
             total += new.size
             if cap_bytes is not None and total > cap_bytes:
                 raise LimitExceeded("patch_mb", f"the agent changed over {cap_bytes / 2**20:g} MiB of files")
             try:
                 data = await read(runtime, posixpath.join(root, path))
+            except LimitExceeded:  # a file over the runtime's read cap (patch_mb): named as the limit
+                raise
             except (OSError, PolarError) as exc:
                 raise WorkspaceBroken(f"the grader cannot read {path}: {exc}") from None
         items.append(Change(path, new, old, data))

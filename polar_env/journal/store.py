@@ -43,6 +43,7 @@ from polar_env.errors import ConfigError, PolarError
 from polar_env.journal.format import Encoder, PromptRef, apply_events
 from polar_env.journal.reader import JournalError, PromptRefs, iter_journal, read_with_refs
 from polar_env.records import CompletionRecord
+from polar_env.safetext import escape_surrogates, json_safe
 from polar_env.stagecpu import stage
 
 log = logging.getLogger("polar_env.gateway")
@@ -276,10 +277,15 @@ class JournalStore:
         return self.root / f"{check_session_id(session_id)}{RESULT_SUFFIX}"
 
     def write_outcome(self, session_id: str, outcome: dict[str, Any]) -> None:
-        """Atomically replace the session's outcome: readers never see half a file."""
+        """Atomically replace the session's outcome: readers never see half a file. Never fails on
+        text: a lone surrogate (a file name of the agent's that is not UTF-8) is written escaped."""
         path = self._outcome_path(session_id)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(outcome, default=str))
+        try:
+            data = orjson.dumps(outcome, default=str)
+        except orjson.JSONEncodeError:
+            data = orjson.dumps(json_safe(outcome), default=lambda o: escape_surrogates(str(o)))
+        tmp.write_bytes(data)
         tmp.replace(path)
 
     def read_outcome(self, session_id: str) -> dict[str, Any] | None:

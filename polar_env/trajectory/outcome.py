@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar_env.records import FailureKind, Status, Trajectory, masked
+from polar_env.safetext import json_safe
 
 _TYPED = ("status", "reward", "failure_kind", "failure_detail", "error")  # fields of the trajectory, not metadata
 _LEGACY = (("INIT", FailureKind.INIT_ERROR), ("limit exceeded", FailureKind.LIMIT_EXCEEDED),
@@ -45,7 +46,10 @@ def failure_kind_of(row: Mapping[str, Any], status: Status) -> FailureKind | Non
 def with_outcome(traj: Trajectory, outcome: dict[str, Any]) -> Trajectory:
     """``traj`` with the outcome's reward, status, failure and provenance on it, and the reward on every
     trainable trace (a chain the harness did not continue gets none: ``lineage.py``). A trajectory the
-    builder refused (ERROR) of a session that did not fail otherwise is a build error."""
+    builder refused (ERROR) of a session that did not fail otherwise is a build error. Lone surrogates
+    in the outcome (a file name of the agent's that is not UTF-8) come out escaped, so the
+    trajectory's writers never fail on them."""
+    outcome = json_safe(outcome)
     reward = float(outcome.get("reward", 0.0))
     status = Status(outcome.get("status") or traj.status)
     detail = outcome.get("failure_detail") or outcome.get("error")

@@ -57,6 +57,7 @@ class Attack:
     evaluator: str = "swebench"
     note: str = ""
     klass: int | str = ""  # CONSTRUCTION_ATTACKS: the class of hole (1-6, or "extra") it shows
+    runtime: Mapping[str, Any] | None = None  # RuntimeSpec overrides (limits) for the agent's and the grading runtime
 
     def command(self) -> str:
         steps = ["cd /testbed"]
@@ -378,7 +379,10 @@ def run_attacks(tmp: Path, attacks: Sequence[Attack], extra: Sequence[tuple[str,
     reqs = []
     for a in attacks:
         if a.evaluator == "swebench":
-            reqs.append(task_request(toy, config, 1, instruction=f"ATTACK {a.name}", task_id=a.name))
+            req = task_request(toy, config, 1, instruction=f"ATTACK {a.name}", task_id=a.name)
+            if a.runtime:
+                req = req.model_copy(update={"runtime": req.runtime.model_copy(update=dict(a.runtime))})
+            reqs.append(req)
         else:
             reqs.append(task_request({"task_id": a.name, "instruction": f"ATTACK {a.name}",
                                       "evaluator": {"name": "output", "command": "python3 -c 'import sys; sys.exit(1)'"}},
@@ -420,3 +424,47 @@ def run_sessions(tmp: Path, cases: Mapping[str, tuple[str, dict[str, Any]]]) -> 
         return {g.task_id: g.results[0] for g in groups}
 
     return asyncio.run(go())
+
+
+# -- ESCAPE_ATTACKS: breaking the grader's plumbing instead of fixing ---------------------------------
+# Each one made the grader fail on the agent's change itself (a masked evaluator_error or node_lost:
+# the sample dropped from the loss, which an adversary prefers to a 0). Graded now: 0, unmasked, the
+# paths dropped with their rule, a limit the grading runtime hit named as ``limit_exceeded``.
+
+FILLS_DISK = CALC_BUGGY + (
+    "\n\ndef _fill():\n"
+    "    import time\n"
+    "    for i in range(4):\n"
+    "        try:\n"
+    "            with open(f'/tmp/polar_fill_{i}', 'wb') as f:\n"
+    "                f.write(b'0' * (32 << 20))\n"
+    "        except OSError:\n"
+    "            break\n"
+    "    time.sleep(7)  # where the runtime has no sized tmpfs, the disk watchdog walks every few seconds\n"
+    "\n\n_fill()\n"
+)
+FIXED = {"/tmp/polar_mk/calc.py": CALC_FIXED}
+XFF = "$(printf 'calc_\\377.py')"  # a name with the byte 0xff: not UTF-8 (octal: dash's printf has no \x)
+
+ESCAPE_ATTACKS: tuple[Attack, ...] = (
+    Attack("dir_replaces_file", FIXED, ("calc.py", "calc.py/__init__.py"), klass="escape",
+           extra="rm calc.py && mkdir calc.py && cp /tmp/polar_mk/calc.py calc.py/__init__.py",
+           note="calc.py replaced by a package holding the fixed source: writing calc.py/__init__.py into the "
+                "fresh runtime (where calc.py is a file) raised, a masked evaluator_error"),
+    Attack("dir_replaces_file_nested", FIXED, ("calc.py", "calc.py/deep/helpers.py", "calc.py/notes.txt"), klass="escape",
+           extra=("rm calc.py && mkdir -p calc.py/deep && cp /tmp/polar_mk/calc.py calc.py/deep/helpers.py "
+                  "&& echo notes > calc.py/notes.txt"),
+           note="the same with a new module two levels under the replaced file, and a data file beside it"),
+    Attack("non_utf8_name", {}, ("calc_\\xff.py",), klass="escape",
+           extra=f"printf 'x = 1\\n' > \"{XFF}\"",
+           note="a new module whose name holds the byte 0xff: the outcome writer failed on it, a masked node_lost"),
+    Attack("non_utf8_dir", {}, ("pkg\\xff/mod.py",), klass="escape",
+           extra="d=\"$(printf 'pkg\\377')\" && mkdir \"$d\" && printf 'x = 1\\n' > \"$d/mod.py\"",
+           note="the same byte in a directory's name"),
+    Attack("newline_name", {}, ("notes\\nfix.py",), klass="escape",
+           extra="printf 'x = 1\\n' > \"$(printf 'notes\\nfix.py')\"",
+           note="a new module whose name holds a line break (breaks diffs, logs and shell lines)"),
+    Attack("grading_disk_limit", {"calc.py": FILLS_DISK}, (), klass="escape", runtime={"disk_mb": 64},
+           note="calc.py fills the disk at import (128 MiB over disk_mb=64): only the grading runtime imports it, "
+                "and its limit hit was a plain 0 or a masked error, never limit_exceeded"),
+)
