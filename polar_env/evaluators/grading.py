@@ -30,9 +30,9 @@ from polar_env.evaluators.integrity import (
     agent_fault,
     grade_changes,
     grading_env,
+    in_test_location,
     prepare_grading_home,
     resolve_policy,
-    in_test_location,
 )
 from polar_env.evaluators.results import (
     FAULT,
@@ -150,16 +150,16 @@ async def graded_runtime(ctx: EvalContext, policy: IntegrityPolicy, *, test_file
 
 
 async def check_env(runtime: Runtime, policy: IntegrityPolicy, *, files: Sequence[str] = (), prefer: Sequence[str] = (),
-                    safe_path: bool = False) -> tuple[dict[str, str], Reporter | None]:
+                    prefer_same: Sequence[str] = (), safe_path: bool = False) -> tuple[dict[str, str], Reporter | None]:
     """The environment for a check that runs (or may run) pytest, with the grader's plugin staged:
     its report and canaries gate the reward whatever else decides it (``swebench``: the verdict
     itself; ``output`` commands, Harbor verifiers: see ``pytest_gate``). ``files``: test modules
-    the canaries are copied from first, ``prefer``: tests whose outcome the task knows;
+    the canaries are copied from first, ``prefer``/``prefer_same``: see ``stage_reporter``;
     ``safe_path``: see ``grading_env``."""
     workdir = runtime.spec.workdir
     if not policy.enabled:
         return grading_env(policy, workdir), None
-    reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files, prefer=prefer)
+    reporter = await stage_reporter(runtime, canaries=policy.canaries, files=files, prefer=prefer, prefer_same=prefer_same)
     env = grading_env(policy, workdir, {**reporter.env, "POLAR_GRADER_PLUGIN": PLUGIN_MODULE}, safe_path=safe_path)
     return env, reporter
 

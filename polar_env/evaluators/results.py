@@ -51,17 +51,18 @@ class Reporter:
 
 
 async def stage_reporter(runtime: Runtime, *, canaries: int, files: Sequence[str] = (),
-                         prefer: Sequence[str] = ()) -> Reporter:
+                         prefer: Sequence[str] = (), prefer_same: Sequence[str] = ()) -> Reporter:
     """Stage the plugin in ``runtime`` with ``canaries`` "same" and as many "fail" copies, taken
-    from the test modules in ``files`` (repo-relative) first and, among their tests, from ``prefer``
-    (node ids whose outcome the task knows, e.g. PASS_TO_PASS). The grader creates the (empty)
+    from the test modules in ``files`` (repo-relative) first; "fail" copies of ``prefer`` (tests
+    that pass either way, PASS_TO_PASS), "same" copies of ``prefer_same`` (the tests a fix turns,
+    FAIL_TO_PASS: a hook that forges only those leaves its copy failing) where they exist. The grader creates the (empty)
     report file itself: one that is gone afterwards was removed from inside the run."""
     directory = f"/tmp/polar-grader-{secrets.token_hex(16)}"
     key = secrets.token_bytes(32)
     tag = secrets.token_hex(8)
     report = posixpath.join(directory, f"report-{secrets.token_hex(8)}.jsonl")
     config = {"key": key.hex(), "report": report, "tag": tag, "seed": secrets.randbits(64), "canaries": canaries,
-              "files": list(files), "prefer": list(prefer), "words": list(CANARY_WORDS)}
+              "files": list(files), "prefer": list(prefer), "prefer_same": list(prefer_same), "words": list(CANARY_WORDS)}
     config_path = posixpath.join(directory, f"config-{secrets.token_hex(8)}.json")
     await runtime.write_file(posixpath.join(directory, f"{PLUGIN_MODULE}.py"), PLUGIN_SOURCE.read_bytes())
     await runtime.write_file(config_path, json.dumps(config).encode())
@@ -186,7 +187,7 @@ def verdict(records: list[dict[str, Any]], forged: int, reporter: Reporter | Non
         if event == "loaded":
             out.loaded = r
         elif event == "plan":
-            plan = r
+            plan = _unseal(r, reporter)
         elif event == "internal_error":
             out.faults.append(f"the grader's plugin failed in {r.get('where')}: {r.get('error')}")
         elif event == "finish":
@@ -203,6 +204,9 @@ def verdict(records: list[dict[str, Any]], forged: int, reporter: Reporter | Non
     xfail_files = set(plan.get("xfail_files") or [])
     for nodeid, reps in phases.items():
         status = _status(reps)
+        raised = [r for r in reps if r.get("raised")]
+        if raised:
+            out.problems.append(f"{nodeid} reported passed in {raised[0]['when']} although it raised {raised[0]['raised']}")
         why = _refusal(nodeid, status, reps, xfail_files, editable)
         if why is not None:
             out.refused.append({"test": nodeid, "status": status, "why": why})
@@ -211,6 +215,23 @@ def verdict(records: list[dict[str, Any]], forged: int, reporter: Reporter | Non
     if out.finished:
         _check_canaries(out, plan, finish or {}, reporter)
     return out
+
+
+def _unseal(record: dict[str, Any], reporter: Reporter | None) -> dict[str, Any]:
+    if reporter is None or not isinstance(record.get("sealed"), str):
+        return {}
+    key = hmac.new(reporter.key, b"polar-plan", hashlib.sha256).digest()
+    try:
+        plan = json.loads(seal(key, bytes.fromhex(record["sealed"])))
+    except ValueError:
+        return {}
+    return plan if isinstance(plan, dict) else {}
+
+
+def seal(key: bytes, data: bytes) -> bytes:
+    """pytest_grader.seal: the plan's XOR keystream (that file imports nothing of ours)."""
+    stream = b"".join(hashlib.sha256(key + i.to_bytes(8, "big")).digest() for i in range(len(data) // 32 + 1))
+    return bytes(a ^ b for a, b in zip(data, stream, strict=False))
 
 
 def _refusal(nodeid: str, status: str, reps: list[dict[str, Any]], xfail_files: set[str],

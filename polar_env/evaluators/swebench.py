@@ -122,7 +122,7 @@ class SweBenchEvaluator:
         workdir = runtime.spec.workdir
         test_files = list(task.test_files())
         env, reporter = await check_env(runtime, policy, files=sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS}),
-                                        prefer=task.PASS_TO_PASS, safe_path=True)
+                                        prefer=task.PASS_TO_PASS, prefer_same=task.FAIL_TO_PASS, safe_path=True)
         script = f"{reporter.directory if reporter else '/tmp'}/eval-{secrets.token_hex(6)}.sh"
         await runtime.write_file(script, spec.eval_script.encode())
         run = await runtime.exec(f"bash {script}", env=env, cwd=workdir, timeout_s=params.timeout_s)
