@@ -29,13 +29,17 @@ else:
     sys.path.insert(0, str(ROOT))  # not an installed (editable) copy from elsewhere
 
 
-def _attacks_module() -> Any:
-    spec = importlib.util.spec_from_file_location("polar_attack_suite", ROOT / "tests" / "evaluators" / "attacks.py")
+def _module(name: str, filename: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "evaluators" / filename)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def _attacks_module() -> Any:
+    return _module("polar_attack_suite", "attacks.py")
 
 
 def dropped_paths(evaluation: Any) -> str:
@@ -57,12 +61,16 @@ def main() -> None:
     import polar_env
 
     suite = _attacks_module()
-    attacks = [*suite.ATTACKS, suite.USER_SITE_ATTACK, *suite.CONSTRUCTION_ATTACKS]
-    controls = {"gold_fix": 1.0, "noop": 0.0}
+    process = _module("polar_process_attacks", "process_attacks.py")
+    attacks = [*suite.ATTACKS, suite.USER_SITE_ATTACK, *suite.CONSTRUCTION_ATTACKS, *suite.ESCAPE_ATTACKS]
+    controls = {"gold_fix": 1.0, "noop": 0.0, **{f"{c}@{e}": w for c, w in (("gold_fix", 1.0), ("noop", 0.0))
+                                                for e in process.EVALUATORS}}
     with tempfile.TemporaryDirectory() as tmp:
         results = suite.run_attacks(Path(tmp), attacks, extra=[("gold_fix", suite.gold_command(), {}),
                                                                 ("noop", suite.NOOP_COMMAND, {})], max_running=8)
+        results.update(process.run_process_attacks(Path(tmp) / "process"))
     klass = {a.name: (str(a.klass) if a.klass != "" else "old") for a in attacks}
+    klass.update({f"{a.name}@{e}": str(a.klass) for a in process.PROCESS_ATTACKS for e in process.EVALUATORS})
     print(f"package: {Path(polar_env.__file__).parent}")
     print(f"{'attack':34} {'class':6} {'status':10} {'reward':>6} {'mask':5} {'failure_kind':18} {'flagged':>7}  dropped")
     beat = 0

@@ -35,6 +35,8 @@ from polar_env.evaluators.integrity import (
     resolve_policy,
 )
 from polar_env.evaluators.results import (
+    ERROR,
+    FAILED,
     FAULT,
     NOT_LOADED,
     PLUGIN_MODULE,
@@ -171,6 +173,14 @@ async def pytest_verdict(runtime: Runtime, reporter: Reporter | None, output: st
     if reporter is None:
         return None
     return await read_verdict(runtime, reporter, output, editable=lambda path: not in_test_location(path, test_files))
+
+
+def failing_tests(found: Verdict | None) -> list[str]:
+    """The suite's own tests that failed in a finished pytest run under the plugin (canaries aside):
+    a check that passes anyway (an exit status or reward forced from inside the run) is 0."""
+    if found is None or not found.finished:
+        return []
+    return [n for n, s in found.statuses.items() if s in (FAILED, ERROR)]
 
 
 def pytest_gate(found: Verdict | None, report: dict[str, Any]) -> EvalResult | None:

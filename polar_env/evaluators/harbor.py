@@ -25,7 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_gate, pytest_verdict
+from polar_env.evaluators.grading import (
+    broken_result,
+    check_env,
+    failing_tests,
+    graded_runtime,
+    pytest_gate,
+    pytest_verdict,
+)
 from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, resolve_policy
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
@@ -136,7 +143,8 @@ class HarborEvaluator:
         if run.exit_code == STAGING_FAILED:
             report["reason"] = "could not stage /tests and /logs/verifier in the grading runtime"
             return EvalResult(status=Status.ERROR, report=report)
-        forced = pytest_gate(await pytest_verdict(runtime, reporter, run.output), report)
+        found = await pytest_verdict(runtime, reporter, run.output)
+        forced = pytest_gate(found, report)
         if forced is not None:
             return forced
         text = await _read(runtime, f"{STAGE_OUT}/reward.txt")
@@ -147,4 +155,8 @@ class HarborEvaluator:
             report["reason"] = str(exc)
             return EvalResult(status=Status.ERROR, report=report)
         report["rewards"] = rewards
+        failing = failing_tests(found)
+        if reward > 0 and failing:
+            report["reason"] = f"the verifier gave {reward:g}, but the authenticated report has failing tests: {failing[:5]}"
+            return EvalResult(reward=0.0, report=report)
         return EvalResult(reward=reward, report=report)

@@ -23,9 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_gate, pytest_verdict
+from polar_env.evaluators.grading import broken_result, check_env, failing_tests, graded_runtime, pytest_gate, pytest_verdict
 from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, grading_env, resolve_policy
-from polar_env.evaluators.results import ERROR, FAILED
 from polar_env.records import Status
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -167,7 +166,7 @@ class OutputEvaluator:
         if forced is not None:
             return forced if forced.status is not Status.COMPLETED else _verdict(False, str(forced.report["reason"]), forced.report)
         ok = res.exit_code == check.exit_code
-        failing = [n for n, s in (found.statuses.items() if found is not None and found.finished else ()) if s in (FAILED, ERROR)]
+        failing = failing_tests(found)
         if ok and check.exit_code == 0 and failing:
             return _verdict(False, f"the command exited 0, but the authenticated report has failing tests: {failing[:5]}", report)
         return _verdict(ok, f"command exited {res.exit_code}, expected {check.exit_code}", report)

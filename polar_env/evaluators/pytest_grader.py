@@ -61,10 +61,9 @@ def seal(key: bytes, data: bytes) -> bytes:
 
 
 def _key(nodeid: str) -> str:
-    """A node id as the plan names tests: the file's base name, then the rest without parameters
-    (pytest spells the file part differently across versions and for files outside the rootdir)."""
-    path, _, rest = nodeid.partition("::")
-    return path.replace(os.sep, "/").rsplit("/", 1)[-1] + "::" + rest.split("[", 1)[0]
+    """A node id as the plan names tests: ``Class::name`` or ``name``, without parameters (pytest
+    spells the file part differently across versions, and as "" for a file outside the rootdir)."""
+    return nodeid.partition("::")[2].replace("()::", "").split("[", 1)[0]
 
 
 def _pytest_version() -> Tuple[int, int]:
@@ -138,6 +137,8 @@ _failed = [0, 0, 0]  # [failed reports, of them failing copies', failing copies 
 _fail_digests: Set[bytes] = set()  # salted digests of the failing copies' names (for the exit status only)
 _salt = os.urandom(16)
 _raised: Dict[Tuple[str, str], str] = {}  # (nodeid, phase) -> exception type, for reports that say passed
+# (nodeid, phase) -> (the file that raised a skip or xfail, whether it was an xfail() call)
+_origins: Dict[Tuple[str, str], Tuple[Optional[str], bool]] = {}
 _root = [os.getcwd()]
 
 
@@ -252,8 +253,9 @@ def _candidates(source: str) -> List[Tuple[str, Optional[str], Any, int]]:
     return out
 
 
-def _plan(root: str, files: List[str], config: Dict[str, Any]) -> Dict[str, Any]:
-    """Write the canaries into the test files; return what was placed (node ids sans parameters)."""
+def _plan(root: str, files: List[str], config: Dict[str, Any], named: Dict[str, Set[str]]) -> Dict[str, Any]:
+    """Write the canaries into the test files; return what was placed (``_key`` names). ``named``:
+    for a file the run names by node ids only, the tests it names (only those are copied)."""
     rng = random.Random(config["seed"])
     want = int(config.get("canaries", 0))
     prefer = {kind: set(_key(t) for t in config.get(field, [])) for kind, field in (("same", "prefer_same"),
@@ -272,7 +274,9 @@ def _plan(root: str, files: List[str], config: Dict[str, Any]) -> Dict[str, Any]
             continue
         texts[rel] = source.splitlines(True)
         for name, cls, node, end in found:
-            nodeid = "::".join([os.path.basename(rel)] + ([cls] if cls else []) + [name])
+            nodeid = "::".join(([cls] if cls else []) + [name])
+            if rel in named and nodeid not in named[rel]:
+                continue
             pool.append((0, nodeid, rel, cls, node, end))
     rng.shuffle(pool)
     kinds = ["same", "fail"] * want
@@ -306,8 +310,8 @@ def _plan(root: str, files: List[str], config: Dict[str, Any]) -> Dict[str, Any]
             tail = rng.choice(FAIL_TAILS).format(a=a, b=b, d=a + b + 1, lo=min(a, b), hi=max(a, b))
             block.append(indent + tail + "\n")
         edits.setdefault(rel, []).append((end, ["\n"] + block))
-        copy_id = nodeid.rsplit("::", 1)[0] + "::" + new
-        placed.append({"test": copy_id, "of": nodeid, "expect": kind})
+        copy_id = "::".join(([_cls] if _cls else []) + [new])
+        placed.append({"test": copy_id, "of": nodeid, "file": os.path.basename(rel), "expect": kind})
         if kind == "fail":
             _failed[2] += 1
             _fail_digests.add(hashlib.sha256(_salt + copy_id.encode()).digest())
@@ -345,12 +349,17 @@ def _configure(config: Any) -> None:
     args = [str(a) for a in config.args]
     files = _test_files(root, args, list(_config.get("files", [])))
     static = _mentions_xfail(files)
-    plan = _plan(root, files, _config)
+    whole = {os.path.abspath(a) for a in args if "::" not in a}
+    named: Dict[str, Set[str]] = {}
+    for a in args:
+        path = os.path.abspath(a.split("::", 1)[0])
+        if "::" in a and path not in whole:
+            named.setdefault(path, set()).add(_key(a))
+    plan = _plan(root, files, _config, named)
     for c in plan["placed"]:  # node-id arguments would leave the copies out: name them too
-        for a in list(config.args):
-            arg = str(a)
-            if "::" in arg and _key(arg) == c["of"]:
-                config.args.append(arg.split("::", 1)[0] + "::" + c["test"].split("::", 1)[1])
+        for arg in args:
+            if "::" in arg and _key(arg) == c["of"] and os.path.basename(arg.split("::", 1)[0]) == c["file"]:
+                config.args.append(arg.split("::", 1)[0] + "::" + c["test"])
     body = json.dumps({"files": len(files), "xfail_files": static, **plan}, sort_keys=True).encode()
     _emit({"event": "plan", "root": root, "sealed": seal(_seal.pop(), body).hex()})
 
@@ -358,27 +367,39 @@ def _configure(config: Any) -> None:
 # -- results ----------------------------------------------------------------------------------------
 
 
-def _origin(report: Any, root: str) -> Optional[str]:
-    """The file a skip or xfail was raised from: repo-relative, "<outside>" when outside the repo,
-    None when the report does not say."""
-    lr = report.longrepr
-    path = None
-    if isinstance(lr, tuple) and len(lr) == 3:
-        path = lr[0]
-    else:
-        crash = getattr(lr, "reprcrash", None)
-        path = getattr(crash, "path", None)
+def _where(path: Optional[str]) -> Optional[str]:
     if not path:
         return None
-    full = os.path.abspath(str(path))
-    rel = os.path.relpath(full, root)
+    rel = os.path.relpath(os.path.abspath(str(path)), _root[0])
     return "<outside>" if rel.startswith("..") else rel.replace(os.sep, "/")
+
+
+def _raiser(tb: Any) -> Optional[str]:
+    """The innermost frame of the exception that does not hide itself (``__tracebackhide__``, as
+    pytest's ``skip``/``xfail`` do): who raised it, even through a conversion (``unittest.SkipTest``)."""
+    found = None
+    while tb is not None:
+        frame = tb.tb_frame
+        if not frame.f_locals.get("__tracebackhide__") and not frame.f_globals.get("__tracebackhide__"):
+            found = frame.f_code.co_filename
+        tb = tb.tb_next
+    return _where(found)
+
+
+def _origin(report: Any) -> Optional[str]:
+    """The file a skip or xfail was raised from, as the report says it (under xdist, where the
+    worker made it): repo-relative, "<outside>" when outside the repo, None when it does not say."""
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return _where(lr[0])
+    return _where(getattr(getattr(lr, "reprcrash", None), "path", None))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     """Outermost: the call's own exception next to the report made of it. A report that says
     passed for a call that raised (other than a skip) was rewritten on the way."""
+    raised = getattr(call, "excinfo", None)  # before any other hook converts it (unittest.SkipTest -> skip)
     outcome = yield
     if _emit is None:
         return
@@ -387,6 +408,9 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         excinfo = getattr(call, "excinfo", None)
         if excinfo is not None and rep.outcome == "passed" and getattr(rep, "wasxfail", None) is None:
             _raised[(rep.nodeid, rep.when)] = excinfo.typename
+        if raised is not None and rep.outcome == "skipped":
+            called = isinstance(raised.value, pytest.xfail.Exception)  # pytest 8 dropped the "reason: " prefix
+            _origins[(rep.nodeid, rep.when)] = (_raiser(raised.tb), called)
     except Exception as exc:  # noqa: BLE001 - the grader must hear of it, the run must go on
         _emit({"event": "internal_error", "where": "makereport", "error": repr(exc)[:500]})
 
@@ -399,10 +423,12 @@ def _logreport(report: Any) -> None:
     assert _emit is not None
     record: Dict[str, Any] = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome}
     wasxfail = getattr(report, "wasxfail", None)
+    here = _origins.pop((report.nodeid, report.when), None)
     if wasxfail is not None:
-        record["xfail"] = "call" if str(wasxfail).startswith("reason: ") else "mark"
+        called = here[1] if here is not None else str(wasxfail).startswith("reason: ")
+        record["xfail"] = "call" if called else "mark"
     if report.skipped or wasxfail is not None:
-        record["origin"] = _origin(report, _root[0])
+        record["origin"] = here[0] if here is not None else _origin(report)
     raised = _raised.pop((report.nodeid, report.when), None)
     if raised is not None and report.outcome == "passed":
         record["raised"] = raised
@@ -442,4 +468,5 @@ def _finish(session: Any, exitstatus: Any) -> None:
     status = int(exitstatus)
     if status == 1 and _failed[0] and _failed[0] == _failed[1]:
         session.exitstatus = 0  # only the failing copies failed: the suite's own tests passed
-    _emit({"event": "finish", "exitstatus": status, "placed": _failed[2]})
+    stopped = bool(getattr(session, "shouldstop", False) or getattr(session, "shouldfail", False))
+    _emit({"event": "finish", "exitstatus": status, "placed": _failed[2], "stopped": stopped})
