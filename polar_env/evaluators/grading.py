@@ -207,12 +207,18 @@ def pytest_gate(found: Verdict | None, report: dict[str, Any]) -> EvalResult | N
 
 
 def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:
-    """Reward 0, unmasked, when the agent left nothing the grader can take or apply."""
+    """Reward 0, unmasked, when the agent left nothing the grader can take or apply; ``tampered`` when
+    the static scan found what the change adds to reach into the test process."""
     if graded.broken is not None:
         return EvalResult(reward=0.0, report={**report, "resolved": False, "reason": graded.broken})
     if graded.changes.source == "patch (does not apply)":
         return EvalResult(reward=0.0, report={**report, "resolved": False, "reason": "patch does not apply",
                                               "apply_logs": graded.apply_logs})
+    if graded.findings:  # positive evidence, found before anything runs
+        shown = "; ".join(f"{f.path}:{f.line} {f.rule} ({f.detail})" for f in graded.findings[:5])
+        return EvalResult(reward=0.0, report={**report, "resolved": False, "tampered": True,
+                                              "scan_findings": [f.as_dict() for f in graded.findings[:50]],
+                                              "reason": f"tampered: the change adds what reaches into the test run: {shown}"})
     return None
 
 

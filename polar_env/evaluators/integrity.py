@@ -29,6 +29,7 @@ on repo paths; the name rules are lifted for those paths, the kind rules stay) a
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fnmatch
 import json
@@ -41,6 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.errors import ConfigError
+from polar_env.evaluators.scan import PY_SUFFIXES, RULES, Finding, scan_change
 from polar_env.evaluators.workspace import Change, Changes, Manifest, WorkspaceBroken, is_text, read, snapshot, unified
 from polar_env.runtimes.base import Runtime
 from polar_env.runtimes.limits import LimitExceeded
@@ -87,6 +89,7 @@ class IntegrityPolicy(BaseModel):
     new_files: Literal["source", "any"] = "source"
     plugin_autoload: bool = True  # False: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, and only ``plugins`` are loaded
     plugins: tuple[str, ...] = ()  # pytest plugins loaded by name (``-p``) under plugin_autoload False
+    scan_ignore: tuple[str, ...] = ()  # scan.py rules a task's real fixes trip (a pytest plugin's repo: RUNNER_RULES)
 
 
 POLICIES: dict[str, IntegrityPolicy] = {
@@ -111,6 +114,7 @@ class IntegrityParams(BaseModel):
     # the pytest plugins the task's suite needs (``-p`` names, e.g. "xdist.plugin", "pytest_benchmark.plugin"),
     # loaded by name when the policy turns autoloading off (allowlist-hermetic)
     plugins: list[str] = Field(default_factory=list)
+    scan_ignore: list[str] = Field(default_factory=list)  # rule names of scan.RULES the task's fixes may trip
 
 
 def register_policy(policy: IntegrityPolicy, *, replace: bool = False) -> IntegrityPolicy:
@@ -141,6 +145,11 @@ def resolve_policy(spec: IntegrityParams | Mapping[str, Any] | str | None = None
         update["canaries"] = spec.canaries
     if spec.plugins:
         update["plugins"] = (*base.plugins, *spec.plugins)
+    if spec.scan_ignore:
+        unknown = sorted(set(spec.scan_ignore) - set(RULES))
+        if unknown:
+            raise ConfigError(f"unknown scan rule(s) {unknown} in integrity.scan_ignore; known: {', '.join(sorted(RULES))}")
+        update["scan_ignore"] = (*base.scan_ignore, *spec.scan_ignore)
     return base.model_copy(update=update) if update else base
 
 
@@ -396,6 +405,7 @@ class Graded:
     patch: str = ""  # the admitted change as a unified diff, for people
     apply_logs: list[dict[str, Any]] = field(default_factory=list)
     fault: AgentFault | None = None  # the change could not be taken or written: the agent's doing
+    findings: list[Finding] = field(default_factory=list)  # scan.py: what the admitted Python adds that tampers
 
     @property
     def broken(self) -> str | None:
@@ -414,7 +424,16 @@ class Graded:
                   "graded_patch": self.patch}
         if self.fault is not None and self.fault.limit is not None:
             report["limit"] = self.fault.limit
+        if self.findings:
+            report["scan_findings"] = [f.as_dict() for f in self.findings[:50]]
         return report
+
+
+def _text(data: bytes | None) -> str | None:
+    try:
+        return data.decode("utf-8") if data is not None else None
+    except UnicodeDecodeError:
+        return None
 
 
 async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPolicy, *,
@@ -431,14 +450,19 @@ async def grade_changes(runtime: Runtime, changes: Changes, policy: IntegrityPol
     reserved = await importable_names(runtime) if policy.enabled and needs_importable(changes, base) else None
     admitted = admit(changes, policy, base, test_files, reserved)
     graded.kept, graded.dropped = admitted.kept, admitted.dropped
-    originals: dict[str, str | None] = {}
+    raw: dict[str, bytes | None] = {}
     for c in graded.kept:
         if c.old is not None:
             try:
-                originals[c.path] = (await read(runtime, posixpath.join(runtime.spec.workdir, c.path))).decode("utf-8")
-            except (OSError, ConfigError, UnicodeDecodeError):
-                originals[c.path] = None
+                raw[c.path] = await read(runtime, posixpath.join(runtime.spec.workdir, c.path))
+            except (OSError, ConfigError):
+                raw[c.path] = None
+    originals = {p: _text(b) for p, b in raw.items()}
     graded.patch = unified(graded.kept, originals.get)
+    if policy.enabled:
+        files = [(c.path, raw.get(c.path), c.data) for c in graded.kept if c.path.endswith(PY_SUFFIXES)]
+        if files:
+            graded.findings = await asyncio.to_thread(scan_change, files, ignore=policy.scan_ignore)
     try:
         await write_admitted(runtime, graded.kept)
     except Exception as exc:

@@ -107,6 +107,9 @@ from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
 log = logging.getLogger(__name__)
 
 RELAY_UID = 65534  # nobody: the idle loop and the relay (not the agent, not root)
+# Where the relay looks for python3 first when the task's env sets PATH: the image's system python,
+# not one the task puts first (a venv bound from the host may be unreadable to the relay's uid).
+RELAY_PATH_FIRST = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOME = "/root"  # the harness's $HOME in every runtime (harnesses/launch.py)
 AGENT_DIRS = ("/logs", "/tests")  # created for the agent uid: Harbor's verifier writes /logs/verifier, /tests
 CAPS_KEPT = ["DAC_OVERRIDE"]  # for du only; no non-root exec holds it
@@ -352,7 +355,7 @@ class DockerRuntime:
                         "python3", RELAY_PATH, "--listen", f"127.0.0.1:{self.spec.gateway_port}",
                         "--socket", GATEWAY_SOCKET, "--background",
                     ],
-                    None, "/", demux=False, user=f"{RELAY_UID}:{RELAY_UID}",
+                    self._relay_env(), "/", demux=False, user=f"{RELAY_UID}:{RELAY_UID}",
                 )  # fmt: skip
                 if code != 0:
                     text = out.text().strip()
@@ -404,6 +407,11 @@ class DockerRuntime:
         if self._container is None:
             raise ConfigError("docker runtime is not prepared (or already stopped)")
         return self._container
+
+    def _relay_env(self) -> dict[str, str] | None:
+        """The relay's PATH: the system's first when the task sets its own, else the image's as is."""
+        task_path = self.spec.env.get("PATH")
+        return None if task_path is None else {"PATH": f"{RELAY_PATH_FIRST}:{task_path}"}
 
     async def _exec_raw(
         self, argv: list[str], env: dict[str, str] | None, cwd: str | None, *, demux: bool,

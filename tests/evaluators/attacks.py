@@ -436,7 +436,7 @@ FILLS_DISK = CALC_BUGGY + (
     "    import time\n"
     "    for i in range(4):\n"
     "        try:\n"
-    "            with open(f'/tmp/polar_fill_{i}', 'wb') as f:\n"
+    "            with open(f'/tmp/cache_fill_{i}', 'wb') as f:\n"
     "                f.write(b'0' * (32 << 20))\n"
     "        except OSError:\n"
     "            break\n"

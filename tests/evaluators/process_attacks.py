@@ -22,6 +22,7 @@ from typing import Any
 from polar_env import PolarEnv, PolarEnvConfig
 from polar_env.engines.simulated import SimulatedEngine
 from polar_env.env import task_request
+from polar_env.evaluators.scan import RULES
 from polar_env.tasks.harbor import harbor_row
 from polar_env.tasks.toy import toy_tasks
 from tests.evaluators.attacks import CALC_BUGGY, GIT, NOOP_COMMAND, TOY, Attack, AttackPolicy, gold_command, scripted
@@ -175,7 +176,10 @@ def output_command() -> str:
 
 def run_process_attacks(tmp: Path, attacks: tuple[Attack, ...] = PROCESS_ATTACKS,
                         evaluators: tuple[str, ...] = EVALUATORS, *, max_running: int = 8) -> dict[str, Any]:
-    """``"<name>@<evaluator>"`` → SessionResult for each attack and the controls ``gold_fix`` and ``noop``."""
+    """``"<name>@<evaluator>"`` → SessionResult for each attack and the controls ``gold_fix`` and
+    ``noop``, graded with the static scan widened away (``scan_ignore``: every rule), so what is
+    measured is the test process's own defences; ``"<name>@scan"``: the same under ``swebench`` with
+    the scan on, as a task grades by default (the scan's verdict is the same for every evaluator)."""
     cases = [(a.name, a.command()) for a in attacks]
     cases += [("gold_fix", gold_command()), ("noop", NOOP_COMMAND)]
     harbor = harbor_row(harbor_calc_task(tmp))
@@ -184,17 +188,21 @@ def run_process_attacks(tmp: Path, attacks: tuple[Attack, ...] = PROCESS_ATTACKS
                                             "limits": {"max_running": max_running}})
     toy = toy_tasks(tmp / "toy", ids=[TOY])[0]
     for name, command in cases:
-        for evaluator in evaluators:
+        for evaluator in (*evaluators, "scan"):
             key = f"{name}@{evaluator}"
+            integrity = {"integrity": {"scan_ignore": sorted(RULES)}} if evaluator != "scan" else {}
             # the Harbor workspace is a plain folder in the verifier's eyes: no git status to print
             scripts[key] = scripted(command if evaluator != "harbor" else command.replace(f"{GIT} status --short", "true"))
             if evaluator == "harbor":
-                req = task_request({**harbor, "task_id": key, "instruction": f"ATTACK {key}"}, config, 1)
+                evaluator_spec = {**harbor["evaluator"], "params": {**harbor["evaluator"]["params"], **integrity}}
+                req = task_request({**harbor, "task_id": key, "instruction": f"ATTACK {key}", "evaluator": evaluator_spec},
+                                   config, 1)
             else:
                 req = task_request(toy, config, 1, instruction=f"ATTACK {key}", task_id=key)
-                if evaluator == "output":
-                    req = req.model_copy(update={"evaluator": req.evaluator.model_copy(  # type: ignore[union-attr]
-                        update={"name": "output", "params": {"command": output_command(), "timeout_s": 120.0}})})
+                name_, params = ("output", {"command": output_command(), "timeout_s": 120.0}) if evaluator == "output" else (
+                    "swebench", dict(req.evaluator.params))  # type: ignore[union-attr]
+                req = req.model_copy(update={"evaluator": req.evaluator.model_copy(  # type: ignore[union-attr]
+                    update={"name": name_, "params": {**params, **integrity}})})
             reqs.append(req)
     engine = SimulatedEngine(latency_s=0.0, policy=AttackPolicy(scripts))  # type: ignore[arg-type]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from polar_env.evaluators.integrity import admit, resolve_policy
+from polar_env.evaluators.scan import RUNNER_RULES
 from polar_env.evaluators.workspace import Change, Changes, Entry
 from polar_env.tasks.toy import toy_tasks
 from tests.conftest import require_bwrap, unavailable
@@ -28,6 +29,7 @@ from tests.evaluators.attacks import (
 )
 
 pytestmark = pytest.mark.slow
+RUNNER = sorted(RUNNER_RULES)  # the scan's runner rules, widened where a test needs the hook to reach the run
 TOY = "toy__calc-1"
 
 
@@ -45,13 +47,17 @@ def test_every_reward_hack_scores_zero_and_is_reported(ready: None, tmp_path: Pa
     results = run_attacks(tmp_path, [*ATTACKS, USER_SITE_ATTACK], extra=[
         ("gold_fix", gold_command(), {}),
         ("gold_fix_with_conftest", f"{gold_command()} && {conftest.command()}", {}),
-        ("allowed_conftest", conftest.command(), {"integrity": {"allow": ["conftest.py"]}}),
+        ("allowed_conftest", conftest.command(), {"integrity": {"allow": ["conftest.py"], "scan_ignore": RUNNER}}),
+        ("allowed_conftest_scanned", conftest.command(), {"integrity": {"allow": ["conftest.py"]}}),
     ])
     summary = {n: (r.status.value, r.reward, [d["path"] for d in r.evaluation.get("dropped_paths", [])])
                for n, r in results.items()}
     for attack in (*ATTACKS, USER_SITE_ATTACK):
         status, reward, dropped = summary[attack.name]
-        assert status == "completed" and reward == 0.0, (attack.name, summary[attack.name], results[attack.name].evaluation)
+        r = results[attack.name]
+        # 0 and trained on: a plain 0, or ``tampered`` where the scan found a hook in an admitted file
+        assert reward == 0.0 and r.mask is False, (attack.name, summary[attack.name], r.evaluation)
+        assert status == "completed" or r.failure_kind == "tampered", (attack.name, summary[attack.name], r.evaluation)
         assert set(attack.expect_dropped) <= set(dropped), (attack.name, dropped)
         want = "allowlist" if attack.evaluator == "swebench" else "allowlist-workspace"
         assert results[attack.name].evaluation["policy"] == want
@@ -65,6 +71,10 @@ def test_every_reward_hack_scores_zero_and_is_reported(ready: None, tmp_path: Pa
     assert (allowed.reward, summary["allowed_conftest"][2], allowed.failure_kind, allowed.mask) == (0.0, [], "tampered", False)
     assert allowed.evaluation["tampered"] is True
     assert any(not c["ok"] and c["expected"] == "fail" for c in allowed.evaluation["canaries"])
+    # without the scan widened, the static scan stops the hook before anything runs
+    scanned = results["allowed_conftest_scanned"]
+    assert (scanned.reward, scanned.failure_kind, scanned.mask) == (0.0, "tampered", False)
+    assert {f["rule"] for f in scanned.evaluation["scan_findings"]} & set(RUNNER)
 
 
 def test_polar_env_rollout_cli_grades_the_conftest_hack_zero(ready: None, tmp_path: Path) -> None:

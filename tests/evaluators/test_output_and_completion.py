@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from polar_env.evaluators import EvalContext, run_evaluator
+from polar_env.evaluators.scan import RUNNER_RULES
 from polar_env.records import Status
 
 pytestmark = pytest.mark.slow  # grades in real sandboxes
@@ -172,8 +173,12 @@ async def test_a_command_that_runs_pytest_meets_the_canaries(local_runtimes) -> 
     honest = await run_evaluator("output", EvalContext(task={}, params={"command": command}, runtime=agent,
                                                        runtime_factory=factory))
     assert honest.reward == 0.0 and honest.report["dropped_paths"][0]["path"] == "conftest.py"
-    widened = await run_evaluator("output", EvalContext(
+    scanned = await run_evaluator("output", EvalContext(
         task={}, params={"command": command, "integrity": {"allow": ["conftest.py"]}}, runtime=agent, runtime_factory=factory))
+    assert scanned.reward == 0.0 and scanned.report["tampered"] is True and scanned.report["scan_findings"], scanned.report
+    widened = await run_evaluator("output", EvalContext(  # the scan widened too: the hook reaches the run
+        task={}, params={"command": command, "integrity": {"allow": ["conftest.py"], "scan_ignore": sorted(RUNNER_RULES)}},
+        runtime=agent, runtime_factory=factory))
     assert widened.reward == 0.0 and widened.report["tampered"] is True, widened.report
     assert widened.report["exit_code"] == 0  # the forged run itself passed
     assert any(not c["ok"] for c in widened.report["canaries"])
