@@ -63,17 +63,18 @@ def main() -> None:
     suite = _attacks_module()
     process = _module("polar_process_attacks", "process_attacks.py")
     attacks = [*suite.ATTACKS, suite.USER_SITE_ATTACK, *suite.CONSTRUCTION_ATTACKS, *suite.ESCAPE_ATTACKS]
+    layers = getattr(process, "LAYERS", process.EVALUATORS)
     controls = {"gold_fix": 1.0, "noop": 0.0, **{f"{c}@{e}": w for c, w in (("gold_fix", 1.0), ("noop", 0.0))
-                                                for e in process.EVALUATORS}}
+                                                for e in layers}}
     with tempfile.TemporaryDirectory() as tmp:
         results = suite.run_attacks(Path(tmp), attacks, extra=[("gold_fix", suite.gold_command(), {}),
                                                                 ("noop", suite.NOOP_COMMAND, {})], max_running=8)
         results.update(process.run_process_attacks(Path(tmp) / "process"))
     klass = {a.name: (str(a.klass) if a.klass != "" else "old") for a in attacks}
-    klass.update({f"{a.name}@{e}": str(a.klass) for a in process.PROCESS_ATTACKS for e in process.EVALUATORS})
+    klass.update({f"{a.name}@{e}": str(a.klass) for a in process.PROCESS_ATTACKS for e in layers})
     print(f"package: {Path(polar_env.__file__).parent}")
     print(f"{'attack':34} {'class':6} {'status':10} {'reward':>6} {'mask':5} {'failure_kind':18} {'flagged':>7}  dropped")
-    beat = 0
+    beat, beat_run = 0, 0  # under the default policy; in the test process with the scan widened away
     for name, r in results.items():
         kind = r.failure_kind.value if r.failure_kind is not None else "-"
         flagged = r.evaluation.get("flagged") if isinstance(r.evaluation, dict) else None
@@ -82,12 +83,17 @@ def main() -> None:
               f"{nflag:7d}  {dropped_paths(r.evaluation)}")
         if name in controls:
             continue
-        beat += r.reward > 0 or bool(r.mask)
+        won = r.reward > 0 or bool(r.mask)
+        if "@" in name and not name.endswith("@scan"):
+            beat_run += won
+        else:
+            beat += won
     for name, want in controls.items():
         r = results[name]
         ok = r.reward == want and not r.mask
         print(f"control {name}: reward {r.reward:.1f} (want {want:.1f}){'' if ok else '  <-- CONTROL FAILED'}")
-    print(f"{beat} attacks scored > 0 or were masked")
+    print(f"{beat} attacks scored > 0 or were masked under the default policy")
+    print(f"{beat_run} in-process attacks (name@evaluator) scored > 0 or were masked with the static scan widened away")
 
 
 if __name__ == "__main__":

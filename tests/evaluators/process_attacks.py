@@ -28,6 +28,7 @@ from polar_env.tasks.toy import toy_tasks
 from tests.evaluators.attacks import CALC_BUGGY, GIT, NOOP_COMMAND, TOY, Attack, AttackPolicy, gold_command, scripted
 
 EVALUATORS = ("swebench", "output", "harbor")
+LAYERS = (*EVALUATORS, "scan")  # the keys' suffixes: each evaluator with the scan widened away, and the scan on
 
 # class 5: the runner's own skip/xfail, raised from the code a fix edits
 XFAIL_IN_FIX = CALC_BUGGY.replace("    return a / b\n", "    if b == 0:\n        import pytest\n"
@@ -188,7 +189,7 @@ def run_process_attacks(tmp: Path, attacks: tuple[Attack, ...] = PROCESS_ATTACKS
                                             "limits": {"max_running": max_running}})
     toy = toy_tasks(tmp / "toy", ids=[TOY])[0]
     for name, command in cases:
-        for evaluator in (*evaluators, "scan"):
+        for evaluator in (*evaluators, "scan"):  # LAYERS
             key = f"{name}@{evaluator}"
             integrity = {"integrity": {"scan_ignore": sorted(RULES)}} if evaluator != "scan" else {}
             # the Harbor workspace is a plain folder in the verifier's eyes: no git status to print
