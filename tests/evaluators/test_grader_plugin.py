@@ -141,15 +141,16 @@ class Run:
     exit_code: int
     verdict: R.Verdict
     output: str
+    work: Path
 
 
-def run(python: Path, tmp: Path, pkg: str = PKG, canaries: int = 2) -> Run:
+def run(python: Path, tmp: Path, pkg: str = PKG, canaries: int = 2, tests: str = TESTS) -> Run:
     """pytest in ``python`` on the project, the plugin staged as ``results.stage_reporter`` stages it."""
     work = tmp / f"w-{secrets.token_hex(4)}"
     (work / "pkg").mkdir(parents=True)
     (work / "tests").mkdir()
     (work / "pkg" / "__init__.py").write_text(pkg)
-    (work / "tests" / "test_pkg.py").write_text(TESTS)
+    (work / "tests" / "test_pkg.py").write_text(tests)
     grader = tmp / f"polar-grader-{secrets.token_hex(8)}"
     grader.mkdir()
     key, tag = secrets.token_bytes(32), secrets.token_hex(8)
@@ -170,7 +171,7 @@ def run(python: Path, tmp: Path, pkg: str = PKG, canaries: int = 2) -> Run:
     records, bad = R.read_report(raw, key)
     found = R.verdict(records, bad, reporter, editable=lambda p: not in_test_location(p), beacon=R.beacon_seen(output, reporter),
                       report_missing=raw is None)
-    return Run(proc.returncode, found, output)
+    return Run(proc.returncode, found, output, work)
 
 
 MATRIX = _matrix()
@@ -196,6 +197,16 @@ def test_an_honest_run_is_graded_with_its_canaries(python: Path, tmp_path: Path)
                           "tests/test_pkg.py::test_known_bad": "XFAIL", "tests/test_pkg.py::test_target": "FAILED"}, _where(r)
     assert len(v.canaries) == 4 and all(c["ok"] for c in v.canaries), _where(r)
     assert r.exit_code == 1  # test_target failed
+    assert (r.work / "tests" / "test_pkg.py").read_text() == TESTS  # the copies left with the run
+
+
+def test_unittest_style_classes_are_copied_too(python: Path, tmp_path: Path) -> None:
+    tests = ("import unittest\nfrom pkg import add\n\n\nclass AddCase(unittest.TestCase):\n"
+             "    def test_add(self):\n        self.assertEqual(add(1, 2), 3)\n")
+    r = run(python, tmp_path, tests=tests)
+    assert r.verdict.state == R.FINISHED and not r.verdict.problems, _where(r)
+    assert len(r.verdict.canaries) == 4 and all(c["ok"] for c in r.verdict.canaries), _where(r)
+    assert r.verdict.statuses == {"tests/test_pkg.py::AddCase::test_add": "PASSED"} and r.exit_code == 0, _where(r)
 
 
 def test_the_failing_copies_leave_the_exit_status_to_the_suite(python: Path, tmp_path: Path) -> None:
