@@ -14,6 +14,7 @@ evaluators stage it; the attacks are project code (``pkg/__init__.py``, a file a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -77,8 +78,16 @@ def venv(python: Path, pytest_version: str) -> Path:
     minor = ".".join(map(str, _minor(python)))
     dest = CACHE / f"py{minor}-pytest{pytest_version}"
     exe = dest / "bin" / "python"
-    if exe.exists():
-        return exe
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:  # the suite's xdist workers build into one cache
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (dest / ".complete").exists():
+            _build(python, pytest_version, dest)
+    return exe
+
+
+def _build(python: Path, pytest_version: str, dest: Path) -> None:
+    exe = dest / "bin" / "python"
     shutil.rmtree(dest, ignore_errors=True)
     uv = _uv()
     try:
@@ -88,7 +97,7 @@ def venv(python: Path, pytest_version: str) -> Path:
     except (subprocess.SubprocessError, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         unavailable(f"cannot build a venv with pytest {pytest_version} on {python}: {exc}")
-    return exe
+    (dest / ".complete").write_text(pytest_version)
 
 
 PKG = "def add(a, b):\n    return a + b\n\n\ndef check(x):\n    return x\n"
