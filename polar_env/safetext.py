@@ -11,7 +11,9 @@ a name the agent chose must never cost a session its outcome (a masked ``node_lo
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BAD = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # C0, DEL, C1, lone surrogates
@@ -47,18 +49,23 @@ def escape_surrogates(text: str) -> str:
     return _SURROGATE.sub(_escape, text) if _SURROGATE.search(text) is not None else text
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: T) -> T:
     """``value`` with the lone surrogates in its strings (dict keys too, through dicts, lists and
-    tuples) escaped, so a JSON writer takes it; the very same object when there is none."""
+    tuples) escaped, so a JSON writer takes it; the very same object when there is none (the same
+    type either way)."""
+    return cast(T, _json_safe(value))
+
+
+def _json_safe(value: Any) -> Any:
     if isinstance(value, str):
         return escape_surrogates(value)
     if isinstance(value, dict):
-        pairs = [(json_safe(k), json_safe(v)) for k, v in value.items()]
+        pairs = [(_json_safe(k), _json_safe(v)) for k, v in value.items()]
         if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items(), strict=True)):
             return value
         return dict(pairs)
     if isinstance(value, list | tuple):
-        items = [json_safe(v) for v in value]
+        items = [_json_safe(v) for v in value]
         if all(a is b for a, b in zip(items, value, strict=True)):
             return value
         return items if isinstance(value, list) else tuple(items)

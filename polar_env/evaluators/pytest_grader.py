@@ -38,9 +38,12 @@ import os
 import random
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, List, Optional, Set, Tuple
 
 import pytest
+
+if TYPE_CHECKING:  # the hooks' types, as strings: pytest.Config and friends are newer than pytest 4.6
+    import pluggy
 
 _CONFIG_ENV = "POLAR_GRADER_CONFIG"
 BEACON = "polar-grader-beacon"
@@ -156,7 +159,7 @@ def _safe(where: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: Any, parser: Any, args: List[str]) -> None:
+def pytest_load_initial_conftests(early_config: "pytest.Config", parser: "pytest.Parser", args: List[str]) -> None:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name in ("pytest.__main__", "pytest") and os.getcwd() not in sys.path:
@@ -340,7 +343,7 @@ def _mentions_xfail(files: List[str]) -> List[str]:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_configure(config: Any) -> None:
+def pytest_configure(config: "pytest.Config") -> None:
     _safe("configure", _configure, config)
 
 
@@ -398,7 +401,8 @@ def _origin(report: Any) -> Optional[str]:
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+def pytest_runtest_makereport(item: "pytest.Item",
+                               call: "pytest.CallInfo[None]") -> "Generator[None, pluggy.Result[pytest.TestReport], None]":
     """Outermost: the call's own exception next to the report made of it. A report that says
     passed for a call that raised (other than a skip) was rewritten on the way."""
     raised = getattr(call, "excinfo", None)  # before any other hook converts it (unittest.SkipTest -> skip)
@@ -417,7 +421,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         _emit({"event": "internal_error", "where": "makereport", "error": repr(exc)[:500]})
 
 
-def pytest_runtest_logreport(report: Any) -> None:
+def pytest_runtest_logreport(report: "pytest.TestReport") -> None:
     _safe("logreport", _logreport, report)
 
 
@@ -440,7 +444,7 @@ def _logreport(report: Any) -> None:
     _emit(record)
 
 
-def pytest_collectreport(report: Any) -> None:
+def pytest_collectreport(report: "pytest.CollectReport") -> None:
     _safe("collectreport", _collectreport, report)
 
 
@@ -452,7 +456,7 @@ def _collectreport(report: Any) -> None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session: Any, config: Any, items: List[Any]) -> None:
+def pytest_collection_modifyitems(session: "pytest.Session", config: "pytest.Config", items: "List[pytest.Item]") -> None:
     _safe("collection", _collected, len(items))
 
 
@@ -461,11 +465,11 @@ def _collected(count: int) -> None:
     _emit({"event": "collected", "count": count})
 
 
-def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+def pytest_sessionfinish(session: "pytest.Session", exitstatus: "int | pytest.ExitCode") -> None:
     _safe("sessionfinish", _finish, session, exitstatus)
 
 
-def pytest_unconfigure(config: Any) -> None:
+def pytest_unconfigure(config: "pytest.Config") -> None:
     """The copies leave with the run: a later pytest in the same script meets the suite as it was.
     Best effort, and never a grader fault (the verdict is already written)."""
     while _pristine:
