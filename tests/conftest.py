@@ -215,6 +215,14 @@ def require_bwrap() -> None:
         unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
 
 
+def require_swebench() -> None:
+    """swebench's grading library (the ``swebench`` extra), which the real evaluator imports on first use."""
+    try:
+        import swebench.harness.grading  # noqa: F401
+    except ImportError:
+        unavailable("the swebench extra is not installed (pip install -e '.[swebench]')")
+
+
 @pytest.fixture(scope="session")
 def fake_vllm() -> Iterator[str]:
     """FakeVLLM (a named test double, tests/fake_vllm.py) on 127.0.0.1, served from a thread so

@@ -183,12 +183,13 @@ def failing_tests(found: Verdict | None) -> list[str]:
     return [n for n, s in found.statuses.items() if s in (FAILED, ERROR)]
 
 
-def pytest_gate(found: Verdict | None, report: dict[str, Any]) -> EvalResult | None:
-    """For checks whose own pass rule is an exit status or a reward file (``output``, ``harbor``):
-    the result a pytest run under the plugin forces, or None when the check decides. Tampering is
-    0; the grader's own fault is an ERROR (masked, never the agent's); a session that never
-    finished (``os._exit`` from project code, a killed process) or an outcome the grader refused
-    is 0. No pytest under the plugin (the check runs none) leaves it to the check."""
+def pytest_gate(found: Verdict | None, report: dict[str, Any], *, refuse: bool = True) -> EvalResult | None:
+    """The result a pytest run under the plugin forces, or None when the check decides (and the
+    report has the plugin's fields). Tampering is 0; the grader's own fault is an ERROR (masked,
+    never the agent's); a session that never finished (``os._exit`` from project code, a killed
+    process) is 0; with ``refuse``, so is an outcome the grader refused (checks whose pass rule is
+    an exit status or a reward file: ``output``, ``harbor``; ``swebench`` grades a refused outcome
+    as the failure it is). No pytest under the plugin (the check runs none) leaves it to the check."""
     if found is None or found.state == NOT_LOADED:
         return None
     report.update(found.as_report())
@@ -200,7 +201,7 @@ def pytest_gate(found: Verdict | None, report: dict[str, Any]) -> EvalResult | N
     if found.state == UNFINISHED:
         return EvalResult(reward=0.0, report={**report, "reason": "pytest ran under the grader's plugin and its session "
                                               "never finished (the process ended or was killed mid-run)"})
-    if found.refused:
+    if refuse and found.refused:
         why = "; ".join(f"{r['test']}: {r['why']}" for r in found.refused[:3])
         return EvalResult(reward=0.0, report={**report, "reason": f"outcomes the grader refuses: {why}"})
     return None

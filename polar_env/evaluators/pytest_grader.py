@@ -241,47 +241,45 @@ def _candidates(source: str) -> List[Tuple[str, Optional[str], Any, int]]:
             return False
         return not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(node))
 
-    def deco(node: Any, stop: int) -> str:
+    def deco(node: Any) -> str:
         return "\n".join(lines[_decorated_start(node) - 1:node.lineno])
 
     top = _ends(tree.body, len(lines), lines)
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and usable(node, deco(node, top[id(node)])):
+        if isinstance(node, ast.FunctionDef) and usable(node, deco(node)):
             out.append((node.name, None, node, top[id(node)]))
         elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or any(
-                "TestCase" in ast.dump(b) for b in node.bases)) and not re.search(r"skip|xfail", deco(node, top[id(node)])):
+                "TestCase" in ast.dump(b) for b in node.bases)) and not re.search(r"skip|xfail", deco(node)):
             inner = _ends(node.body, top[id(node)], lines)
             for sub in node.body:
-                if isinstance(sub, ast.FunctionDef) and usable(sub, deco(sub, inner[id(sub)])):
+                if isinstance(sub, ast.FunctionDef) and usable(sub, deco(sub)):
                     out.append((sub.name, node.name, sub, inner[id(sub)]))
     return out
 
 
-def _plan(root: str, files: List[str], config: Dict[str, Any], named: Dict[str, Set[str]]) -> Dict[str, Any]:
-    """Write the canaries into the test files; return what was placed (``_key`` names). ``named``:
-    for a file the run names by node ids only, the tests it names (only those are copied)."""
+def _plan(sources: Dict[str, bytes], config: Dict[str, Any], named: Dict[str, Set[str]]) -> Dict[str, Any]:
+    """Write the canaries into the test files (``sources``: path -> bytes as read); return what was
+    placed (``_key`` names). ``named``: for a file the run names by node ids only, the tests it
+    names (only those are copied)."""
     rng = random.Random(config["seed"])
     want = int(config.get("canaries", 0))
     prefer = {kind: set(_key(t) for t in config.get(field, [])) for kind, field in (("same", "prefer_same"),
                                                                                    ("fail", "prefer"))}
     words = config["words"]
-    pool: List[Tuple[int, str, str, Optional[str], Any, int]] = []
-    texts: Dict[str, List[str]] = {}
-    for rel in files:
-        if not _is_test_file(os.path.basename(rel)) or os.path.getsize(rel) > MAX_FILE:
+    pool: List[Tuple[str, str, Optional[str], Any, int]] = []
+    texts: Dict[str, str] = {}
+    for rel, data in sources.items():
+        if not _is_test_file(os.path.basename(rel)):
             continue
         try:
-            with open(rel, encoding="utf-8") as f:
-                source = f.read()
-            found = _candidates(source)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            texts[rel] = data.decode("utf-8")
+            found = _candidates(texts[rel])
+        except (UnicodeDecodeError, SyntaxError, ValueError):
             continue
-        texts[rel] = source.splitlines(True)
         for name, cls, node, end in found:
             nodeid = "::".join(([cls] if cls else []) + [name])
-            if rel in named and nodeid not in named[rel]:
-                continue
-            pool.append((0, nodeid, rel, cls, node, end))
+            if rel not in named or nodeid in named[rel]:
+                pool.append((nodeid, rel, cls, node, end))
     rng.shuffle(pool)
     kinds = ["same", "fail"] * want
     rng.shuffle(kinds)
@@ -289,15 +287,15 @@ def _plan(root: str, files: List[str], config: Dict[str, Any], named: Dict[str, 
     for kind in kinds:  # the task's own tests first (FAIL_TO_PASS for "same", PASS_TO_PASS for "fail")
         left = [p for p in pool if p not in chosen] or pool  # a small suite: copies of one test
         if left:
-            chosen.append(left[min(range(len(left)), key=lambda i: (left[i][1] not in prefer[kind], i))])
+            chosen.append(left[min(range(len(left)), key=lambda i: (left[i][0] not in prefer[kind], i))])
     placed: List[Dict[str, str]] = []
     edits: Dict[str, List[Tuple[int, List[str]]]] = {}
     taken: Set[str] = set()
-    for kind, (_, nodeid, rel, _cls, node, end) in zip(kinds, chosen):
-        lines = texts[rel]
+    for kind, (nodeid, rel, cls, node, end) in zip(kinds, chosen):
+        lines = texts[rel].splitlines(True)
         name = node.name
         new = f"{name}_{rng.choice(words)}"
-        while new in taken or re.search(r"\bdef " + re.escape(new) + r"\b", "".join(lines)):
+        while new in taken or re.search(r"\bdef " + re.escape(new) + r"\b", texts[rel]):
             new = f"{name}_{rng.choice(words)}_{rng.randrange(2, 99)}"
         taken.add(new)
         start = _decorated_start(node)
@@ -314,14 +312,14 @@ def _plan(root: str, files: List[str], config: Dict[str, Any], named: Dict[str, 
             tail = rng.choice(FAIL_TAILS).format(a=a, b=b, d=a + b + 1, lo=min(a, b), hi=max(a, b))
             block.append(indent + tail + "\n")
         edits.setdefault(rel, []).append((end, ["\n"] + block))
-        copy_id = "::".join(([_cls] if _cls else []) + [new])
+        copy_id = "::".join(([cls] if cls else []) + [new])
         placed.append({"test": copy_id, "of": nodeid, "file": os.path.basename(rel), "expect": kind})
         if kind == "fail":
             _failed[2] += 1
             _fail_digests.add(hashlib.sha256(_salt + copy_id.encode()).digest())
     for rel, changes in edits.items():
-        _pristine[rel] = "".join(texts[rel])
-        lines = list(texts[rel])
+        _pristine[rel] = texts[rel]
+        lines = texts[rel].splitlines(True)
         for end, block in sorted(changes, key=lambda c: c[0], reverse=True):
             lines[end:end] = block
         with open(rel, "w", encoding="utf-8") as f:
@@ -329,16 +327,16 @@ def _plan(root: str, files: List[str], config: Dict[str, Any], named: Dict[str, 
     return {"placed": placed, "wanted": len(kinds), "candidates": len(pool)}
 
 
-def _mentions_xfail(files: List[str]) -> List[str]:
-    out = []
-    for rel in files:
+def _read(files: List[str]) -> Dict[str, bytes]:
+    """The run's test files and conftests, each read once (the plan and the xfail check share them)."""
+    out = {}
+    for path in files:
         try:
-            with open(rel, "rb") as f:
-                data = f.read(MAX_FILE)
+            if os.path.getsize(path) <= MAX_FILE:
+                with open(path, "rb") as f:
+                    out[path] = f.read()
         except OSError:
             continue
-        if b"xfail" in data or b"expectedFailure" in data:
-            out.append(os.path.basename(rel))
     return out
 
 
@@ -353,14 +351,15 @@ def _configure(config: Any) -> None:
     _root[0] = root
     args = [str(a) for a in config.args]
     files = _test_files(root, args, list(_config.get("files", [])))
-    static = _mentions_xfail(files)
+    sources = _read(files)
+    static = [os.path.basename(p) for p, data in sources.items() if b"xfail" in data or b"expectedFailure" in data]
     whole = {os.path.abspath(a) for a in args if "::" not in a}
     named: Dict[str, Set[str]] = {}
     for a in args:
         path = os.path.abspath(a.split("::", 1)[0])
         if "::" in a and path not in whole:
             named.setdefault(path, set()).add(_key(a))
-    plan = _plan(root, files, _config, named)
+    plan = _plan(sources, _config, named)
     for c in plan["placed"]:  # node-id arguments would leave the copies out: name them too
         for arg in args:
             if "::" in arg and _key(arg) == c["of"] and os.path.basename(arg.split("::", 1)[0]) == c["file"]:

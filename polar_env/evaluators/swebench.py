@@ -30,16 +30,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
-from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_verdict
+from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_gate, pytest_verdict
 from polar_env.evaluators.integrity import IntegrityParams, resolve_policy
 from polar_env.evaluators.results import (
     FAILED,
-    FAULT,
     FINISHED,
     NOT_LOADED,
     SKIPPED,
-    TAMPERED,
-    UNFINISHED,
     UNSUPPORTED,
     synthetic_log,
 )
@@ -135,16 +132,10 @@ class SweBenchEvaluator:
 
         started = time.monotonic()
         found = await pytest_verdict(runtime, reporter, run.output, test_files=test_files)
+        forced = pytest_gate(found, report, refuse=False)
+        if forced is not None:
+            return forced
         state = found.state if found is not None else NOT_LOADED
-        if found is not None and state != NOT_LOADED:
-            report.update(found.as_report())
-        if state == TAMPERED:
-            report["tampered"] = True
-            return _unresolved(report, "tampered: " + "; ".join(found.problems[:5] if found else []))
-        if state == FAULT:
-            return EvalResult(status=Status.ERROR, report={**report, "error": "; ".join(found.faults[:3] if found else [])})
-        if state == UNFINISHED:
-            return _unresolved(report, "no structured test results: the test run did not finish")
         if state == NOT_LOADED and reporter is not None and _runs_pytest(spec):
             return EvalResult(status=Status.ERROR, report={**report, "error": (
                 "the grader's pytest plugin never loaded although the eval script runs pytest (no pytest in the "
@@ -153,9 +144,9 @@ class SweBenchEvaluator:
             statuses = _listed_skips_fail(found.statuses, task.FAIL_TO_PASS)
             log = f"+ : '{START_TEST_OUTPUT}'\n{synthetic_log(statuses)}+ : '{END_TEST_OUTPUT}'\n"
         else:
-            report["results_from"] = ("log: " + (f"pytest {found.loaded.get('pytest') if found and found.loaded else '?'} "
-                                                 f"is older than the grader's plugin supports (4.6)" if state == UNSUPPORTED
-                                                 else "the eval script runs no pytest") + " (outside the grading contract)")
+            old = found.loaded.get("pytest") if state == UNSUPPORTED and found is not None and found.loaded else None
+            why = f"pytest {old} is older than the grader's plugin supports (4.6)" if old else "the eval script runs no pytest"
+            report["results_from"] = f"log: {why} (outside the grading contract)"
             log = run.output
             if START_TEST_OUTPUT not in spec.eval_script:
                 # Eval scripts built by the SWE-Gym fork print no markers; like that fork, grade the

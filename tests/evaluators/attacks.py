@@ -367,12 +367,24 @@ def gold_command() -> str:
     return f"cd /testbed && echo {blob} | base64 -d | git -c 'safe.directory=*' apply"
 
 
+def rollout(config: PolarEnvConfig, scripts: Mapping[str, ScriptedPolicy], reqs: Sequence[Any]) -> dict[str, Any]:
+    """task_id → SessionResult: ``reqs`` rolled out once each by the simulated engine, its turns
+    scripted per request (``AttackPolicy``: the script its instruction names)."""
+    engine = SimulatedEngine(latency_s=0.0, policy=AttackPolicy(scripts))  # type: ignore[arg-type]
+
+    async def go() -> dict[str, Any]:
+        async with PolarEnv(config, engine=engine) as env:
+            groups = await env.rollout_many(reqs)
+        return {g.task_id: g.results[0] for g in groups}
+
+    return asyncio.run(go())
+
+
 def run_attacks(tmp: Path, attacks: Sequence[Attack], extra: Sequence[tuple[str, str, dict[str, Any]]] = (),
                 *, max_running: int = 4) -> dict[str, Any]:
     """name → SessionResult for each attack (plus ``extra`` (name, command, evaluator params) cases)."""
     scripts = {a.name: scripted(a.command()) for a in attacks}
     scripts.update({name: scripted(cmd) for name, cmd, _ in extra})
-    engine = SimulatedEngine(latency_s=0.0, policy=AttackPolicy(scripts))  # type: ignore[arg-type]
     config = PolarEnvConfig.model_validate({"harness": "loop", "store": str(tmp / "store"),
                                             "limits": {"max_running": max_running}})
     toy = toy_tasks(tmp / "toy", ids=[TOY])[0]
@@ -393,12 +405,7 @@ def run_attacks(tmp: Path, attacks: Sequence[Attack], extra: Sequence[tuple[str,
             req = req.model_copy(update={"evaluator": req.evaluator.model_copy(update={"params": params})})  # type: ignore[union-attr]
         reqs.append(req)
 
-    async def go() -> dict[str, Any]:
-        async with PolarEnv(config, engine=engine) as env:
-            groups = await env.rollout_many(reqs)
-        return {g.task_id: g.results[0] for g in groups}
-
-    return asyncio.run(go())
+    return rollout(config, scripts, reqs)
 
 
 
@@ -407,7 +414,6 @@ def run_sessions(tmp: Path, cases: Mapping[str, tuple[str, dict[str, Any]]]) -> 
     """name → SessionResult for plain tasks whose agent runs ``command`` under the runtime
     overrides given (limits); a case named ``normal`` is graded by ``output`` regex ``6\\*7=42``."""
     scripts = {name: scripted(cmd) for name, (cmd, _) in cases.items()}
-    engine = SimulatedEngine(latency_s=0.0, policy=AttackPolicy(scripts))  # type: ignore[arg-type]
     config = PolarEnvConfig.model_validate({"harness": "loop", "store": str(tmp / "store"),
                                             "limits": {"max_running": len(cases)}})
     reqs = []
@@ -418,12 +424,7 @@ def run_sessions(tmp: Path, cases: Mapping[str, tuple[str, dict[str, Any]]]) -> 
             row["evaluator"] = {"name": "output", "regex": "6\\*7=42"}
         reqs.append(task_request(row, config, 1))
 
-    async def go() -> dict[str, Any]:
-        async with PolarEnv(config, engine=engine) as env:
-            groups = await env.rollout_many(reqs)
-        return {g.task_id: g.results[0] for g in groups}
-
-    return asyncio.run(go())
+    return rollout(config, scripts, reqs)
 
 
 # -- ESCAPE_ATTACKS: breaking the grader's plumbing instead of fixing ---------------------------------

@@ -13,19 +13,17 @@ Shared by ``test_process_attacks.py`` and ``scripts/attack_rewards.py``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from polar_env import PolarEnv, PolarEnvConfig
-from polar_env.engines.simulated import SimulatedEngine
+from polar_env import PolarEnvConfig
 from polar_env.env import task_request
 from polar_env.evaluators.scan import RULES
 from polar_env.tasks.harbor import harbor_row
 from polar_env.tasks.toy import toy_tasks
-from tests.evaluators.attacks import CALC_BUGGY, GIT, NOOP_COMMAND, TOY, Attack, AttackPolicy, gold_command, scripted
+from tests.evaluators.attacks import CALC_BUGGY, GIT, NOOP_COMMAND, TOY, Attack, gold_command, rollout, scripted
 
 EVALUATORS = ("swebench", "output", "harbor")
 LAYERS = (*EVALUATORS, "scan")  # the keys' suffixes: each evaluator with the scan widened away, and the scan on
@@ -205,11 +203,4 @@ def run_process_attacks(tmp: Path, attacks: tuple[Attack, ...] = PROCESS_ATTACKS
                 req = req.model_copy(update={"evaluator": req.evaluator.model_copy(  # type: ignore[union-attr]
                     update={"name": name_, "params": {**params, **integrity}})})
             reqs.append(req)
-    engine = SimulatedEngine(latency_s=0.0, policy=AttackPolicy(scripts))  # type: ignore[arg-type]
-
-    async def go() -> dict[str, Any]:
-        async with PolarEnv(config, engine=engine) as env:
-            groups = await env.rollout_many(reqs)
-        return {g.task_id: g.results[0] for g in groups}
-
-    return asyncio.run(go())
+    return rollout(config, scripts, reqs)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_bwrap, unavailable
+from tests.conftest import require_bwrap, require_swebench
 from tests.evaluators.attacks import (
     CONSTRUCTION_ATTACKS,
     NOOP_COMMAND,
@@ -28,10 +28,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_bwrap()
-    try:
-        import swebench.harness.grading  # noqa: F401
-    except ImportError:
-        unavailable("the swebench extra is not installed (pip install -e '.[swebench]')")
+    require_swebench()
     return run_attacks(tmp_path_factory.mktemp("attack_classes"), CONSTRUCTION_ATTACKS,
                        extra=[("gold_fix", gold_command(), {}), ("noop", NOOP_COMMAND, {})], max_running=8)
 

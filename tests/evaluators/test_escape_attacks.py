@@ -36,7 +36,7 @@ from polar_env.runtimes.base import ExecResult, RuntimeSpec
 from polar_env.runtimes.limits import LimitExceeded
 from polar_env.safetext import bad_name, json_safe, shown
 from polar_env.trajectory.outcome import with_outcome
-from tests.conftest import require_bwrap, unavailable
+from tests.conftest import require_bwrap, require_swebench
 from tests.evaluators.attacks import ESCAPE_ATTACKS, NOOP_COMMAND, gold_command, run_attacks
 
 XFF = "calc_\udcff.py"  # the name b"calc_\xff.py" as Python reads it (surrogateescape)
@@ -59,10 +59,7 @@ EXPECTED: dict[str, tuple[str | None, dict[str, str]]] = {
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     require_bwrap()
-    try:
-        import swebench.harness.grading  # noqa: F401
-    except ImportError:
-        unavailable("the swebench extra is not installed (pip install -e '.[swebench]')")
+    require_swebench()
     tmp = tmp_path_factory.mktemp("escape_attacks")
     return tmp, run_attacks(tmp, ESCAPE_ATTACKS, extra=[("gold_fix", gold_command(), {}), ("noop", NOOP_COMMAND, {})])
 

@@ -20,7 +20,7 @@ from polar_env.evaluators.integrity import admit, resolve_policy
 from polar_env.evaluators.scan import RUNNER_RULES
 from polar_env.evaluators.workspace import Change, Changes, Entry
 from polar_env.tasks.toy import toy_tasks
-from tests.conftest import require_bwrap, unavailable
+from tests.conftest import require_bwrap, require_swebench
 from tests.evaluators.attacks import (
     ATTACKS,
     USER_SITE_ATTACK,
@@ -36,10 +36,7 @@ TOY = "toy__calc-1"
 @pytest.fixture(scope="module")
 def ready() -> None:
     require_bwrap()
-    try:
-        import swebench.harness.grading  # noqa: F401
-    except ImportError:
-        unavailable("the swebench extra is not installed (pip install -e '.[swebench]')")
+    require_swebench()
 
 
 def test_every_reward_hack_scores_zero_and_is_reported(ready: None, tmp_path: Path) -> None:

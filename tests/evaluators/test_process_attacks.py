@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_bwrap, unavailable
+from tests.conftest import require_bwrap, require_swebench
 from tests.evaluators.process_attacks import EVALUATORS, PROCESS_ATTACKS, run_process_attacks
 
 pytestmark = pytest.mark.slow
@@ -22,10 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_bwrap()
-    try:
-        import swebench.harness.grading  # noqa: F401
-    except ImportError:
-        unavailable("the swebench extra is not installed (pip install -e '.[swebench]')")
+    require_swebench()
     return run_process_attacks(tmp_path_factory.mktemp("process_attacks"))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from scripts import swe_real_rollouts as swe
-from tests.conftest import DOCKER_IMAGE, unavailable
+from tests.conftest import DOCKER_IMAGE, require_swebench, unavailable
 from tests.machine import machine_lock
 
 pytestmark = pytest.mark.slow
@@ -42,10 +42,7 @@ def test_docker_gold_one_empty_and_wrong_zero(docker_host: str, tmp_path: Path) 
 def _check(instance: str, work: Path, runtime: str, image: str | None = None) -> None:
     if not (swe.SHARED / "instances.jsonl").is_file():
         unavailable(f"the swe-real set is not at {swe.SHARED} (the shared folder beside the checkout)")
-    try:
-        import swebench.harness.grading  # noqa: F401
-    except ImportError:
-        unavailable("the swebench extra is not installed (pip install -e '.[swebench]')")
+    require_swebench()
     row = swe.load_instances(swe.SHARED)[instance]
     with machine_lock("swe-real-build"):  # build_env.sh installs uv once into a shared folder
         swe.build_env(swe.SHARED, row, ENVS)
