@@ -121,6 +121,42 @@ class PolarEnvConfig(BaseModel):
                              shared_store=self.shared_store, node_resource=self.ray_node_resource)
 
 
+# What a SWE row may set for itself, over the config's: its runtime (image, binds, env, limits), the
+# agent's and INIT's budgets, and its evaluator (e.g. a longer eval timeout for a slow suite).
+ROW_SETTINGS = ("runtime", "timeout_s", "init_timeout_s", "evaluator")
+
+
+def _row_runtime(swe: SweTask, base: RuntimeSpec, own: Any) -> RuntimeSpec:
+    """The runtime of a SWE row: the config's settings with the row's repo or image, then what the
+    row's own ``runtime`` sets (its ``env`` merged over the config's, its ``binds`` added to them)."""
+    if own is not None and not isinstance(own, Mapping):
+        raise ConfigError(f"task {swe.instance_id!r}: 'runtime' must be a mapping of RuntimeSpec fields, got "
+                          f"{type(own).__name__}")
+    own = dict(own or {})
+    kind = str(own.get("kind", base.kind))
+    runtime = swe.runtime_spec(kind, **{k: v for k, v in base.model_dump().items()
+                                        if k not in ("kind", "source_dir", "image")})
+    if base.image is not None:
+        runtime = runtime.model_copy(update={"image": base.image})
+    merged = {**runtime.model_dump(), **own}
+    merged["env"] = {**runtime.env, **(own.get("env") or {})}
+    binds = [*runtime.binds, *(own.get("binds") or [])]
+    merged["binds"] = list({str(dst): (src, dst) for src, dst in binds}.values())
+    return RuntimeSpec.model_validate(merged)
+
+
+def _row_evaluator(own: Any, default: EvaluatorSpec) -> EvaluatorSpec:
+    """A SWE row's own evaluator: a full spec, or only its settings (``{timeout_s: 3600}``) over the default's."""
+    if own is None:
+        return default
+    if not isinstance(own, Mapping):
+        raise ConfigError(f"a SWE row's 'evaluator' must be a mapping, got {type(own).__name__}")
+    if "name" not in own or own["name"] == default.name:
+        data = default.model_dump()
+        return EvaluatorSpec.model_validate({**data, **own, "params": {**data["params"], **(own.get("params") or {})}})
+    return EvaluatorSpec.model_validate(own)
+
+
 def task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: PolarEnvConfig, n: int | None = None,
                  **overrides: Any) -> TaskRequest:
     """A TaskRequest from what the user has: a TaskRequest (kept), a SweTask or SWE row (the repo or
@@ -147,13 +183,12 @@ def _task_request(task: TaskRequest | SweTask | Mapping[str, Any], config: Polar
         req = task
     elif isinstance(task, SweTask) or (isinstance(task, Mapping) and "instance_id" in task):
         swe = SweTask.from_row(task)
-        runtime = swe.runtime_spec(config.runtime.kind, **{k: v for k, v in config.runtime.model_dump().items()
-                                                          if k not in ("kind", "source_dir", "image")})
-        if config.runtime.image is not None:
-            runtime = runtime.model_copy(update={"image": config.runtime.image})
-        req = TaskRequest(task_id=swe.instance_id, instruction=swe.problem_statement, runtime=runtime,
-                          task=swe.model_dump(mode="json"),
-                          **{**common, "evaluator": config.evaluator or EvaluatorSpec(name="swebench")})
+        own = {k: swe.extra[k] for k in ROW_SETTINGS if swe.extra.get(k) is not None}
+        evaluator = _row_evaluator(own.pop("evaluator", None), config.evaluator or EvaluatorSpec(name="swebench"))
+        runtime = _row_runtime(swe, config.runtime, own.pop("runtime", None))
+        req = TaskRequest.model_validate({**common, **own, "task_id": swe.instance_id, "runtime": runtime,
+                                          "instruction": swe.problem_statement, "evaluator": evaluator,
+                                          "task": swe.model_dump(mode="json")})
     elif isinstance(task, Mapping):
         row = dict(task)
         try:

@@ -95,3 +95,33 @@ def test_a_missing_column_is_one_line(tmp_path: Path, path: Path, drop: str, nes
     message = str(err.value)
     assert "\n" not in message and "row 1 " in message and f"has no '{drop}' column" in message
     assert ("instance` struct" in message) is nested
+
+
+def test_a_row_sets_its_own_runtime_budgets_and_evaluator() -> None:
+    """Per-row settings win over the config's: the row's image, env (merged), binds (added), limits,
+    budgets and evaluator settings (over the default swebench spec)."""
+    row = _rows(SWE_GYM)[0]
+    config = PolarEnvConfig.model_validate({"runtime": {"kind": "docker", "env": {"A": "1", "B": "1"}, "memory_mb": 2048,
+                                                        "binds": [["/usr/share", "/opt/share"]]}})
+    plain = task_request(row, config)
+    assert plain.runtime.image == "docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-7365:latest"
+    assert plain.runtime.memory_mb == 2048 and plain.timeout_s == 600.0 and plain.evaluator is not None
+    own = {**row, "timeout_s": 1200, "init_timeout_s": 900,
+           "runtime": {"image": "moto:local", "env": {"B": "2"}, "memory_mb": 8192, "binds": [["/usr/lib", "/opt/lib"]]},
+           "evaluator": {"timeout_s": 3600, "test_command": "pytest -rA tests/test_mod.py"}}
+    req = task_request(own, config)
+    assert req.runtime.kind == "docker" and req.runtime.image == "moto:local" and req.runtime.memory_mb == 8192
+    assert req.runtime.env == {"A": "1", "B": "2"}
+    assert [dst for _src, dst in req.runtime.binds] == ["/opt/share", "/opt/lib"]
+    assert (req.timeout_s, req.init_timeout_s) == (1200, 900)
+    assert req.evaluator is not None and req.evaluator.name == "swebench" and req.evaluator.timeout_s == 3600
+    assert req.evaluator.params["test_command"] == "pytest -rA tests/test_mod.py"
+
+
+def test_a_bad_row_runtime_is_one_line() -> None:
+    row = {**_rows(SWE_GYM)[0], "runtime": {"memory_mb": 1}}
+    with pytest.raises(ConfigError, match="getmoto__moto-7365") as err:
+        task_request(row, PolarEnvConfig())
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="'runtime' must be a mapping"):
+        task_request({**row, "runtime": "docker"}, PolarEnvConfig())
