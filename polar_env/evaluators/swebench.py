@@ -41,12 +41,8 @@ from polar_env.evaluators.results import (
     synthetic_log,
 )
 from polar_env.records import Status
-from polar_env.tasks.swe import (
-    END_TEST_OUTPUT,
-    START_TEST_OUTPUT,
-    SweTask,
-    build_eval_script,
-)
+from polar_env.tasks.eval_scripts import resolve_eval_script
+from polar_env.tasks.swe import END_TEST_OUTPUT, START_TEST_OUTPUT, SweTask
 
 
 class SweBenchParams(BaseModel):
@@ -100,9 +96,10 @@ class SweBenchEvaluator:
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         params = self.params_of(ctx)
         task = SweTask.from_row(ctx.task)
-        spec = await asyncio.to_thread(_test_spec, task, params)
+        spec, source = await asyncio.to_thread(_test_spec, task, params)
         timings: dict[str, float] = {}
-        report: dict[str, Any] = {"instance_id": task.instance_id, "resolved": False, "timings_s": timings}
+        report: dict[str, Any] = {"instance_id": task.instance_id, "resolved": False, "timings_s": timings,
+                                  "eval_script_source": source}
         policy = resolve_policy(params.integrity)
         started = time.monotonic()
         runtime, graded = await graded_runtime(ctx, policy, test_files=list(task.test_files()),
@@ -161,21 +158,11 @@ class SweBenchEvaluator:
         return EvalResult(reward=1.0 if report["resolved"] else 0.0, report=report)
 
 
-def _test_spec(task: SweTask, params: SweBenchParams) -> Any:
+def _test_spec(task: SweTask, params: SweBenchParams) -> tuple[Any, str]:
+    """(swebench's TestSpec around the row's eval script, which source gave the script)."""
     make_test_spec, _ = _swebench()
-    script = task.eval_script
-    if script is None:
-        if params.test_command is None:
-            raise ConfigError(
-                f"task {task.instance_id} has no eval_script: precompute one (SWE-Gym rows: with the "
-                "SWE-Gym fork of the swebench harness) or give the evaluator a test_command"
-            )
-        if not task.base_commit:
-            raise ConfigError(f"task {task.instance_id} has no base_commit")
-        script = build_eval_script(
-            base_commit=task.base_commit, test_patch=task.test_patch, test_command=params.test_command
-        )
-    return make_test_spec(task.to_swebench_instance(script))
+    found = resolve_eval_script(task, params.test_command)
+    return make_test_spec(task.to_swebench_instance(found.script)), found.source
 
 
 def _listed_skips_fail(statuses: dict[str, str], fail_to_pass: list[str]) -> dict[str, str]:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from polar_env.errors import PolarError
+from polar_env.errors import ConfigError, PolarError
 from polar_env.evaluators import (
+    EVALUATORS,
     EvalContext,
     EvalResult,
     EvaluatorSpec,
@@ -48,7 +49,8 @@ from polar_env.trajectory.outcome import with_outcome
 
 _log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-EVAL_TIMEOUT_S = 600.0
+EVAL_TIMEOUT_S = 600.0  # the whole evaluation, for an evaluator that states no timeout of its own
+EVAL_MARGIN_S = 300.0  # beyond an evaluator's own script timeout: its fresh runtime, the change set, grading
 WORKER_GRACE_S = 120.0  # beyond the evaluation's own timeout, before a silent worker is given up on
 
 
@@ -106,6 +108,22 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
+def evaluation_timeout_s(evaluator: EvaluatorSpec) -> float:
+    """The whole evaluation's limit: the spec's own ``timeout_s``; else the evaluator's script
+    timeout (its params, else its params model's default) plus EVAL_MARGIN_S, so a suite swebench
+    allows 1800 s is not cut at 600; never below EVAL_TIMEOUT_S unless the spec says so."""
+    if evaluator.timeout_s:
+        return evaluator.timeout_s
+    try:
+        checked = EVALUATORS.check_params(evaluator.name, evaluator.params)
+    except ConfigError:
+        checked = None  # a bad spec: its evaluation reports it, under the default limit
+    own = getattr(checked, "timeout_s", None) if checked is not None else evaluator.params.get("timeout_s")
+    if isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
+        return max(float(own) + EVAL_MARGIN_S, EVAL_TIMEOUT_S)
+    return EVAL_TIMEOUT_S
+
+
 def _eval_context(evaluator: EvaluatorSpec | None, task: dict[str, Any], runtime: RuntimeSpec, run: Run) -> EvalContext | None:
     if evaluator is None:
         return None
@@ -120,7 +138,7 @@ def _eval_job(evaluator: EvaluatorSpec, task: dict[str, Any], runtime: RuntimeSp
         return None
     return EvalJob(evaluator=evaluator.name, module=module if isinstance(module, str) else None, task=task,
                    params=dict(evaluator.params), fresh=evaluation_runtime_spec(runtime),
-                   timeout_s=evaluator.timeout_s or EVAL_TIMEOUT_S)
+                   timeout_s=evaluation_timeout_s(evaluator))
 
 
 class NodeServices(Protocol):
@@ -298,7 +316,7 @@ class SessionRunner:
         """In the evaluation worker when the run has a job there, else (or when the worker cannot
         run this evaluator) in this process. The agent's change set is taken here by the grader (its
         workspace against the pristine base, never through its git), while its runtime lives."""
-        ctx, job, timeout_s = run.eval_ctx, run.offload, evaluator.timeout_s or EVAL_TIMEOUT_S
+        ctx, job, timeout_s = run.eval_ctx, run.offload, evaluation_timeout_s(evaluator)
         assert ctx is not None
         ctx.final_answer, ctx.exit_code = run.final_answer, run.exit_code
         if run.prewarm_task is not None:

@@ -219,17 +219,22 @@ def build_eval_script(
 ) -> str:
     """An eval script in the swebench layout: reset the test files, apply ``test_patch`` through a
     heredoc, run ``test_command`` between the Start/End markers (they reach the log through xtrace,
-    on stderr), reset again. Files the test patch adds are not in base_commit and are left alone."""
+    on stderr), reset again. Files the test patch adds are not in base_commit and are left alone.
+    The reset uses ``base_commit`` when the repo holds it, else ``HEAD``: an image built from a
+    ``git archive`` tarball has one local commit, and the grading runtime is fresh from the image."""
     if any(line == TEST_PATCH_DELIMITER for line in test_patch.splitlines()):
         raise ValueError(f"the test patch contains the heredoc delimiter line {TEST_PATCH_DELIMITER}")
     existing = [path for path, kind in patch_files(test_patch).items() if kind != "added"]
-    reset = f"git checkout {base_commit} -- {' '.join(shlex.quote(p) for p in existing)}" if existing else ":"
+    reset = f"git checkout \"$polar_base\" -- {' '.join(shlex.quote(p) for p in existing)}" if existing else ":"
+    base = shlex.quote(base_commit or "HEAD")
+    pick_base = f"polar_base={base}; git cat-file -e \"$polar_base^{{commit}}\" 2>/dev/null || polar_base=HEAD"
     body = test_patch if test_patch.endswith("\n") else test_patch + "\n"
     lines = [
         "#!/bin/bash",
         "set -uxo pipefail",
         *preamble,
         *([f"cd {shlex.quote(workdir)}"] if workdir else []),
+        *([pick_base] if existing else []),
         reset,
         f"git apply -v - <<'{TEST_PATCH_DELIMITER}'",
         body + TEST_PATCH_DELIMITER,

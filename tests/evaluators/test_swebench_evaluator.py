@@ -207,7 +207,7 @@ async def test_no_eval_script_is_an_error_unless_a_test_command_is_given(toys, f
     task = toys["toy__calc-1"].model_copy(update={"eval_script": None})
     result = await grade(task, fresh_factory, patch=task.patch)
     assert result.status is Status.ERROR and result.reward == 0.0
-    assert "has no eval_script" in result.report["error"]
+    assert "toy__calc-1: no eval_script, no environment_setup.test_command" in result.report["error"]
     result = await grade(
         task,
         fresh_factory,
@@ -215,6 +215,7 @@ async def test_no_eval_script_is_an_error_unless_a_test_command_is_given(toys, f
         test_command="python3 -m pytest -rA -p no:cacheprovider tests/test_calc.py",
     )
     assert result.reward == 1.0, result.report
+    assert result.report["eval_script_source"] == "test_command"
 
 
 async def test_eval_script_without_markers_grades_the_whole_log(toys, fresh_factory):  # type: ignore[no-untyped-def]

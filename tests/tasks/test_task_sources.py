@@ -211,15 +211,16 @@ def test_eval_script_layout() -> None:
         base_commit="b" * 40, test_patch=test_patch, test_command="pytest -rA tests/test_x.py", workdir="/testbed"
     )
     lines = script.splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
         "#!/bin/bash",
         "set -uxo pipefail",
         "cd /testbed",
-        f"git checkout {'b' * 40} -- tests/test_x.py",
+        f"polar_base={'b' * 40}; git cat-file -e \"$polar_base^{{commit}}\" 2>/dev/null || polar_base=HEAD",
+        'git checkout "$polar_base" -- tests/test_x.py',
     ]
     assert "git apply -v - <<'EOF_POLAR_TEST_PATCH'" in lines
     start, end = lines.index(": '>>>>> Start Test Output'"), lines.index(": '>>>>> End Test Output'")
     assert lines[start + 1 : end] == ["pytest -rA tests/test_x.py"]
-    assert lines[-1] == lines[3]  # reset again at the end
+    assert lines[-1] == lines[4]  # reset again at the end
     with pytest.raises(ValueError, match="heredoc delimiter"):
         build_eval_script(base_commit="b", test_patch="EOF_POLAR_TEST_PATCH\n", test_command="true")
