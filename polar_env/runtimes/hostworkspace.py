@@ -46,6 +46,7 @@ from polar_env.errors import ConfigError
 from polar_env.runtimes import diskfs
 from polar_env.runtimes.argv import relay_argv, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
+from polar_env.runtimes.history import SCRUB_HISTORY
 from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
 from polar_env.runtimes.reach import TRAVERSE_FIX, blocking_dir, describe, reachable, stage_parent, start_error
 
@@ -61,7 +62,7 @@ ARGS_FD = "{ARGS_FD}"
 STAGE_PREFIX = "polar-stage-"
 _GIT = "git -c safe.directory='*' -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.relative=false"
 BASELINE_SCRIPT = (
-    f"if [ ! -e .git ]; then {_GIT} init -q && {_GIT} add -A && "
+    f"{SCRUB_HISTORY} && if [ ! -e .git ]; then {_GIT} init -q && {_GIT} add -A && "
     f"{_GIT} -c user.name=polar -c user.email=polar@localhost commit -q --no-verify --allow-empty -m 'polar baseline'; fi"
 )
 DIFF_SCRIPT = f"{_GIT} add -A && {_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv"
