@@ -90,6 +90,9 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
         if not str(exc).startswith("task ") or str(exc).startswith("task file ") or job.tasks == "toy":
             raise  # not a row's: the file itself (missing, unreadable) says how to fix it
         raise ConfigError(f"{exc}; in {job.tasks}: fix the row") from None
+    from polar_env.tasks.eval_scripts import check_gradable
+
+    check_gradable(reqs)  # a row nothing can grade fails now, not after its sessions ran
     check_env(job.env, reqs, command)
     return reqs
 
@@ -137,9 +140,11 @@ def check_node_side(env: PolarEnvConfig, reqs: Sequence[TaskRequest]) -> None:
     for name in sorted(harnesses):
         check_harness(name, env.harness_cache)
     for kind in sorted({r.runtime.kind for r in reqs} if reqs else {env.runtime.kind}):
-        images = [r.runtime.image for r in reqs if r.runtime.kind == kind] if reqs else [env.runtime.image]
-        roots = {r.runtime.agent_root for r in reqs if r.runtime.kind == kind} if reqs else {env.runtime.agent_root}
-        check_runtime(kind, next((i for i in images if i), None), next((a for a in ("require", "auto") if a in roots), "off"))
+        specs = [r.runtime for r in reqs if r.runtime.kind == kind] if reqs else [env.runtime]
+        images = [s.image for s in specs if s.image]
+        roots = {s.agent_root for s in specs}
+        check_runtime(kind, next(iter(images), None), next((a for a in ("require", "auto") if a in roots), "off"),
+                      images=[s.image for s in specs if s.image and not (kind == "docker" and s.pull)])
     evaluators = {r.evaluator.name: r.task_id for r in reqs if r.evaluator is not None}
     if env.evaluator is not None:
         evaluators.setdefault(env.evaluator.name, "--evaluator")
@@ -236,32 +241,39 @@ def check_harness(name: str, cache_dir: Path | None = None) -> None:
 # -- runtime -------------------------------------------------------------------------------------
 
 
-def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto") -> None:
+def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto", *, images: Sequence[str] = ()) -> None:
     """``image``: one the sessions will use (apptainer runs ``true`` in it); ``agent_root``: the
-    strictest the sessions ask of Docker (runtimes/docker_userns.py)."""
+    strictest the sessions ask of Docker (runtimes/docker_userns.py); ``images``: every image the
+    sessions need present (Docker: on the daemon, unless they pull; else a folder or the store's),
+    all missing ones named in one line."""
+    from polar_env.runtimes.imagestore import missing_local
+
     if kind == "sandbox":
         _check_bwrap()
         check_runtime_base()
+        if (missing := missing_local(images, kind)) is not None:
+            raise ConfigError(missing)
     elif kind == "docker":
         _check_docker(agent_root)
+        _check_docker_images(images)
     elif kind == "apptainer":
-        _check_apptainer(image)
+        _check_apptainer(image, images)
 
 
-def _check_apptainer(image: str | None) -> None:
+def _check_apptainer(image: str | None, images: Sequence[str] = ()) -> None:
     """The binary exists and, for a local image (a pull of a ``docker://`` URI is not preflight's
     to start), ``true`` runs in it the way a session's exec will."""
-    from polar_env.runtimes.apptainer import APPTAINER_INSTALL, URI_SCHEMES, find_apptainer, probe
+    from polar_env.runtimes.apptainer import APPTAINER_INSTALL, find_apptainer, probe
+    from polar_env.runtimes.imagestore import URI_SCHEMES, missing_local
 
     hint = os.environ.get("POLAR_APPTAINER") or "apptainer"
     if find_apptainer() is None:
         raise ConfigError(f"no {hint!r} binary on PATH, runtime apptainer; {APPTAINER_INSTALL}, or use --runtime "
                           "sandbox")
+    if (missing := missing_local([*images, *([image] if image else [])], "apptainer", accepts_files=True)) is not None:
+        raise ConfigError(missing)
     if image is None or image.startswith(URI_SCHEMES):
         return
-    if not Path(image).exists():
-        raise ConfigError(f"apptainer image {image} does not exist, runtime apptainer; build it (a sandbox directory: "
-                          "scripts/build_rootfs.sh; a .sif: apptainer build) or fix runtime.image")
     why = asyncio.run(probe(image))
     if why is not None:
         raise ConfigError(f"apptainer cannot run {image} ({why}), runtime apptainer; check unprivileged user namespaces "
@@ -354,6 +366,39 @@ def _check_docker(agent_root: str = "auto") -> None:
     except (OSError, ValueError):
         ns = Userns(False, None, "dockerd userns state unknown (no /info)")
     print(f"polar-env: runtime docker: {describe(ns, agent_root, AGENT_UID)}", file=sys.stderr, flush=True)
+
+
+def _check_docker_images(images: Sequence[str]) -> None:
+    """Every image is on the daemon (``docker image inspect``, over the socket ``_check_docker``
+    pinged, else the SDK); all missing ones in one line, each with its pull command."""
+    from urllib.parse import quote
+
+    from polar_env.runtimes.docker_image import pull_hint
+    from polar_env.runtimes.docker_userns import docker_host
+
+    host = docker_host()
+    missing: list[str] = []
+    for image in dict.fromkeys(images):
+        try:
+            answer = _docker_get(host, f"/images/{quote(image, safe='/:@')}/json")
+        except (OSError, ValueError):
+            return  # the ping answered; a flaky daemon is prepare's to report
+        if answer is None:  # ssh:// and friends: the SDK
+            import docker
+
+            client = docker.from_env()
+            try:
+                client.images.get(image)
+            except docker.errors.ImageNotFound:
+                missing.append(image)
+            finally:
+                client.close()
+        elif b" 404 " in answer.split(b"\r\n", 1)[0]:
+            missing.append(image)
+    if missing:
+        each = "; ".join(f"{i} ({pull_hint(i)})" for i in missing)
+        raise ConfigError(f"{len(missing)} docker image(s) not on the daemon at {host}, runtime docker: {each}; pull "
+                          "them, or pass --pull (runtime.pull: true) to pull at prepare")
 
 
 # -- evaluator -----------------------------------------------------------------------------------

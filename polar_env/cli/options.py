@@ -96,6 +96,8 @@ FLAGS: tuple[Flag, ...] = (
          shown="the harness's own"),
     Flag("--top-p", "env.sampling.top_p", "trainer-owned top_p (overrides harnesses)", shown="the harness's own"),
     Flag("--runtime", "env.runtime.kind", "the sandbox each session runs in", choices="runtimes"),
+    Flag("--pull", "env.runtime.pull", "docker: pull a missing image at prepare, once per image (else preflight "
+         "lists the missing ones with their docker pull)", const=True, shown="off"),
     Flag("--builder", "env.builder", "trajectory builder", choices="builders"),
     Flag("--evaluator", "env.evaluator", "evaluator name or JSON spec, e.g. '{\"name\": \"output\", \"regex\": \"ok\"}'",
          shown="swebench for SWE tasks, none otherwise", choices="evaluators"),

@@ -112,7 +112,7 @@ async def run_harness(
     for rel, text in files.items():
         await runtime.write_file(posixpath.join(home, rel), text.encode())
     argv[0] = mounts.binary
-    base_path = runtime.spec.env.get("PATH", DEFAULT_PATH)
+    base_path = runtime.path  # spec.env's, else the image's (a venv's ENV PATH), else the default
     full_env = {"PATH": ":".join(dict.fromkeys([*mounts.path, *base_path.split(":")])), "HOME": home,
                 "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1", **overlay, **(env or {})}
     return await runtime.exec(argv, env=full_env, cwd=runtime.spec.workdir, timeout_s=timeout_s)

@@ -39,11 +39,15 @@ install in ``/usr`` or ``/opt``). Rootless callers run as themselves.
 
 ``--home <dir>:/root`` replaces ``--no-home``: the user's real home is still not mounted, and HOME
 points at a private per-episode directory like in the other runtimes (Apptainer refuses to set HOME
-through ``APPTAINERENV_HOME``). ``IMAGE`` is a ``.sif``, a sandbox directory or a ``docker://`` URI
+through ``APPTAINERENV_HOME``). ``IMAGE`` is a ``.sif``, a sandbox directory (a plain rootfs, an OCI
+bundle's ``rootfs/`` or an image name found in the local store, ``bundle.py``) or a ``docker://`` URI
 (e.g. ``docker://`` + ``polar_env.tasks.images.swegym_image(...)``; with the uid drop, pull it once
 to a ``.sif`` — ``apptainer pull`` — since that uid has no writable Apptainer cache). The environment is passed as ``APPTAINERENV_<K>``
 variables (``--cleanenv`` keeps those and drops the rest of the host's), so values never appear in
-argv; PATH is the image's unless ``spec.env`` sets it. The relay is per exec (launch mode, like the
+argv; a bundle's ``process.env`` goes first, then ``spec.env``; PATH is the image's unless
+``spec.env`` sets it (a SIF's is read at prepare, for ``path``). Without ``source_dir`` the workspace
+starts as the image's workdir: copied from a folder image, or tarred out through a SIF or
+``docker://`` image (the workspace not bound) and extracted with tarfile's checks. The relay is per exec (launch mode, like the
 sandbox): with ``--network none`` every exec has its own network namespace; ``relay.py`` brings ``lo``
 up if Apptainer left it down.
 
@@ -66,9 +70,12 @@ unit test; the lifecycle with a fake ``apptainer`` that maps ``exec`` onto bwrap
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
+import tarfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -76,13 +83,16 @@ from typing import Any, ClassVar
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
-from polar_env.runtimes.hostworkspace import HOME, SANDBOX_UID_BASE, HostWorkspaceRuntime, _inside
+from polar_env.runtimes.bundle import ImageDir
+from polar_env.runtimes.hostworkspace import HOME, SANDBOX_UID_BASE, HostWorkspaceRuntime, _inside, _killpg
+from polar_env.runtimes.imagestore import URI_SCHEMES, extract_stream, image_workdir, local_image
 from polar_env.runtimes.reach import reachable
 
 APPTAINER_INSTALL = ("run scripts/install_apptainer.sh (builds it once, linked from ~/.cache/polar_env/apptainer; "
                      "Debian 12 has no package) or install Apptainer (https://apptainer.org/docs/admin/main/installation.html)")
 PROBE_TIMEOUT_S = 60.0
-URI_SCHEMES = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
+EXPORT_TIMEOUT_S = 600.0
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_ENV_DROP = ("APPTAINERENV_", "SINGULARITYENV_", "APPTAINER_ENV", "SINGULARITY_ENV")
 
 
@@ -117,7 +127,7 @@ def apptainer_argv(
     binary: str,
     image: str,
     workdir: str,
-    workspace: Path,
+    workspace: Path | None,
     tmp: Path,
     home: Path,
     cwd: str,
@@ -128,10 +138,11 @@ def apptainer_argv(
     pids_limit: int | None = None,
     userns: bool = True,
 ) -> list[str]:
-    """The exact ``apptainer exec`` command line for one exec (see the module docstring)."""
+    """The exact ``apptainer exec`` command line for one exec (see the module docstring); no
+    ``workspace``: the image's own workdir shows (to copy it out)."""
     b = _bind_part
     argv = [binary, "exec", *(["--userns"] if userns else []), "--containall", "--cleanenv", "--home", f"{b(home)}:{HOME}", "--pwd", cwd]
-    argv += ["-B", f"{b(workspace)}:{b(workdir)}", "-B", f"{b(tmp)}:/tmp"]
+    argv += [*(["-B", f"{b(workspace)}:{b(workdir)}"] if workspace is not None else []), "-B", f"{b(tmp)}:/tmp"]
     if gateway_socket is not None:
         argv += ["-B", f"{b(RELAY_SOURCE)}:{RELAY_PATH}:ro", "-B", f"{b(gateway_socket)}:{GATEWAY_SOCKET}"]
     for src, dst in binds:
@@ -168,6 +179,9 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         self._userns = userns
         self._binary_hint = binary
         self._binary: str | None = None
+        self._image: ImageDir | None = None  # a folder image (rootfs or bundle), read at prepare
+        self._run_image = spec.image or ""  # what apptainer runs: a URI, a SIF, or the folder's rootfs
+        self._probed_path: str | None = None
 
     def _check(self) -> None:
         found = find_apptainer(self._binary_hint)
@@ -184,8 +198,9 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         image = self.spec.image
         if not image:
             raise ConfigError("the apptainer runtime needs spec.image (.sif, sandbox directory or docker:// URI)")
-        if not image.startswith(URI_SCHEMES) and not Path(image).exists():
-            raise ConfigError(f"apptainer image {image} does not exist")
+        if not image.startswith(URI_SCHEMES) and not Path(image).is_file():
+            self._image = local_image(image, "apptainer")  # a folder: its rootfs is the sandbox directory
+            self._run_image = str(self._image.rootfs)
         if Path(image).is_file() and not self._fuse_usable():
             raise ConfigError(f"apptainer image {image} is a SIF, which rootless Apptainer mounts with squashfuse, but "
                               "/dev/fuse is not open to unprivileged uids here (mode "
@@ -216,15 +231,26 @@ class ApptainerRuntime(HostWorkspaceRuntime):
             self._stage.append((str(copy), str(host)))
 
     def _extra_sources(self) -> list[Path]:
-        if self.spec.image is not None and not self.spec.image.startswith(URI_SCHEMES):
-            return [Path(self.spec.image).resolve()]
+        if self._run_image and not self._run_image.startswith(URI_SCHEMES):
+            return [Path(self._run_image).resolve()]
         return []
 
-    def _wrap(self, argv: list[str], cwd: str) -> list[str]:
-        assert self._binary is not None and self.spec.image is not None
+    def _image_workdir(self) -> Path | None:
+        return image_workdir(self._image, self.spec.workdir)
+
+    @property
+    def path(self) -> str:
+        """The PATH a command gets when the caller passes none: spec.env's, else the image's (a
+        bundle's config, else what the image's own environment scripts set, read at prepare), else
+        the default."""
+        return (self.spec.env.get("PATH") or (self._image.env.get("PATH") if self._image else None)
+                or self._probed_path or DEFAULT_PATH)
+
+    def _wrap(self, argv: list[str], cwd: str, *, workspace: bool = True) -> list[str]:
+        assert self._binary is not None and self._run_image
         st = self.staged
         binary = self._binary if self.uid is None else str(Path(self._binary).resolve())  # a link may be in /root
-        image = self.spec.image
+        image = self._run_image
         if not image.startswith(URI_SCHEMES):
             image = st(Path(image).resolve())
         sock = Path(st(self.spec.gateway_socket)) if self.relay_enabled and self.spec.gateway_socket else None
@@ -232,7 +258,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
             binary=binary,
             image=image,
             workdir=_inside(self.spec.workdir),
-            workspace=Path(st(self.workspace)),
+            workspace=Path(st(self.workspace)) if workspace else None,
             tmp=Path(st(self.tmp_dir)),
             home=Path(st(self.home_dir)),
             cwd=cwd,
@@ -252,8 +278,62 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         return report
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        env = {"LANG": "C.UTF-8", **self.spec.env, **(extra or {})}
+        image = self._image.env if self._image is not None else {}
+        env = {"LANG": "C.UTF-8", **image, **self.spec.env, **(extra or {})}
         return apptainer_env(os.environ, env)
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if "PATH" not in self.spec.env and not (self._image and "PATH" in self._image.env):
+            start = time.monotonic()  # a SIF's or docker:// image's PATH is set by its own env scripts
+            res = await self.exec(["/bin/sh", "-c", 'printf %s "$PATH"'], timeout_s=PROBE_TIMEOUT_S)
+            self._probed_path = res.output.strip() if res.exit_code == 0 and res.output.strip() else None
+            self.timings.exec_s.clear()
+            self.timings.prepare_s += time.monotonic() - start
+
+    async def _export_workdir(self) -> bool:
+        """A SIF or ``docker://`` image has no host folder to copy its workdir from: ``tar`` it out
+        through the image (the workspace not bound over it) into the workspace, member by member
+        with tarfile's checks (``imagestore.extract_stream``)."""
+        if self._image is not None or self.spec.image is None:
+            return False
+        workdir = _inside(self.spec.workdir)
+        script = '[ -d "$1" ] || exit 0; cd "$1" && exec tar -cf - .'
+        full = [*(self.limits.prefix() if self.limits else []), *self._privileged_prefix(),
+                *self._wrap(["/bin/sh", "-c", script, "sh", workdir], "/", workspace=False)]
+        read, write = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(*full, stdin=asyncio.subprocess.DEVNULL, stdout=write,
+                                                        stderr=asyncio.subprocess.PIPE, env=self._env(None),
+                                                        start_new_session=True)
+        finally:
+            os.close(write)
+        self._procs.add(proc)
+        why = ""
+        try:
+            with os.fdopen(read, "rb") as stream:
+                extract = asyncio.ensure_future(asyncio.to_thread(extract_stream, stream, self.workspace))
+                try:
+                    count = await asyncio.wait_for(asyncio.shield(extract), EXPORT_TIMEOUT_S)
+                except (OSError, ValueError, tarfile.TarError) as exc:
+                    count, why = -1, str(exc)
+                except TimeoutError:
+                    count, why = -1, f"no end after {EXPORT_TIMEOUT_S:g} s"
+                finally:
+                    if not extract.done():  # the writer dies first, so the reading thread sees the end
+                        _killpg(proc)
+                        await asyncio.gather(extract, return_exceptions=True)
+            err = await proc.stderr.read() if proc.stderr is not None else b""
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                _killpg(proc)
+                await proc.wait()
+            self._procs.discard(proc)
+        if code != 0 or count < 0:
+            detail = why if count < 0 else err.decode("utf-8", "replace").strip()[-500:]
+            raise ConfigError(f"apptainer: cannot copy {workdir} out of image {self.spec.image} (exit {code}): {detail}")
+        return count > 0
 
 
 

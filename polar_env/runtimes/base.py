@@ -25,7 +25,10 @@ class RuntimeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str = "sandbox"  # a RUNTIMES name (sandbox, docker, apptainer), checked here
-    image: str | None = None  # docker image / apptainer .sif or docker:// URI / sandbox rootfs dir
+    # docker: an image name; sandbox/apptainer: a rootfs or bundle folder (bundle.py) or an image name
+    # in the local image store (polar-env images build/unpack fill it); apptainer: also .sif, docker://
+    image: str | None = None
+    pull: bool = False  # docker: pull a missing image at prepare (else it is refused in one line)
     workdir: str = "/testbed"
     source_dir: Path | None = None  # copied into workdir at prepare (a task repo)
     env: dict[str, str] = Field(default_factory=dict)
@@ -89,6 +92,11 @@ class Runtime(Protocol):
     name: str
     spec: RuntimeSpec
     timings: Timings
+
+    @property
+    def path(self) -> str:
+        """The PATH a command gets when the caller passes none: spec.env's, else the image's, else the default."""
+        ...
 
     async def prepare(self) -> None: ...
 

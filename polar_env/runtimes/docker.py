@@ -2,8 +2,9 @@
 
 prepare:
 - the image must already be present (``spec.image``; see ``polar_env.tasks.images``).
-  Nothing is pulled unless the runtime was built with ``pull=True``; an absent image is a
-  ConfigError naming it.
+  Nothing is pulled unless ``spec.pull`` (``--pull``) or ``pull=True``, then once per image per
+  process (``docker_image.py``); an absent image is a ConfigError naming ``docker pull``. Its
+  ``Config.Env`` is read then: ``path`` is the image's ``ENV PATH`` unless ``spec.env`` sets one.
 - the container runs an idle loop under ``--init`` with ``network_mode="none"`` (its own network
   namespace with only ``lo``), ``spec.memory_mb`` (swap off) and ``spec.pids_limit``, ``spec.env``
   as its environment (on top of the image's own, which matters: SWE images put conda on PATH),
@@ -99,6 +100,7 @@ from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.docker_disk import DockerDisk, disk_mechanism
+from polar_env.runtimes.docker_image import DEFAULT_PATH, ensure_image
 from polar_env.runtimes.docker_leftovers import AGENT_IMAGE_LABEL, LABEL, OWNER, owner
 from polar_env.runtimes.docker_userns import Userns, agent_uid, docker_host, unix_daemon_problem, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
@@ -197,7 +199,8 @@ class DockerRuntime:
                  root_dir: str | Path | None = None) -> None:
         self.spec = spec
         self.timings = Timings()
-        self._pull = pull
+        self._pull = pull or spec.pull
+        self._image_env: dict[str, str] = {}  # the image's Config.Env, read at prepare
         self._client = client
         self._own_client = client is None
         self._init = init
@@ -232,23 +235,10 @@ class DockerRuntime:
             raise ConfigError(f"no Docker daemon answers at {where} ({e}); {hint}") from e
         return client
 
-    def _ensure_image(self, client: Any) -> None:
-        import docker
-
-        image = self.spec.image
-        if not image:
-            raise ConfigError("the docker runtime needs spec.image")
-        try:
-            client.images.get(image)
-            return
-        except docker.errors.ImageNotFound:
-            if not self._pull:
-                raise ConfigError(
-                    f"docker image {image} is not present locally and pulling is off; "
-                    f"`docker pull {image}` (or docker import/load it), or build the runtime with pull=True"
-                ) from None
-        log.info("pulling %s", image)
-        client.images.pull(image)
+    @property
+    def path(self) -> str:
+        """The PATH a command gets when the caller passes none: spec.env's, else the image's, else the default."""
+        return self.spec.env.get("PATH") or self._image_env.get("PATH") or DEFAULT_PATH
 
     def _agent_image(self, client: Any) -> str:
         """``spec.image`` with ``ROOT_SETUP`` applied, built once and committed (see the module doc)."""
@@ -280,11 +270,10 @@ class DockerRuntime:
         return tag
 
     def _create(self) -> None:
-        client = self._connect()
+        client = self._client if self._client is not None else self._connect()
         self._client = client
         self._ns = userns_of(client, docker_host())
         self.uid, self._who = agent_uid(self.spec.user, self.spec.agent_root, self._ns, AGENT_UID)
-        self._ensure_image(client)
         image: str = self._agent_image(client) if self.uid != 0 else self.spec.image or ""  # root: no ownership to hand over
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.network == "gateway" and self.spec.gateway_socket is not None:
@@ -340,7 +329,11 @@ class DockerRuntime:
         if not self.spec.workdir.startswith("/"):
             raise ConfigError(f"workdir must be absolute, got {self.spec.workdir!r}")
         check_host_paths(self.spec)
+        if not self.spec.image:
+            raise ConfigError("the docker runtime needs spec.image")
         try:
+            self._client = await _blocking(self._connect)
+            self._image_env = await ensure_image(self._client, self.spec.image, self._pull, _blocking, docker_host())
             await _blocking(self._create)
             self._cgroup = _container_cgroup(self._live().id)
             if self.spec.source_dir is not None and self._disk is None:  # the tmpfs was populated on the host

@@ -47,6 +47,7 @@ from polar_env.runtimes import diskfs
 from polar_env.runtimes.argv import relay_argv, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.history import SCRUB_HISTORY
+from polar_env.runtimes.imagestore import copy_image_tree
 from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
 from polar_env.runtimes.reach import TRAVERSE_FIX, blocking_dir, describe, reachable, stage_parent, start_error
 
@@ -236,14 +237,20 @@ class HostWorkspaceRuntime(abc.ABC):
             for d in (self.workspace, self.tmp_dir, self.home_dir):
                 d.mkdir()
             os.chmod(self.tmp_dir, 0o1777)
+            seeded = self.spec.source_dir is not None
             if self.spec.source_dir is not None:
                 await asyncio.to_thread(copy_tree, Path(self.spec.source_dir), self.workspace)
+            elif (image_workdir := self._image_workdir()) is not None:  # the image's /testbed, else hidden by the bind
+                await asyncio.to_thread(copy_image_tree, image_workdir, self.workspace)
+                seeded = True
             if self.drops_root and drops_privileges():
                 self.uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SLOTS)
                 await asyncio.to_thread(self._own, self.uid)
             self.limits = SessionLimits(self.spec, self._root.name, trees=[self.workspace, self.tmp_dir, self.home_dir],
                                         uid=self.uid, mount=self._root if self._mounted else None, no_mount=no_mount)
             self.limits.start(self._kill_all)
+            if not seeded and await self._export_workdir() and self.uid is not None:
+                await asyncio.to_thread(chown_tree, self.workspace, self.uid)
             if self.relay_enabled:
                 res = await self.exec(["true"], timeout_s=60)
                 if res.exit_code != 0:
@@ -301,6 +308,16 @@ class HostWorkspaceRuntime(abc.ABC):
 
     def _extra_sources(self) -> list[Path]:
         return []
+
+    def _image_workdir(self) -> Path | None:
+        """The image folder's own copy of the workdir on the host, copied into the workspace when
+        no ``source_dir`` is given (the bind would hide it otherwise)."""
+        return None
+
+    async def _export_workdir(self) -> bool:
+        """For an image with no host folder (a SIF): fill the empty workspace from the image's
+        workdir through the runtime; True when something was copied."""
+        return False
 
     async def stop(self) -> None:
         if self._stopped or self._root is None:

@@ -3,13 +3,15 @@
 Layout. Each runtime owns a private host directory (``tempfile.mkdtemp``, under ``root_dir`` /
 ``$POLAR_RUNTIME_DIR`` / the system temp dir) holding three writable trees:
 
-    <root>/workspace -> spec.workdir (default /testbed); prepare copies spec.source_dir in, .git included
+    <root>/workspace -> spec.workdir (default /testbed); prepare copies spec.source_dir in, else the
+                        image's own workdir (``<rootfs>/testbed``), .git included
     <root>/tmp       -> /tmp   (private; persists between execs, like a container's /tmp)
     <root>/home      -> /root  (HOME; harness config such as ~/.codex lives here, outside the diff)
 
 Everything else is read-only: bwrap's empty tmpfs root, the host's ``/usr``, ``/etc`` and the merged
-``/bin``/``/lib*`` symlinks (or, when ``spec.image`` names a root-filesystem directory, each top-level
-entry of that directory), ``spec.binds`` (e.g. the npm harness installs and node), a fresh
+``/bin``/``/lib*`` symlinks (or, when ``spec.image`` names an image folder — a rootfs, an OCI bundle's
+``rootfs/``, or an image name found in the local store, see ``bundle.py`` — each top-level entry of
+that root filesystem), ``spec.binds`` (e.g. the npm harness installs and node), a fresh
 ``/dev``, ``/proc`` and a tmpfs ``/run``.
 
 Isolation. ``--unshare-all`` gives the sandbox its own user, mount, pid, net, ipc, uts and cgroup
@@ -27,8 +29,8 @@ group. The relay is started per exec, in launch mode: ``python3 /run/polar/relay
 --socket ... -- CMD`` binds the port, forks the relay into the background and execs CMD, so the port
 is ready before CMD starts and the relay dies with the exec's pid namespace. Cost: one python3
 start per exec (tens of ms). The environment is cleared and set explicitly (PATH, HOME, LANG, then
-``spec.env``, then the per-exec ``env``); it is handed to bwrap as its process environment, never as
-argv (keys would show in ``ps``). stdout and stderr share one pipe, so output is merged in order.
+a bundle's ``process.env`` but HOME, then ``spec.env``, then the per-exec ``env``); it is handed to
+bwrap as its process environment, never as argv (keys would show in ``ps``). stdout and stderr share one pipe, so output is merged in order.
 On timeout the whole process group is killed (the pid namespace goes with it), ``timed_out`` is set
 and ``exit_code`` is 124.
 
@@ -65,6 +67,7 @@ from typing import ClassVar
 from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
+from polar_env.runtimes.bundle import ImageDir
 from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the runtimes' shared names
     ARGS_FD,
     BASELINE_SCRIPT,
@@ -78,6 +81,7 @@ from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the 
     copy_tree,
     swap_timeout,
 )
+from polar_env.runtimes.imagestore import image_workdir, local_image
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +161,14 @@ def bwrap_argv(
     cwd: str,
     etc: Path | None = None,
     stage: Callable[[str | Path], str] = str,
+    rootfs: str | Path | None = None,
 ) -> list[str]:
     """The full bwrap command line for one exec. Mount order matters (later mounts go on top).
-    ``stage`` maps a host source to the path this exec reaches it by (see hostworkspace.py)."""
+    ``stage`` maps a host source to the path this exec reaches it by (see hostworkspace.py);
+    ``rootfs``: the image's root filesystem when ``spec.image`` is a bundle or a store name."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--uid", "0", "--gid", "0",
             "--cap-drop", "ALL"]
-    argv += system_mounts(spec.image, [spec.workdir, *(dst for _src, dst in spec.binds)], etc, stage)
+    argv += system_mounts(rootfs if rootfs is not None else spec.image, [spec.workdir, *(dst for _src, dst in spec.binds)], etc, stage)
     argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--bind", stage(tmp), "/tmp", "--bind", stage(home), HOME]
     argv += ["--tmpfs", "/run", "--dir", POLAR_RUN_DIR]
@@ -186,25 +192,43 @@ class SandboxRuntime(HostWorkspaceRuntime):
         self._bwrap_hint = bwrap
         self._bwrap: str | None = None
         self._etc: Path | None = None
+        self._image: ImageDir | None = None
 
     def _check(self) -> None:
         found = shutil.which(self._bwrap_hint or os.environ.get("POLAR_BWRAP") or "bwrap")
         if found is None:
             raise ConfigError(f"bubblewrap (bwrap) is not installed; install it with: {BWRAP_INSTALL}")
         self._bwrap = found
-        if self.spec.image is not None and not Path(self.spec.image).is_dir():
-            raise ConfigError(f"sandbox image must be a root-filesystem directory (scripts/build_rootfs.sh), got {self.spec.image}")
+        self._image = self.image_dir
+
+    @property
+    def image_dir(self) -> ImageDir | None:
+        """The image folder (a rootfs, a bundle, or a store name's), read once; None: the host's system."""
+        if self._image is None and self.spec.image is not None:
+            self._image = local_image(self.spec.image, "sandbox")
+        return self._image
+
+    @property
+    def path(self) -> str:
+        """The PATH a command gets when the caller passes none: spec.env's, else the image's, else the default."""
+        image = self.image_dir
+        return self.spec.env.get("PATH") or (image.env.get("PATH") if image else None) or DEFAULT_PATH
+
+    def _image_workdir(self) -> Path | None:
+        return image_workdir(self.image_dir, self.spec.workdir)
 
     def _extra_sources(self) -> list[Path]:
-        return [Path(self.spec.image).resolve()] if self.spec.image is not None else []
+        image = self.image_dir
+        return [image.rootfs.resolve()] if image is not None else []
 
     def _full_argv(self, argv: list[str], cwd: str) -> list[str]:
         assert self._bwrap is not None
         if self._etc is None and self.spec.image is None:
             self._etc = write_etc(self.root)
+        image = self.image_dir
         return bwrap_argv(self.spec, bwrap=self._bwrap, workspace=self.workspace, tmp=self.tmp_dir, home=self.home_dir,
                           command=argv, cwd=cwd, etc=Path(self.staged(self._etc)) if self._etc else None,
-                          stage=self.staged)
+                          stage=self.staged, rootfs=image.rootfs if image is not None else None)
 
     def _wrap(self, argv: list[str], cwd: str) -> list[str]:
         # bwrap reads its options from a file descriptor: host paths stay out of /proc/*/cmdline;
@@ -217,6 +241,8 @@ class SandboxRuntime(HostWorkspaceRuntime):
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "LANG": "C.UTF-8"}
+        image = self.image_dir
+        env.update({k: v for k, v in (image.env if image else {}).items() if k != "HOME"})  # HOME: the writable /root
         env.update(self.spec.env)
         env.update(extra or {})
         return env
