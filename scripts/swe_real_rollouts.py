@@ -1,38 +1,32 @@
-"""Gold 1.0, empty 0.0, wrong 0.0 on real SWE work, through the real ``polar-env rollout``.
+"""Real SWE rows as users bring them, end to end: gold 1.0, empty 0.0, wrong 0.0, through the real
+``polar-env images build`` and ``polar-env rollout``.
 
-For each instance of ``../shared/swe-real`` (eight SWE-bench-style rows from public repositories, each
-with an environment recipe) this builds the environment with the set's ``build_env.sh`` (kept in
-``--envs``), writes a tasks file and a config for it, and runs ``polar-env rollout`` (a subprocess:
-the CLI a user runs) three times: a scripted policy (``--engine-script``) makes the agent of the
-``loop`` harness apply the gold patch, change nothing, or apply a wrong patch, each with a real shell
-command in its runtime, and the swebench evaluator grades each in a fresh runtime. The policy is
-played by the simulated engine (the same ScriptedPolicy, no model: the reward path is what is under
-test, and forcing a 17k-token patch command through the embedded CPU model takes minutes);
-``--engine embedded`` forces the model to it instead. It prints one row per case and exits 1 unless
-gold is 1.0 and empty and wrong are 0.0, all completed and unmasked with no failure kind, and the
-wrong patch's 0 came from its tests (the swebench grading library's verdict).
+For each instance of ``../shared/swe-real`` (eight SWE-bench-style rows mined from public
+repositories' history, each with an ``environment_setup`` recipe) this
 
-Why the config looks as it does (rows do not carry their environment yet):
+1. builds the row's image with ``polar-env images build`` (a subprocess: the CLI a user runs) from the
+   recipe alone — ``--kind rootfs`` for the sandbox and Apptainer (an OCI bundle in the image store,
+   under the row's own image name), ``--kind docker`` for Docker (the same build, as a Docker image
+   of that name) — and
+2. rolls the row out as published (no ``eval_script``, no ``repo_dir``, no config beyond the harness,
+   the runtime kind and the engine) three times: a scripted policy (``--engine-script``) makes the
+   agent apply the gold patch, change nothing, or apply a wrong patch, each with a real shell command
+   through the harness's own shell tool (``--harness loop`` or ``pi``), and the swebench evaluator
+   grades each in a fresh runtime from the image, with the eval script the row's ``environment_setup``
+   gives.
 
-- the instance's venv is bound read-only at the path it was built at (uv venvs hardcode it in their
-  scripts' shebangs), with the base interpreter it links to (``home`` in pyvenv.cfg, unless under
-  /usr), and its ``bin`` is first on the runtime's ``PATH`` (the grading runtime keeps a PATH the
-  task sets, so the tests and the grader's own checks run the venv's python). The row's ``repo_dir``
-  (the built repo, one commit) is what the runtime copies to /testbed;
-- the venv is an editable install whose ``.pth`` / finder names ``<env>/repo``, the host's pristine
-  copy, which is not in the runtime. The test command first links ``<env>/repo`` to ``/testbed``
-  (``ln -sfn``; ``<env>`` exists there as the parent of the venv's bind, in the runtime's own
-  writable tree: tried under /tmp, /root and /opt), so the editable install imports the graded
-  workspace, exactly as it was built to (``.pth`` and finder alike);
-- the row's ``base_commit`` becomes the built repo's own commit (the set's upstream id is kept as
-  ``upstream_base_commit``): the eval script resets the test files to it.
+The policy is played by the simulated engine (the reward path is what is under test; forcing a
+17k-token patch command through the embedded CPU model takes minutes); ``--engine embedded`` forces
+the model to it instead. It prints one row per case with per-stage seconds (image build, INIT,
+RUNNING, grading) and the image's disk, and exits 1 unless gold is 1.0 and empty and wrong are 0.0,
+all completed and unmasked with no failure kind, and the wrong patch's 0 came from its tests.
 
 The wrong patch is the gold patch without its main source file (the non-test ``.py`` file with the
-most changed lines of code, docstrings and comments not counted): it applies, is no test
-change, and leaves the fix incomplete.
+most changed lines of code, docstrings and comments not counted): it applies, is no test change, and
+leaves the fix incomplete.
 
-    python scripts/swe_real_rollouts.py --envs /tmp/swe-envs --ids pallets__click-2223
-    python scripts/swe_real_rollouts.py --runtime docker --image polar-test/py:bookworm
+    python scripts/swe_real_rollouts.py --ids pallets__click-2223
+    python scripts/swe_real_rollouts.py --runtime docker --harness pi
 """
 
 from __future__ import annotations
@@ -43,7 +37,6 @@ import gzip
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -59,10 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(ROOT))  # this checkout's package, not an installed copy from elsewhere
 SHARED = ROOT.parent / "shared" / "swe-real"
-ENVS = Path.home() / ".cache" / "polar_env" / "swe-real"
 CASES = ("gold", "empty", "wrong")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HARNESSES = ("loop", "pi")
+RUNTIMES = ("sandbox", "docker", "apptainer")
 RUN_TIMEOUT_S = 1200.0  # one `polar-env rollout` of one case; the slowest test run (requests) is ~60 s
+BUILD_TIMEOUT_S = 1800.0
 _TEST_PATH = re.compile(r"(^|/)(tests?|testing|test-data|e2e)/|(^|/)test_[^/]*$|_test\.py$|(^|/)conftest\.py$")
 
 
@@ -71,37 +65,23 @@ class UserError(Exception):
 
 
 @dataclass(frozen=True)
-class Instance:
-    """One row of the set with where its environment was built."""
-
-    row: dict[str, Any]
-    env_dir: Path
-
-    @property
-    def id(self) -> str:
-        return str(self.row["instance_id"])
-
-    @property
-    def repo(self) -> Path:
-        return self.env_dir / "repo"
-
-    @property
-    def venv(self) -> Path:
-        return self.env_dir / "venv"
-
-
-@dataclass(frozen=True)
 class CaseResult:
     """What one rollout's outputs say about one case, and whether that is what the case expects."""
 
     instance: str
+    runtime: str
+    harness: str
     case: str
     status: str
     reward: float | None
     mask: bool | None
     failure_kind: str | None
     reason: str
-    eval_s: float | None  # the whole evaluation (fresh runtime, change, tests, grading)
+    build_s: float | None  # the image build (0 when the image was current)
+    image_mb: float | None  # the image's own disk (beyond the shared base)
+    init_s: float | None  # INIT: the runtime prepared from the image
+    running_s: float | None  # RUNNING: the harness
+    grading_s: float | None  # POSTRUN: the evaluation (fresh runtime, change, tests, grading)
     tests_s: float | None  # the eval script (the test run) alone
     wall_s: float  # the CLI run, start to exit
     graded_tests: bool  # the swebench grading library decided the verdict from test results
@@ -113,6 +93,16 @@ class CaseResult:
         if self.case == "gold":
             return clean and self.reward == 1.0
         return clean and self.reward == 0.0 and (self.case == "empty" or self.graded_tests)
+
+
+@dataclass(frozen=True)
+class Built:
+    """One image ``polar-env images build`` made (or found current)."""
+
+    image: str
+    seconds: float  # the build's stages (0 when the image was current)
+    disk_mb: float | None  # rootfs: bytes not shared with the base; docker: the layer over the base image
+    wall_s: float = 0.0  # the CLI call, start to exit
 
 
 def load_instances(shared: Path) -> dict[str, dict[str, Any]]:
@@ -130,24 +120,8 @@ def pick(rows: dict[str, dict[str, Any]], ids: Sequence[str]) -> list[dict[str, 
     return [rows[i] for i in ids] if ids else list(rows.values())
 
 
-def build_env(shared: Path, row: dict[str, Any], envs: Path) -> Instance:
-    """The instance's repo and venv under ``envs/<id>``, built (or reused: the script is idempotent)
-    by the set's own recipe, and the repo checked clean: the runtime copies its working tree."""
-    inst = Instance(row, envs / str(row["instance_id"]))
-    proc = subprocess.run(["bash", str(shared / "build_env.sh"), inst.id, str(inst.env_dir)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"build_env.sh {inst.id} failed (exit {proc.returncode}): {tail}")
-    dirty = _git(inst.repo, "status", "--porcelain")
-    if dirty:
-        raise UserError(f"{inst.repo} has local changes; reset it: git -C {inst.repo} checkout -f HEAD "
-                        f"&& git -C {inst.repo} clean -fd")
-    return inst
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+def _env(store: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT), "POLAR_IMAGES": str(store)}
 
 
 def patch_sections(patch: str) -> list[str]:
@@ -211,54 +185,43 @@ def policy(case: str, patch: str) -> dict[str, Any]:
                       {"text": "Applied:\n{tool_output}", "reasoning": "The change is in place."}]}
 
 
-def base_prefix(venv: Path) -> Path | None:
-    """The prefix of the interpreter the venv links to (``home`` in pyvenv.cfg), when it is not the
-    system's own (/usr is in every runtime already)."""
-    cfg = venv / "pyvenv.cfg"
-    for line in cfg.read_text(encoding="utf-8").splitlines() if cfg.is_file() else []:
-        key, _, value = line.partition("=")
-        if key.strip() == "home":
-            prefix = Path(value.strip()).parent
-            return None if prefix in (Path("/usr"), Path("/")) else prefix
-    return None
+def build_image(shared: Path, instance: str, *, kind: str, store: Path) -> Built:
+    """``polar-env images build`` of one row (skipped by the CLI when the image is current)."""
+    argv = [sys.executable, "-m", "polar_env.cli", "images", "build", str(shared / "instances.jsonl"), "--ids", instance,
+            "--kind", kind, "--repos", str(shared / "repos"), "--store", str(store), "--json"]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=_env(store), timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"polar-env images build {instance} ran past {BUILD_TIMEOUT_S:.0f} s") from None
+    if proc.returncode != 0:
+        last = ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"polar-env images build {instance} --kind {kind} failed (exit {proc.returncode}): {last}")
+    report = json.loads(proc.stdout)
+    image = report["images"][0]
+    seconds = round(sum(image["stages_s"].values()), 1) if not image["skipped"] else 0.0
+    disk = image.get("layer_bytes") if kind == "docker" else image.get("unique_bytes")
+    if disk is None and kind == "rootfs":  # current already: measure what it holds beyond the base
+        from polar_env.runtimes.bundle import read_image_dir
+        from polar_env.tasks.image_build import default_base, unique_bytes
+
+        disk = unique_bytes(default_base(os.environ), read_image_dir(image["bundle"]).rootfs)
+    return Built(image=str(image["image"]), seconds=seconds, disk_mb=None if disk is None else round(disk / 2**20, 1),
+                 wall_s=round(time.monotonic() - started, 1))
 
 
-def eval_command(inst: Instance) -> str:
-    """The row's test command, after linking the editable install's repo path to the workspace."""
-    return f"ln -sfn /testbed {shlex.quote(str(inst.repo))} && {inst.row['environment_setup']['test_command']}"
-
-
-def task_row(inst: Instance) -> dict[str, Any]:
-    row = {k: v for k, v in inst.row.items() if k != "environment_setup"}
-    row.update(upstream_base_commit=row["base_commit"], base_commit=_git(inst.repo, "rev-parse", "HEAD"),
-               repo_dir=str(inst.repo))
-    return row
-
-
-def config(inst: Instance, *, runtime: str, image: str | None, max_tokens: int, engine: str = "simulated") -> dict[str, Any]:
-    """The rollout config of one instance: its environment, the loop harness, the swebench grader."""
-    binds = [[str(inst.venv), str(inst.venv)]]
-    prefix = base_prefix(inst.venv)
-    if prefix is not None:
-        binds.append([str(prefix), str(prefix)])
-    spec: dict[str, Any] = {"kind": runtime, "binds": binds, "env": {"PATH": f"{inst.venv / 'bin'}:{DEFAULT_PATH}"}}
-    if image is not None:
-        spec["image"] = image
-    return {"harness": "loop", "engine": {"kind": engine}, "sampling": {"max_tokens": max_tokens},
-            "runtime": spec,
-            "evaluator": {"name": "swebench", "params": {"test_command": eval_command(inst)}}}
-
-
-def write_inputs(inst: Instance, work: Path, *, runtime: str, image: str | None, engine: str = "simulated") -> dict[str, Path]:
-    """Writes the instance's tasks file and config and one policy per case; returns the policies."""
+def write_inputs(row: dict[str, Any], work: Path, *, runtime: str, harness: str, engine: str) -> dict[str, Path]:
+    """The published row as the tasks file, a config naming only harness, runtime and engine, and one
+    policy per case; returns the policies."""
     work.mkdir(parents=True, exist_ok=True)
-    wrong, _ = wrong_patch(str(inst.row["patch"]))
-    patches = {"gold": str(inst.row["patch"]), "empty": "", "wrong": wrong}
+    wrong, _ = wrong_patch(str(row["patch"]))
+    patches = {"gold": str(row["patch"]), "empty": "", "wrong": wrong}
     policies = {case: policy(case, patch) for case, patch in patches.items()}
     longest = max(len(json.dumps(p)) for p in policies.values())  # a token is at least one character
     max_tokens = min(max(4096, longest + 1024), 30_000)
-    (work / "tasks.jsonl").write_text(json.dumps(task_row(inst)) + "\n", encoding="utf-8")
-    cfg = config(inst, runtime=runtime, image=image, max_tokens=max_tokens, engine=engine)
+    (work / "tasks.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    cfg = {"harness": harness, "engine": {"kind": engine}, "sampling": {"max_tokens": max_tokens},
+           "runtime": {"kind": runtime}}
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False, width=1000), encoding="utf-8")
     paths = {}
     for case, data in policies.items():
@@ -267,17 +230,17 @@ def write_inputs(inst: Instance, work: Path, *, runtime: str, image: str | None,
     return paths
 
 
-def run_case(inst: Instance, case: str, work: Path, script: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> CaseResult:
+def run_case(row: dict[str, Any], case: str, work: Path, script: Path, *, runtime: str, harness: str, built: Built,
+             store: Path, timeout_s: float = RUN_TIMEOUT_S) -> CaseResult:
     """One ``polar-env rollout`` of one case, and what its run folder says."""
     out = work / "runs"
-    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT)}
     argv = [sys.executable, "-m", "polar_env.cli", "rollout", "--tasks", str(work / "tasks.jsonl"), "--samples", "1",
             "--config", str(work / "config.yaml"), "--engine-script", str(script), "--out", str(out),
             "--run-id", case, "--no-progress"]
     started = time.monotonic()
     code = None
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=_env(store), timeout=timeout_s)
         printed, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired:
         printed = f"polar-env rollout ran past {timeout_s:.0f} s"
@@ -285,23 +248,35 @@ def run_case(inst: Instance, case: str, work: Path, script: Path, *, timeout_s: 
     run_dir = out / case
     (work / f"{case}.log").write_text(printed, encoding="utf-8")
     sessions = run_dir / "sessions.jsonl"
+    ident = (str(row["instance_id"]), runtime, harness, case)
     if not sessions.is_file():
         last = (printed.strip().splitlines() or ["no output"])[-1]
         if code == 2:  # the CLI refused what it was given (no daemon, a bad config): nothing else will run
             raise UserError(last)
-        return CaseResult(inst.id, case, "no run", None, None, None, last[:200], None, None, wall, False, run_dir)
+        return CaseResult(*ident, "no run", None, None, None, last[:200], built.seconds, built.disk_mb, None, None, None,
+                          None, wall, False, run_dir)
     s = json.loads(sessions.read_text(encoding="utf-8").splitlines()[0])
     ev = s.get("evaluation") or {}
-    timings = ev.get("timings_s") or {}
+    stages = s.get("stage_times") or {}
     reason = str(ev.get("reason") or ev.get("error") or s.get("failure_detail") or "")
-    return CaseResult(inst.id, case, str(s.get("status")), s.get("reward"), s.get("mask"), s.get("failure_kind"),
-                      reason, ev.get("evaluate_s"), timings.get("eval"), wall, "swebench" in ev, run_dir)
+    return CaseResult(*ident, str(s.get("status")), s.get("reward"), s.get("mask"), s.get("failure_kind"), reason,
+                      built.seconds, built.disk_mb, _span(stages, "init", "ready"), _span(stages, "running", "postrun"),
+                      _span(stages, "postrun", "done"), (ev.get("timings_s") or {}).get("eval"), wall,
+                      "swebench" in ev, run_dir)
+
+
+def _span(stages: dict[str, float], start: str, end: str) -> float | None:
+    if start in stages and end in stages:
+        return round(stages[end] - stages[start], 1)
+    return None
 
 
 def table(results: Sequence[CaseResult]) -> str:
-    head = ("instance", "case", "ok", "status", "reward", "mask", "failure_kind", "eval_s", "tests_s", "wall_s", "reason")
-    rows = [head] + [(r.instance, r.case, "yes" if r.ok else "NO", r.status, _num(r.reward), str(r.mask),
-                      r.failure_kind or "-", _num(r.eval_s), _num(r.tests_s), _num(r.wall_s), r.reason[:70])
+    head = ("instance", "runtime", "harness", "case", "ok", "status", "reward", "mask", "failure_kind", "build_s",
+            "image_mb", "init_s", "running_s", "grading_s", "tests_s", "reason")
+    rows = [head] + [(r.instance, r.runtime, r.harness, r.case, "yes" if r.ok else "NO", r.status, _num(r.reward),
+                      str(r.mask), r.failure_kind or "-", _num(r.build_s), _num(r.image_mb), _num(r.init_s),
+                      _num(r.running_s), _num(r.grading_s), _num(r.tests_s), r.reason[:60])
                      for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows)
@@ -311,24 +286,31 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def run(ids: Sequence[str], *, shared: Path = SHARED, envs: Path = ENVS, work: Path | None = None,
-        runtime: str = "sandbox", image: str | None = None, engine: str = "simulated", cases: Sequence[str] = CASES,
+def run(ids: Sequence[str], *, shared: Path = SHARED, store: Path | None = None, work: Path | None = None,
+        runtime: str = "sandbox", harness: str = "loop", engine: str = "simulated", cases: Sequence[str] = CASES,
         echo: bool = True) -> list[CaseResult]:
     """Every asked case of every asked instance (all eight by default); raises UserError for a mistake."""
+    from polar_env.runtimes.bundle import images_root
+
     rows = pick(load_instances(shared), ids)
-    if runtime == "docker" and image is None:
-        raise UserError("--runtime docker needs --image (an imported rootfs, e.g. scripts/build_rootfs.sh)")
+    store = store or images_root()
     work = work or Path(tempfile.mkdtemp(prefix="swe-real-rollouts-"))
     results = []
     for row in rows:
-        inst = build_env(shared, row, envs)
-        policies = write_inputs(inst, work / inst.id, runtime=runtime, image=image, engine=engine)
+        instance = str(row["instance_id"])
+        built = build_image(shared, instance, kind="docker" if runtime == "docker" else "rootfs", store=store)
+        if echo:
+            print(f"{instance}: image {built.image} ({built.seconds:g} s, {_num(built.disk_mb)} MB)", flush=True)
+        folder = work / f"{instance}-{runtime}-{harness}"
+        policies = write_inputs(row, folder, runtime=runtime, harness=harness, engine=engine)
         for case in cases:
-            result = run_case(inst, case, work / inst.id, policies[case])
+            result = run_case(row, case, folder, policies[case], runtime=runtime, harness=harness, built=built,
+                              store=store)
             results.append(result)
+            built = Built(built.image, 0.0, built.disk_mb)  # built once per instance
             if echo:
-                print(f"{inst.id} {case}: {result.status} reward {_num(result.reward)} ({result.wall_s:g} s) "
-                      f"{result.reason[:100]}", flush=True)
+                print(f"{instance} {runtime} {harness} {case}: {result.status} reward {_num(result.reward)} "
+                      f"({result.wall_s:g} s) {result.reason[:100]}", flush=True)
     return results
 
 
@@ -336,18 +318,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0] if __doc__ else None)
     p.add_argument("--ids", nargs="+", default=[], metavar="ID", help="instance ids (default: all eight)")
     p.add_argument("--shared", type=Path, default=SHARED, help=f"the swe-real set (default {SHARED})")
-    p.add_argument("--envs", type=Path, default=ENVS, help=f"where environments are built or reused (default {ENVS})")
+    p.add_argument("--store", type=Path, help="the image store the rootfs images go to (default: $POLAR_IMAGES or "
+                   "~/.cache/polar_env/images)")
     p.add_argument("--work", type=Path, help="where tasks, configs, policies and run folders go (default: a new temp dir)")
-    p.add_argument("--runtime", choices=("sandbox", "docker"), default="sandbox")
-    p.add_argument("--image", help="docker: the image to run in (no pulls: an imported rootfs)")
+    p.add_argument("--runtime", choices=RUNTIMES, default="sandbox")
+    p.add_argument("--harness", choices=HARNESSES, default="loop")
     p.add_argument("--engine", choices=("simulated", "embedded"), default="simulated",
                    help="who plays the scripted policy: the simulated engine (no model: instant) or the embedded "
                         "CPU model forced to it (real ids and logprobs; ~20-40 ms a token, minutes for a long patch)")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     args = p.parse_args(argv)
     try:
-        results = run(args.ids, shared=args.shared, envs=args.envs.expanduser().resolve(), work=args.work,
-                      runtime=args.runtime, image=args.image, engine=args.engine, cases=args.cases)
+        results = run(args.ids, shared=args.shared, store=args.store, work=args.work, runtime=args.runtime,
+                      harness=args.harness, engine=args.engine, cases=args.cases)
     except UserError as exc:
         print(f"swe_real_rollouts: {exc}", file=sys.stderr)
         return 2
