@@ -101,6 +101,17 @@ ETC_ALLOW = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "local
              "magic.mime", "terminfo", "shells", "locale.alias", "locale.gen", "mailcap", "nodejs", "npmrc", "xdg")
 PASSWD = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
+HOSTNAME = "sandbox"
+HOSTS = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{HOSTNAME}\n"
+
+
+def write_hosts(root: Path) -> Path:
+    """The /etc/hosts of a sandbox running an image: ``localhost`` and its own name resolve, as in a
+    Docker container (images from debootstrap or ``docker export`` have none; tests that start a
+    local server by name fail without it)."""
+    path = root / "etc-hosts"
+    path.write_text(HOSTS)
+    return path
 
 
 def write_etc(root: Path) -> Path:
@@ -162,13 +173,18 @@ def bwrap_argv(
     etc: Path | None = None,
     stage: Callable[[str | Path], str] = str,
     rootfs: str | Path | None = None,
+    hosts: Path | None = None,
 ) -> list[str]:
     """The full bwrap command line for one exec. Mount order matters (later mounts go on top).
     ``stage`` maps a host source to the path this exec reaches it by (see hostworkspace.py);
-    ``rootfs``: the image's root filesystem when ``spec.image`` is a bundle or a store name."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox", "--uid", "0", "--gid", "0",
+    ``rootfs``: the image's root filesystem when ``spec.image`` is a bundle or a store name;
+    ``hosts``: the /etc/hosts an image gets (``write_hosts``), as container runtimes give one."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", HOSTNAME, "--uid", "0", "--gid", "0",
             "--cap-drop", "ALL"]
-    argv += system_mounts(rootfs if rootfs is not None else spec.image, [spec.workdir, *(dst for _src, dst in spec.binds)], etc, stage)
+    needed = [spec.workdir, *(dst for _src, dst in spec.binds), *(["/etc/hosts"] if hosts is not None else [])]
+    argv += system_mounts(rootfs if rootfs is not None else spec.image, needed, etc, stage)
+    if hosts is not None:
+        argv += ["--ro-bind", stage(hosts), "/etc/hosts"]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--bind", stage(tmp), "/tmp", "--bind", stage(home), HOME]
     argv += ["--tmpfs", "/run", "--dir", POLAR_RUN_DIR]
@@ -192,6 +208,7 @@ class SandboxRuntime(HostWorkspaceRuntime):
         self._bwrap_hint = bwrap
         self._bwrap: str | None = None
         self._etc: Path | None = None
+        self._hosts: Path | None = None
         self._image: ImageDir | None = None
 
     def _check(self) -> None:
@@ -225,10 +242,12 @@ class SandboxRuntime(HostWorkspaceRuntime):
         assert self._bwrap is not None
         if self._etc is None and self.spec.image is None:
             self._etc = write_etc(self.root)
+        if self._hosts is None and self.spec.image is not None:
+            self._hosts = write_hosts(self.root)
         image = self.image_dir
         return bwrap_argv(self.spec, bwrap=self._bwrap, workspace=self.workspace, tmp=self.tmp_dir, home=self.home_dir,
                           command=argv, cwd=cwd, etc=Path(self.staged(self._etc)) if self._etc else None,
-                          stage=self.staged, rootfs=image.rootfs if image is not None else None)
+                          stage=self.staged, rootfs=image.rootfs if image is not None else None, hosts=self._hosts)
 
     def _wrap(self, argv: list[str], cwd: str) -> list[str]:
         # bwrap reads its options from a file descriptor: host paths stay out of /proc/*/cmdline;

@@ -63,6 +63,10 @@ async def check_image_runtime(rt: SandboxRuntime | ApptainerRuntime) -> None:
         assert res.exit_code == 0 and "hello from the image venv" in res.output, res.output
         res = await rt.exec("echo $VIRTUAL_ENV; echo $HOME", env={"PATH": rt.path})  # as launch.py passes it
         assert res.output.split() == ["/opt/venv", "/root"], res.output
+        # localhost resolves, as in a container (the test rootfs has no /etc/hosts; servers a suite starts
+        # by name, e.g. pytest-httpbin's, need it)
+        res = await rt.exec(["python3", "-c", "import socket; print(socket.getaddrinfo('localhost', 80)[0][4][0])"])
+        assert res.exit_code == 0 and res.output.strip() in ("127.0.0.1", "::1"), res.output
         await rt.write_file("/testbed/calc.py", b"changed\n")
         assert "+changed" in await rt.diff()
     finally:
