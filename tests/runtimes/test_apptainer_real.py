@@ -15,21 +15,11 @@ import pytest
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes import ApptainerRuntime, RuntimeSpec
-from polar_env.runtimes.apptainer import find_apptainer, probe
+from polar_env.runtimes.apptainer import probe
 from polar_env.runtimes.hostworkspace import SANDBOX_UID_BASE
-from tests.conftest import unavailable
 from tests.runtimes.conftest import GATEWAY_PORT, Gateway
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def apptainer() -> str:
-    found = find_apptainer()
-    if found is None:
-        unavailable("no apptainer binary (on PATH or built by scripts/install_apptainer.sh): run that script")
-    assert found is not None
-    return found
 
 
 @pytest.fixture

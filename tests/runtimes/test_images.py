@@ -17,7 +17,6 @@ import pytest
 from polar_env import preflight
 from polar_env.errors import ConfigError
 from polar_env.runtimes import ApptainerRuntime, DockerRuntime, RuntimeSpec, SandboxRuntime
-from polar_env.runtimes.apptainer import find_apptainer
 from polar_env.runtimes.bundle import store_name, write_bundle_config
 from polar_env.runtimes.imagestore import extract_stream
 from tests.conftest import DOCKER_IMAGE, require_bwrap, unavailable
@@ -110,15 +109,6 @@ async def test_sandbox_task_repo_wins_over_the_image(bundle: Path, task_repo: Pa
         assert (rt.workspace / "pkg" / "mod.py").is_file() and not (rt.workspace / "link").exists()
     finally:
         await rt.stop()
-
-
-@pytest.fixture
-def apptainer() -> str:
-    found = find_apptainer()
-    if found is None:
-        unavailable("no apptainer binary (on PATH or built by scripts/install_apptainer.sh): run that script")
-    assert found is not None
-    return found
 
 
 @pytest.mark.slow
