@@ -247,3 +247,15 @@ def fake_vllm() -> Iterator[str]:
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
     loop.close()
+
+
+@pytest.fixture
+def apptainer() -> str:
+    """The real Apptainer binary (on PATH or built by scripts/install_apptainer.sh)."""
+    from polar_env.runtimes.apptainer import find_apptainer
+
+    found = find_apptainer()
+    if found is None:
+        unavailable("no apptainer binary (on PATH or built by scripts/install_apptainer.sh): run that script")
+    assert found is not None
+    return found

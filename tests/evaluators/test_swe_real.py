@@ -8,7 +8,7 @@ its docstring says what the wrong patch is).
 Sandbox (``--kind rootfs`` bundles): three instances with the ``loop`` harness, ~15-40 s each on 2
 cores (the two fastest on pytest 7 and attrs-887 on pytest 6.2.5), and one with the real ``pi`` CLI.
 Docker (the tests' own dockerd; ``--kind docker``, an image of the row's name over the imported
-rootfs): the fastest one. Images go to the default store (``$POLAR_IMAGES`` or
+rootfs) and Apptainer (the real binary on the same bundle): the fastest one. Images go to the default store (``$POLAR_IMAGES`` or
 ``~/.cache/polar_env/images``), rebuilt only when their recipe changed; ``.ci/run`` builds the
 sandbox ones before pytest. Without the set, bwrap, pi or a daemon this skips locally and fails
 under CI."""
@@ -44,6 +44,10 @@ def test_sandbox_with_the_pi_cli(rootfs: Path, tmp_path: Path) -> None:
 
 def test_docker_gold_one_empty_and_wrong_zero(docker_host: str, tmp_path: Path) -> None:
     _check(IDS[0], tmp_path, "docker", "loop")
+
+
+def test_apptainer_gold_one_empty_and_wrong_zero(apptainer: str, rootfs: Path, tmp_path: Path) -> None:
+    _check(IDS[0], tmp_path, "apptainer", "loop")
 
 
 def _check(instance: str, work: Path, runtime: str, harness: str) -> None:

@@ -194,15 +194,3 @@ async def runtimes(variant: str, make_spec: Callable[..., RuntimeSpec]) -> Async
             if rt.timings.prepare_s:
                 TIMINGS.add(variant, rt.timings.prepare_s, rt.timings.stop_s or (time.monotonic() - t0))
         await asyncio.sleep(0)
-
-
-@pytest.fixture
-def apptainer() -> str:
-    """The real Apptainer binary (on PATH or built by scripts/install_apptainer.sh)."""
-    from polar_env.runtimes.apptainer import find_apptainer
-
-    found = find_apptainer()
-    if found is None:
-        unavailable("no apptainer binary (on PATH or built by scripts/install_apptainer.sh): run that script")
-    assert found is not None
-    return found
