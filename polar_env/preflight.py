@@ -93,8 +93,24 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
     from polar_env.tasks.eval_scripts import check_gradable
 
     check_gradable(reqs)  # a row nothing can grade fails now, not after its sessions ran
+    check_buildable_images(reqs, str(job.tasks))
     check_env(job.env, reqs, command)
     return reqs
+
+
+def check_buildable_images(reqs: Sequence[TaskRequest], tasks: str) -> None:
+    """SWE rows on a local runtime whose image is not in the store but could be built from their
+    own recipe: one line with the exact ``images build`` command (the runtime check names the rest)."""
+    from polar_env.runtimes.bundle import images_root, resolve_image_dir
+    from polar_env.runtimes.imagestore import is_path
+
+    ids = sorted({r.task_id for r in reqs if r.runtime.kind in ("sandbox", "apptainer") and r.runtime.image
+                  and not is_path(r.runtime.image) and "://" not in r.runtime.image
+                  and isinstance(r.task.get("extra", {}).get("environment_setup"), dict)
+                  and resolve_image_dir(r.runtime.image) is None})
+    if ids:
+        raise ConfigError(f"{len(ids)} task image(s) are not in the image store {images_root()} ({_few(ids)}); build "
+                          f"them from the rows' environment_setup: polar-env images build {tasks} --ids {' '.join(ids)}")
 
 
 def check_serve(config: PolarEnvConfig, host: str, port: int) -> None:

@@ -19,7 +19,7 @@ from fake_vllm import MODEL
 from polar_env import preflight
 from polar_env.cli import main
 from polar_env.staging.job import RolloutJob
-from tests.conftest import require_bwrap
+from tests.conftest import require_bwrap, unavailable
 
 SIMULATED = ["--engine", "simulated", "--harness", "loop", "--no-progress"]
 
@@ -389,3 +389,28 @@ def test_docker_says_who_the_agent_is_in_one_line(short_tmp: Path, capsys: pytes
     assert "agent is uid 160000, not root" in capsys.readouterr().err
     with pytest.raises(preflight.ConfigError, match=r"^agent_root=require, but the Docker daemon does not remap uids .*runtime docker; "):
         preflight.check_runtime("docker", None, "require")
+
+
+def test_swe_rows_whose_images_can_be_built_get_the_exact_build_command(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A published row with an environment_setup whose image is not in the store: one line naming the
+    rows and the `images build` command for them; a row whose image is there passes."""
+    from polar_env.env import PolarEnvConfig, task_request
+    from polar_env.errors import ConfigError
+    from polar_env.runtimes.bundle import store_name
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "swe-real" / "instances.jsonl"
+    if not shared.is_file():
+        unavailable(f"no swe-real set at {shared} (the shared folder beside the checkout)")
+    rows = [json.loads(line) for line in shared.read_text().splitlines()[:3]]
+    monkeypatch.setenv("POLAR_IMAGES", str(tmp_path))
+    reqs = [task_request(row, PolarEnvConfig()) for row in rows]
+    (tmp_path / store_name(str(reqs[0].runtime.image))).mkdir()  # the first one is there
+    with pytest.raises(ConfigError) as err:
+        preflight.check_buildable_images(reqs, "rows.jsonl")
+    line = str(err.value)
+    ids = sorted(r["instance_id"] for r in rows[1:])
+    assert "\n" not in line and line.startswith(f"2 task image(s) are not in the image store {tmp_path}")
+    assert line.endswith(f"polar-env images build rows.jsonl --ids {' '.join(ids)}")
+    docker = [task_request(row, PolarEnvConfig.model_validate({"runtime": {"kind": "docker"}})) for row in rows]
+    preflight.check_buildable_images(docker, "rows.jsonl")  # Docker's own check names pulls
