@@ -293,6 +293,8 @@ CHECKS: list[tuple[str, str | None, Callable[[str, Path], None]]] = [  # (line p
     ("polar-env eval", "job", _check_cli),
     ("polar-env sft", "job", _check_cli),
     ("polar-env train", "job", _check_train),
+    ("polar-env images build", "job", _check_cli),
+    ("polar-env rollout --tasks", "job", _check_cli),
     ("python scripts/", "benchmark", _check_script),
     ("python -m polar_env.harnesses list", None, _check_harness_list),
     ("bash scripts/install_harnesses.sh", "network", _check_install_script),

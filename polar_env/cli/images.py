@@ -97,8 +97,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = add_command(isub, "build", "build each row's image from its environment_setup (uv venv + install lines)")
     p.add_argument("tasks", metavar="TASKS", help="task rows: a .jsonl / .json / .parquet file")
     p.add_argument("--ids", nargs="+", metavar="ID", help="only these instance ids (default: every row with an environment_setup)")
-    p.add_argument("--kind", choices=("rootfs", "docker"), default="rootfs",
-                   help="rootfs: an OCI bundle in the store; docker: also a Docker image of the row's image name")
+    p.add_argument("--kind", choices=("rootfs", "docker", "sif"), default="rootfs",
+                   help="rootfs: an OCI bundle in the store; docker: also a Docker image of the row's image name; "
+                   "sif: also <store>/<name>.sif (Apptainer)")
     p.add_argument("--base", metavar="ROOTFS_DIR", help="base root filesystem (default: scripts/build_rootfs.sh's)")
     p.add_argument("--base-image", metavar="TAG", default="polar-test/py:bookworm",
                    help="docker kind: the Docker import of --base to build FROM")

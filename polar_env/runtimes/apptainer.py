@@ -40,14 +40,16 @@ install in ``/usr`` or ``/opt``). Rootless callers run as themselves.
 ``--home <dir>:/root`` replaces ``--no-home``: the user's real home is still not mounted, and HOME
 points at a private per-episode directory like in the other runtimes (Apptainer refuses to set HOME
 through ``APPTAINERENV_HOME``). ``IMAGE`` is a ``.sif``, a sandbox directory (a plain rootfs, an OCI
-bundle's ``rootfs/`` or an image name found in the local store, ``bundle.py``) or a ``docker://`` URI
-(e.g. ``docker://`` + ``polar_env.tasks.images.swegym_image(...)``; with the uid drop, pull it once
-to a ``.sif`` — ``apptainer pull`` — since that uid has no writable Apptainer cache). The environment is passed as ``APPTAINERENV_<K>``
+bundle's ``rootfs/`` or an image name found in the local store, ``bundle.py``) or a URI such as
+``docker://`` + ``polar_env.tasks.images.swegym_image(...)`` or ``docker-archive://SAVE.tar``, which
+prepare converts once into the store as a sandbox folder and then runs as a store image
+(``apptainer_images.py``: the dropped uid has no writable Apptainer cache to pull into per exec).
+The environment is passed as ``APPTAINERENV_<K>``
 variables (``--cleanenv`` keeps those and drops the rest of the host's), so values never appear in
 argv; a bundle's ``process.env`` goes first, then ``spec.env``; PATH is the image's unless
 ``spec.env`` sets it (a SIF's is read at prepare, for ``path``). Without ``source_dir`` the workspace
-starts as the image's workdir: copied from a folder image, or tarred out through a SIF or
-``docker://`` image (the workspace not bound) and extracted with tarfile's checks. The relay is per exec (launch mode, like the
+starts as the image's workdir: copied from a folder image, or tarred out through a SIF (the
+workspace not bound) and extracted with tarfile's checks. The relay is per exec (launch mode, like the
 sandbox): with ``--network none`` every exec has its own network namespace; ``relay.py`` brings ``lo``
 up if Apptainer left it down.
 
@@ -81,6 +83,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from polar_env.errors import ConfigError
+from polar_env.runtimes.apptainer_images import Converted, ensure_sandbox
 from polar_env.runtimes.argv import GATEWAY_SOCKET, RELAY_PATH, RELAY_SOURCE
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.runtimes.bundle import ImageDir
@@ -182,6 +185,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         self._image: ImageDir | None = None  # a folder image (rootfs or bundle), read at prepare
         self._run_image = spec.image or ""  # what apptainer runs: a URI, a SIF, or the folder's rootfs
         self._probed_path: str | None = None
+        self._converted: Converted | None = None  # a URI image's sandbox folder in the store
 
     def _check(self) -> None:
         found = find_apptainer(self._binary_hint)
@@ -198,6 +202,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         image = self.spec.image
         if not image:
             raise ConfigError("the apptainer runtime needs spec.image (.sif, sandbox directory or docker:// URI)")
+        image = str(self._converted.path) if self._converted is not None else image
         if not image.startswith(URI_SCHEMES) and not Path(image).is_file():
             self._image = local_image(image, "apptainer")  # a folder: its rootfs is the sandbox directory
             self._run_image = str(self._image.rootfs)
@@ -275,6 +280,8 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         if self._cgroup_flags and report:
             for key, flag in (("memory_mb", "--memory"), ("pids_limit", "--pids-limit")):
                 report["mechanisms"][key] = f"apptainer {flag} (cgroups) + {report['mechanisms'][key]}"
+        if self._converted is not None:
+            report["image"] = self._converted.report()
         return report
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -283,6 +290,10 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         return apptainer_env(os.environ, env)
 
     async def prepare(self) -> None:
+        if self.spec.image and self.spec.image.startswith(URI_SCHEMES) and self._root is None:
+            self._check()  # the binary first: it converts the URI
+            assert self._binary is not None
+            self._converted = await ensure_sandbox(self.spec.image, self._binary)
         await super().prepare()
         if "PATH" not in self.spec.env and not (self._image and "PATH" in self._image.env):
             start = time.monotonic()  # a SIF's or docker:// image's PATH is set by its own env scripts
@@ -292,7 +303,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
             self.timings.prepare_s += time.monotonic() - start
 
     async def _export_workdir(self) -> bool:
-        """A SIF or ``docker://`` image has no host folder to copy its workdir from: ``tar`` it out
+        """A SIF has no host folder to copy its workdir from: ``tar`` it out
         through the image (the workspace not bound over it) into the workspace, member by member
         with tarfile's checks (``imagestore.extract_stream``)."""
         if self._image is not None or self.spec.image is None:

@@ -2,7 +2,8 @@
 lines, as ``shared/swe-real/build_env.sh`` runs them), for sites that reach no registry (HPC, air-gapped
 clusters). The image is named as the row's own image (``SweTask.image``), so published rows run
 unchanged: ``rootfs`` kind writes an OCI runtime bundle into the local store, ``docker`` kind builds
-a Docker image of that name from the same bundle on top of the imported base rootfs.
+a Docker image of that name from the same bundle on top of the imported base rootfs, ``sif`` kind
+packs the bundle into ``<store>/<name>.sif`` for Apptainer (``image_sif.py``).
 
 The base rootfs is copied with hardlinks (the build only adds files) into a temp folder beside the
 target, the build runs inside it under bubblewrap, and the finished folder is renamed onto the name,
@@ -33,12 +34,14 @@ from typing import Any, Literal
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes.bundle import CONFIG, ROOTFS, read_image_dir, store_name, write_bundle_config
+from polar_env.tasks.image_sif import build_sif, require_apptainer, write_env_script
 from polar_env.tasks.swe import SweTask
 
 BUILDER_VERSION = "1"  # part of every stamp: a changed recipe rebuilds
 UV_VERSION = "0.13.9"  # build_env.sh's
 VENV = "/opt/venv"
 TESTBED = "/testbed"
+BUILD_WRITES = (TESTBED, VENV)  # all a build may write in the image (the rest is the shared base)
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IMAGE_ENV = {"PATH": IMAGE_PATH, "VIRTUAL_ENV": VENV, "LANG": "C.UTF-8"}
 # build_env.sh's author and message, so a repo built here has the same commit id as one it builds
@@ -52,7 +55,7 @@ MAKE_BASE = "make it with scripts/build_rootfs.sh (debootstrap, as root)"
 # where the host's uv, its cache and the CA bundle appear inside the sandbox (/tmp is a tmpfs there)
 UV_IN, CACHE_IN, CA_IN = "/tmp/.polar-uv", "/tmp/.polar-uv-cache", "/tmp/.polar-ca.crt"
 
-Kind = Literal["rootfs", "docker"]
+Kind = Literal["rootfs", "docker", "sif"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class BuildResult:
     stages: dict[str, float] = field(default_factory=dict)
     unique_bytes: int | None = None  # bytes of the bundle not shared with the base (hardlinks)
     layer_bytes: int | None = None  # docker: the size the image adds to the base image
+    sif_bytes: int | None = None  # sif: the size of <store>/<name>.sif
     commit: str = ""
     pytest: str = ""
     log: Path | None = None
@@ -106,15 +110,16 @@ class BuildResult:
             return f"{self.instance_id}: {self.image} up to date ({self.kind}, {self.bundle})"
         stages = " ".join(f"{k} {v:.1f}s" for k, v in self.stages.items())
         disk = ", ".join([f"{_mb(self.unique_bytes)} own" if self.unique_bytes is not None else "bundle current",
-                          *([f"docker layer {_mb(self.layer_bytes)}"] if self.layer_bytes is not None else [])])
+                          *([f"docker layer {_mb(self.layer_bytes)}"] if self.layer_bytes is not None else []),
+                          *([f"sif {_mb(self.sif_bytes)}"] if self.sif_bytes is not None else [])])
         return f"{self.instance_id}: built {self.image} ({self.kind}) in {sum(self.stages.values()):.1f}s [{stages}]; {disk}; " \
                f"{self.pytest}, commit {self.commit[:12]}"
 
     def to_json(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "image": self.image, "kind": self.kind, "bundle": str(self.bundle),
                 "skipped": self.skipped, "stages_s": {k: round(v, 2) for k, v in self.stages.items()},
-                "unique_bytes": self.unique_bytes, "layer_bytes": self.layer_bytes, "commit": self.commit,
-                "pytest": self.pytest, "log": str(self.log) if self.log else None}
+                "unique_bytes": self.unique_bytes, "layer_bytes": self.layer_bytes, "sif_bytes": self.sif_bytes,
+                "commit": self.commit, "pytest": self.pytest, "log": str(self.log) if self.log else None}
 
 
 def _mb(n: int | None) -> str:
@@ -228,9 +233,16 @@ def bundle_stamp(bundle: Path) -> str | None:
 def bwrap_argv(rootfs: Path, argv: list[str], *, env: Mapping[str, str], cwd: str = "/", writable: bool = False,
                binds: Sequence[tuple[str, Path, str]] = ()) -> list[str]:
     """``argv`` inside ``rootfs`` as ``/`` under bubblewrap, host network, a clean environment;
-    ``binds``: (``--bind``/``--ro-bind``, host path, path inside)."""
-    cmd = ["bwrap", "--bind" if writable else "--ro-bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc",
+    ``binds``: (``--bind``/``--ro-bind``, host path, path inside). The rootfs is read-only even when
+    ``writable``: then only ``/testbed`` and the venv are (``BUILD_WRITES``) and HOME is a tmpfs, so
+    an install line cannot write through a hardlink into the base rootfs every image shares."""
+    cmd = ["bwrap", "--ro-bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc",
            "--tmpfs", "/tmp", "--share-net", "--die-with-parent", "--clearenv"]
+    if writable:
+        for inside in BUILD_WRITES:
+            (rootfs / inside.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            cmd += ["--bind", str(rootfs / inside.lstrip("/")), inside]
+        cmd += ["--tmpfs", "/root"]
     if os.path.isfile("/etc/resolv.conf") and os.path.lexists(rootfs / "etc" / "resolv.conf"):
         cmd += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
     for how, host, inside in binds:
@@ -251,6 +263,8 @@ class Builder:
         self.uv = ensure_uv(opts)
         if opts.kind == "docker":
             check_base_image(opts.base_image, self.base_stamp, opts.base)
+        if opts.kind == "sif":
+            require_apptainer()
 
     def plan(self, task: SweTask) -> tuple[str, dict[str, Any], RepoSource, str]:
         """(image name, recipe, repo source, stamp), or one line saying why the row cannot be built."""
@@ -278,6 +292,12 @@ class Builder:
                 self._build_bundle(task, setup, repo, stamp, target, result)
             if self.opts.kind == "docker":
                 docker_build(target, image, stamp, task.instance_id, self.opts.base_image, result)
+            if self.opts.kind == "sif":
+                sif = build_sif(target, target.with_name(f"{name}.sif"), {STAMP_KEY: stamp, "polar_env.image.instance":
+                                task.instance_id, SOURCE_LABEL: "environment_setup"}, STAMP_KEY, result.log)
+                result.sif_bytes, result.skipped = sif.bytes, result.skipped and sif.seconds is None
+                if sif.seconds is not None:
+                    result.stages["sif"] = sif.seconds
             return result
 
     def _build_bundle(self, task: SweTask, setup: Mapping[str, Any], repo: RepoSource, stamp: str, target: Path,
@@ -306,6 +326,7 @@ class Builder:
                 self._run(rootfs, ["bash", "-c", script], env, "install line", result.log, cwd=TESTBED)
             with _stage(result, "verify"):
                 result.pytest = self._verify(task, setup, rootfs, result.log)
+            write_env_script(rootfs, IMAGE_ENV)  # what Apptainer sources: a SIF or sandbox built from rootfs/ keeps the env
             write_bundle_config(tmp, env=IMAGE_ENV, cwd=TESTBED, annotations={
                 "polar_env.image.instance": task.instance_id, SOURCE_LABEL: "environment_setup",
                 "polar_env.image.built_at": datetime.now(UTC).replace(microsecond=0).isoformat(),

@@ -150,6 +150,20 @@ def test_a_failing_install_line_is_one_line_with_its_last_output_and_log(built: 
     assert [p.name for p in store.iterdir() if ".building-" in p.name] == []
 
 
+def test_an_install_line_cannot_write_into_the_shared_base(built: tuple[Builder, BuildResult]) -> None:
+    """The image's rootfs is hardlinked from the base: an install line that appends to a system file
+    in place would change the base every image shares. Only /testbed and the venv are writable."""
+    builder, _ = built
+    target = builder.opts.base / "etc" / "debian_version"
+    before = target.read_bytes()
+    row = json.loads(next(ln for ln in _rows().read_text().splitlines() if ROW in ln))
+    row["environment_setup"]["install"] = ["echo forged >> /etc/debian_version"]
+    row["image_name"] = "local/base-writer:1"
+    with pytest.raises(ConfigError, match="install line failed"):
+        builder.build(SweTask.from_row(row))
+    assert target.read_bytes() == before
+
+
 def _cli_rows(tmp_path: Path, **change: Any) -> Path:
     row = json.loads(next(ln for ln in _rows().read_text().splitlines() if ROW in ln))
     row.update(change)
