@@ -277,8 +277,9 @@ def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto",
 
 
 def _check_apptainer(image: str | None, images: Sequence[str] = ()) -> None:
-    """The binary exists and, for a local image (a pull of a ``docker://`` URI is not preflight's
-    to start), ``true`` runs in it the way a session's exec will."""
+    """The binary exists and, for a local image, ``true`` runs in it the way a session's exec will; a
+    URI image (``docker://``, ``docker-archive://``, ...) is converted into the store on first use by
+    the first session's prepare (``runtimes/apptainer_images.py``), not here: preflight stays quick."""
     from polar_env.runtimes.apptainer import APPTAINER_INSTALL, find_apptainer, probe
     from polar_env.runtimes.imagestore import URI_SCHEMES, missing_local
 
