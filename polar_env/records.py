@@ -53,10 +53,12 @@ class FailureKind(enum.StrEnum):
     """Why a session did not yield a clean, evaluated result: a small fixed set a trainer can group and
     mask by (the free text goes in ``failure_detail``)."""
 
-    AGENT_TIMEOUT = "agent_timeout"  # the harness ran past the task's timeout_s
+    AGENT_TIMEOUT = "agent_timeout"  # the harness ran past the task's timeout_s of its own time (engine time not counted)
     HARNESS_ERROR = "harness_error"  # the harness exited non-zero or could not be launched
     INIT_ERROR = "init_error"  # the runtime or the harness install failed (or timed out) before RUNNING
     ENGINE_ERROR = "engine_error"  # the engine failed or was unreachable (the gateway answered errors)
+    ENGINE_BOUND_TIMEOUT = "engine_bound_timeout"  # the wall ceiling passed while the engine held the calls
+    NO_MODEL_CALLS = "no_model_calls"  # the harness ended without one captured call: it never reached the gateway
     LIMIT_EXCEEDED = "limit_exceeded"  # a RuntimeSpec limit (pids, memory, disk, output, patch) was hit
     EVALUATOR_ERROR = "evaluator_error"  # grading itself failed (not a wrong fix: that is reward 0)
     EVALUATION_TIMEOUT = "evaluation_timeout"  # grading ran past its timeout (the agent's change can hang the tests)
@@ -68,8 +70,9 @@ class FailureKind(enum.StrEnum):
 
 
 MASKED_KINDS = frozenset({
-    FailureKind.INIT_ERROR, FailureKind.ENGINE_ERROR, FailureKind.EVALUATOR_ERROR, FailureKind.BUILD_ERROR,
-    FailureKind.CANCELLED, FailureKind.INTERRUPTED, FailureKind.NODE_LOST,
+    FailureKind.INIT_ERROR, FailureKind.ENGINE_ERROR, FailureKind.ENGINE_BOUND_TIMEOUT, FailureKind.NO_MODEL_CALLS,
+    FailureKind.EVALUATOR_ERROR, FailureKind.BUILD_ERROR, FailureKind.CANCELLED, FailureKind.INTERRUPTED,
+    FailureKind.NODE_LOST,
 })
 """Failures that say nothing about the policy: the environment failed or the run was not finished."""
 

@@ -2,7 +2,8 @@
 
 INIT registers the gateway session (its metadata journaled with it), installs the harness if the
 cache lacks it and prepares the runtime, under ``init_timeout_s``. RUNNING runs the harness under
-the agent budget ``timeout_s`` while the evaluator's fresh runtime is pre-warmed. POSTRUN always
+the agent budget ``timeout_s`` — its own time: seconds its calls spent in the engine extend the
+deadline (``_within_budget``) — while the evaluator's fresh runtime is pre-warmed. POSTRUN always
 runs — after success, timeout, crash or cancellation — so whatever was captured becomes a
 trajectory with an explicit status: it builds with the session's builder (in a worker process),
 evaluates (only a session whose agent finished; one that grades in a fresh runtime in an
@@ -19,6 +20,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,6 +54,9 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EVAL_TIMEOUT_S = 600.0  # the whole evaluation, for an evaluator that states no timeout of its own
 EVAL_MARGIN_S = 300.0  # beyond an evaluator's own script timeout: its fresh runtime, the change set, grading
 WORKER_GRACE_S = 120.0  # beyond the evaluation's own timeout, before a silent worker is given up on
+ENGINE_WAIT_FACTOR = 3.0  # engine time may stretch RUNNING's wall clock to timeout_s × (1 + this), no further
+BUDGET_POLL_S = 0.02  # the budget's re-check while a call is in the engine (the deadline moves with it)
+OUTPUT_TAIL = 300  # characters of a harness's output kept in a failure's detail
 
 
 @dataclass(slots=True)
@@ -69,7 +74,10 @@ class Run:
     prewarm_task: asyncio.Task[Any] | None = None
     offload: EvalJob | None = None  # the evaluation runs in an evaluation worker process
     exit_code: int | None = None
+    output_tail: str = ""  # the harness's last output, for a failure's detail
     final_answer: str | None = None
+    engine_s: float = 0.0  # RUNNING's seconds with one of the session's calls in the engine (not charged)
+    running_at: float = 0.0  # time.monotonic() when the harness started
 
     def fail(self, status: SessionStatus, kind: FailureKind, detail: str) -> None:
         """End the run as ``status`` for ``kind``; a later failure replaces an earlier one (a limit
@@ -183,6 +191,8 @@ class NodeServices(Protocol):
 
     async def prepare_runtime(self, session: SessionSpec) -> Runtime: ...
 
+    def engine_clock(self, session_id: str) -> Callable[[], float]: ...
+
 
 class SessionRunner:
     """Takes each session of one node through its stages (the module docstring). It owns the
@@ -258,10 +268,7 @@ class SessionRunner:
                             else prewarm(req.evaluator.name, run.eval_ctx))
                     run.prewarm_task = asyncio.create_task(warm)
                 try:
-                    async with asyncio.timeout(req.timeout_s):
-                        await self._run_agent(run)
-                except TimeoutError:
-                    run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
+                    await self._within_budget(run)
                 except Exception as exc:  # noqa: BLE001 - a crashed harness launch is an ERROR result
                     run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"harness failed: {_one_line(exc)}")
                 finally:
@@ -271,7 +278,45 @@ class SessionRunner:
             if holds_place:
                 pools.prepared.release()
 
-    async def _run_agent(self, run: Run) -> None:
+    async def _within_budget(self, run: Run) -> None:
+        """The harness under the agent's budget, charging it only its own time (its commands, the
+        harness): the seconds its calls spent queued, prefilled or decoded in the engine move the
+        deadline, so a loaded engine never times the policy out. The wall clock stops at
+        ``timeout_s × (1 + ENGINE_WAIT_FACTOR)`` all the same: the engine, not the agent, ran the time
+        out there (``engine_bound_timeout``, masked). A harness's own exception propagates."""
+        budget = run.spec.request.timeout_s
+        ceiling = budget * (1 + ENGINE_WAIT_FACTOR)
+        engine_s = self.node.engine_clock(run.spec.session_id)
+        started = run.running_at = time.monotonic()
+        agent = asyncio.ensure_future(self._run_agent(run, ceiling))
+        wall = 0.0
+        try:
+            while not agent.done():
+                wall = time.monotonic() - started
+                left = min(budget - (wall - engine_s()), ceiling - wall)
+                if left <= 0:
+                    break
+                await asyncio.wait({agent}, timeout=max(left, BUDGET_POLL_S))
+        finally:
+            run.engine_s = engine_s()
+            out_of_time = not agent.done()
+            if out_of_time:
+                agent.cancel()
+                await asyncio.gather(agent, return_exceptions=True)
+        if not out_of_time:
+            agent.result()
+            return
+        own = wall - run.engine_s
+        waited = f"{run.engine_s:.1f} s of its {wall:.1f} s in the engine"
+        if own < budget:
+            run.fail(SessionStatus.TIMEOUT, FailureKind.ENGINE_BOUND_TIMEOUT,
+                     f"the wall ceiling of {ceiling:g} s passed with the agent's own time at {own:.1f} s of its "
+                     f"{budget:g} s budget: the session spent {waited}")
+        else:
+            run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT,
+                     f"agent exceeded {budget:g} s of its own time (not counted: {waited})")
+
+    async def _run_agent(self, run: Run, wall_s: float) -> None:
         req = run.spec.request
         session = self.node.session(run.spec.session_id)
         assert run.runtime is not None and session.key is not None  # INIT opened both
@@ -280,21 +325,22 @@ class SessionRunner:
                 run.runtime, socket=self.node.socket, base_url="http://gateway", key=session.key, model=self.node.model,
                 prompt=req.instruction, settings=loop.LoopSettings.from_dict(req.agent.settings))
             run.exit_code, run.final_answer = outcome.exit_code, outcome.final_answer
+            run.output_tail = outcome.output[-OUTPUT_TAIL:]
             if outcome.exit_code == 1:
-                run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"loop agent stopped: {outcome.output[-300:]}")
+                run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR, f"loop agent stopped: {run.output_tail}")
             return
         from polar_env.harnesses.launch import run_harness
 
         harness = self.node.harness(req.agent.harness)
         result = await run_harness(run.runtime, harness, key=session.key, model=self.node.model, prompt=req.instruction,
-                                   api=req.agent.api, env=req.agent.env, timeout_s=req.timeout_s + 5,
+                                   api=req.agent.api, env=req.agent.env, timeout_s=wall_s + 5,
                                    cache_dir=self.node.harness_cache)
-        run.exit_code = result.exit_code
+        run.exit_code, run.output_tail = result.exit_code, result.output.strip()[-OUTPUT_TAIL:]
         if result.timed_out:
-            run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {req.timeout_s} s")
+            run.fail(SessionStatus.TIMEOUT, FailureKind.AGENT_TIMEOUT, f"agent exceeded {wall_s:g} s of wall time")
         elif result.exit_code != 0:
             run.fail(SessionStatus.ERROR, FailureKind.HARNESS_ERROR,
-                     f"harness {harness.name} exited with code {result.exit_code}: {result.output.strip()[-300:]}")
+                     f"harness {harness.name} exited with code {result.exit_code}: {run.output_tail}")
 
     def _explain_failure(self, run: Run) -> None:
         """At the end of RUNNING: a limit the runtime enforced explains whatever else happened; a harness
@@ -303,14 +349,49 @@ class SessionRunner:
         if hit is not None:
             run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
             return
-        if run.failure_kind in (FailureKind.HARNESS_ERROR, FailureKind.AGENT_TIMEOUT):
-            try:
-                errors = int(self.node.session(run.spec.session_id).errors)  # engine errors (and aborts) it was answered
-            except PolarError:  # not registered (cannot happen after INIT): nothing to explain
-                errors = 0
+        if run.failure_kind in (FailureKind.HARNESS_ERROR, FailureKind.AGENT_TIMEOUT, FailureKind.ENGINE_BOUND_TIMEOUT):
+            errors = self._engine_errors(run)
             if errors:
                 run.fail(SessionStatus.ERROR, FailureKind.ENGINE_ERROR,
                          f"the gateway answered {errors} engine call(s) with an error; then {run.failure_detail}")
+
+    def _gateway_session(self, run: Run) -> Session | None:
+        try:
+            return self.node.session(run.spec.session_id)
+        except PolarError:  # not registered (cannot happen after INIT): nothing to explain
+            return None
+
+    def _engine_errors(self, run: Run) -> int:
+        session = self._gateway_session(run)
+        return int(session.errors) if session is not None else 0  # engine errors (and aborts) it was answered
+
+    def _explain_no_calls(self, run: Run) -> None:
+        """A harness that ran and ended (completed, timed out, failed) with no call captured never
+        reached the gateway: its base URL or key config misses it, or it died before its first call.
+        That run is not the policy's: typed ``no_model_calls`` (masked, not graded), never a silent
+        completion. INIT failures, cancellations, limits and engine-bound timeouts keep their kinds."""
+        if Stage.RUNNING.value not in run.stage_times or run.failure_kind not in (
+                None, FailureKind.AGENT_TIMEOUT, FailureKind.HARNESS_ERROR):
+            return
+        status = SessionStatus.ERROR if run.status is SessionStatus.COMPLETED else run.status
+        ended = f"; it ended: {run.failure_detail}" if run.failure_detail else ""
+        errors = self._engine_errors(run)
+        if errors:  # it did reach the gateway, which answered only errors
+            run.fail(status, FailureKind.ENGINE_ERROR,
+                     f"the gateway answered {errors} engine call(s) with an error and captured none{ended}")
+            return
+        harness = run.spec.request.agent.harness
+        session = self._gateway_session(run)
+        if session is not None and session.last_used >= run.running_at:  # a request of its key was resolved
+            why = ("reached the gateway with its key, but no request became a call (refused before the engine: "
+                   "see the gateway's log)")
+        else:
+            why = ("never reached the gateway (its base URL / API key config does not point at it) or failed "
+                   "before its first call")
+        output = run.output_tail.strip()
+        run.fail(status, FailureKind.NO_MODEL_CALLS,
+                 f"no model call was captured: harness {harness} {why}; exit code {run.exit_code}{ended}; "
+                 f"output tail: {output[-OUTPUT_TAIL:] if output else '(none)'}")
 
     async def _evaluate(self, run: Run, evaluator: EvaluatorSpec) -> EvalResult:
         """In the evaluation worker when the run has a job there, else (or when the worker cannot
@@ -347,6 +428,8 @@ class SessionRunner:
             built = await self.node.postrun.build(self.node.store.root, spec.session_id, req.builder)
             if built.error is not None:
                 run.fail(SessionStatus.ERROR, FailureKind.BUILD_ERROR, built.error)
+            elif built.records == 0:
+                self._explain_no_calls(run)  # before grading: such a session is not evaluated
             if run.final_answer is None and built.records:
                 run.final_answer = built.final_answer
             reward, evaluation = 0.0, {}
@@ -387,7 +470,7 @@ class SessionRunner:
                 "status": run.status.value, "reward": reward, "evaluation": evaluation,
                 "limits": limits() if limits is not None else {},
                 "weight_versions": weight_versions,
-                "stage_times": run.stage_times, "harness_exit_code": run.exit_code,
+                "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "engine_s": round(run.engine_s, 3),
                 "failure_kind": run.failure_kind.value if run.failure_kind is not None else None,
                 "failure_detail": run.failure_detail}
 

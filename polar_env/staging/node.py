@@ -16,6 +16,8 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,9 +75,20 @@ class NodeConfig(BaseModel):
         return GatewayConfig(engine_model=engine_model, sampling=sampling, template=self.engine.resolved_template())
 
 
+@dataclass(slots=True)
+class EngineClock:
+    """One session's engine time: seconds done, and the calls in flight since ``since``."""
+
+    done_s: float = 0.0
+    in_flight: int = 0
+    since: float = 0.0
+
+
 class MeteredEngine:
     """Wraps the node's engine client to measure how busy it is: seconds with at least one call in
-    flight (the engine-busy fraction in the report), calls and sampled tokens."""
+    flight (the engine-busy fraction in the report), calls and sampled tokens; and, per tracked
+    session, the seconds its calls spent in the engine (``engine_seconds``), which RUNNING does not
+    charge to the agent's budget (lifecycle.py). The gateway names the session in ``extra_body``."""
 
     def __init__(self, inner: EngineClient) -> None:
         self.inner = inner
@@ -88,6 +101,7 @@ class MeteredEngine:
         self.in_flight_area = 0.0  # ∫ in-flight calls dt: divided by capacity × time, the slot utilization
         self._busy_since = 0.0
         self._last = time.monotonic()
+        self._sessions: dict[str, EngineClock] = {}  # tracked sessions' engine time
 
     def _integrate(self) -> None:
         now = time.monotonic()
@@ -99,6 +113,11 @@ class MeteredEngine:
         if self.in_flight == 0:
             self._busy_since = time.monotonic()
         self.in_flight += 1
+        clock = self._sessions.get(str(request.extra_body.get("session_id")))
+        if clock is not None:
+            if clock.in_flight == 0:
+                clock.since = time.monotonic()
+            clock.in_flight += 1
         try:
             generation = await self.inner.generate(request)
         except BaseException:
@@ -109,9 +128,28 @@ class MeteredEngine:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.busy_s += time.monotonic() - self._busy_since
+            if clock is not None:
+                clock.in_flight -= 1
+                if clock.in_flight == 0:  # concurrent calls of one session count once
+                    clock.done_s += time.monotonic() - clock.since
         self.calls += 1
         self.sampled_tokens += len(generation.response_ids)
         return generation
+
+    def track(self, session_id: str) -> None:
+        """Start the engine clock of ``session_id`` (only tracked sessions are clocked: bounded memory)."""
+        self._sessions.setdefault(session_id, EngineClock())
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def engine_seconds(self, session_id: str) -> float:
+        """Wall seconds with at least one of the session's calls inside the engine (queued, prefilled,
+        decoded), up to now; 0.0 for a session not tracked."""
+        clock = self._sessions.get(session_id)
+        if clock is None:
+            return 0.0
+        return clock.done_s + (time.monotonic() - clock.since if clock.in_flight else 0.0)
 
     def slot_seconds(self) -> float:
         self._integrate()
@@ -297,10 +335,20 @@ class GatewayNode:
         return self._gateway().sessions.get(session_id)
 
     def close_session(self, session_id: str) -> None:
+        if self.meter is not None:
+            self.meter.forget(session_id)
         try:
             self._gateway().close_session(session_id)
         except Exception:  # noqa: BLE001 - never opened (INIT failed early) or already closed
             pass
+
+    def engine_clock(self, session_id: str) -> Callable[[], float]:
+        """The session's engine seconds so far (``MeteredEngine.engine_seconds``), from now on clocked."""
+        meter = self.meter
+        if meter is None:
+            return lambda: 0.0
+        meter.track(session_id)
+        return lambda: meter.engine_seconds(session_id)
 
     def harness(self, name: str) -> HarnessSpec:
         if name not in self._harnesses:

@@ -153,10 +153,26 @@ def figures_table(report: dict[str, Any]) -> Table:
                         ("RUNNING occupancy", _pct(report.get("running_occupancy"))),
                         ("engine calls", str(report.get("engine_calls", 0))),
                         ("sampled tokens", str(report.get("sampled_tokens", 0))),
-                        ("traces per-request → merged", f"{report['per_request_traces']} → {report['merged_traces']}"),
-                        ("drift boundaries", str(report["drift_boundaries"]))):
+                        traces_figure(report),
+                        ("drift boundaries", str(report["drift_boundaries"])),
+                        ("failure kinds", failure_kinds_text(report.get("failure_kinds") or {})),
+                        ("masked", str(report.get("masked", 0)))):
         table.add_row(name, value)
     return table
+
+
+def failure_kinds_text(kinds: dict[str, int]) -> str:
+    """``failure_kinds`` counted, most first: a class of failure (no_model_calls) is never silent."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+
+def traces_figure(report: dict[str, Any]) -> tuple[str, str]:
+    """Per-request vs built trace counts; under ``per_request`` nothing is merged, so the built
+    count is not shown as a merged one that repeats the per-request count."""
+    builder = ((report.get("config") or {}).get("env") or {}).get("builder")
+    if builder == "per_request":
+        return "traces (per_request: one per call)", str(report["merged_traces"])
+    return "traces per-request → merged", f"{report['per_request_traces']} → {report['merged_traces']}"
 
 
 def eval_tables(report: dict[str, Any]) -> list[Table]:
@@ -258,6 +274,14 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
         dead = ", ".join(s["node_id"] for s in report.get("nodes", []) if "dead" in s) or "a node"
         steps.append(f"{lost} session(s) were lost with {dead} (masked, with the calls it had journaled): "
                      f"the same command with --resume {out} runs them again")
+    kinds = report.get("failure_kinds", {})
+    if kinds.get("no_model_calls"):
+        steps.append(f"{kinds['no_model_calls']} session(s) ended with no model call captured (masked): their harness "
+                     "never reached the gateway; check the preset's base URL / API key config (failure_detail has its "
+                     "exit code and output)")
+    if kinds.get("engine_bound_timeout"):
+        steps.append(f"{kinds['engine_bound_timeout']} session(s) ran out of wall time waiting on the engine (masked): "
+                     "the engine is overloaded for this many RUNNING sessions; lower --max-running or add engine capacity")
     if statuses.get("error") or statuses.get("timeout"):
         steps.append(f"{statuses.get('error', 0)} error / {statuses.get('timeout', 0)} timeout session(s): the "
                      "reason column says why; sessions.jsonl has each one's failure_kind, failure_detail and stage times")

@@ -51,11 +51,11 @@ async def run_one(node: FakeRuntimeNode, **task: Any) -> SessionResult:
     return r
 
 
-async def test_a_timeout_before_any_model_call_is_one_masked_agent_timeout_row(node_config) -> None:  # type: ignore[no-untyped-def]
-    node = await started(FakeRuntimeNode(node_config(latency_s=5.0)))  # the first call outlasts the budget
+async def test_a_timeout_before_any_model_call_is_one_masked_engine_bound_timeout_row(node_config) -> None:  # type: ignore[no-untyped-def]
+    node = await started(FakeRuntimeNode(node_config(latency_s=5.0)))  # the first call outlasts the wall ceiling
     r = await run_one(node, timeout_s=0.3)
     assert r.status is SessionStatus.TIMEOUT and r.records == 0
-    traj = check_row(r, FailureKind.AGENT_TIMEOUT, masked=True, traces=False)  # nothing sampled: nothing to train
+    traj = check_row(r, FailureKind.ENGINE_BOUND_TIMEOUT, masked=True, traces=False)  # the engine's doing, not the policy's
     again = rebuilt(node)[r.session_id]  # polar-env build of the store gives the same row
     assert again.model_dump(exclude={"metadata"}) == traj.model_dump(exclude={"metadata"})
 
