@@ -17,11 +17,18 @@ Launch the server (Qwen3.5) with::
 
 Non-streaming on purpose: streaming with a tool parser has returned wrong ids for control tokens.
 ``return_token_ids`` needs vLLM >= 0.10.2; token-in (``kv_transfer_params.prompt_token_ids``) needs
-vLLM >= 0.32.
+vLLM >= 0.32. Older servers ignore that field, so the client reads the served version
+(``GET /version``) once, before its first token-in call: below 0.32 (NeMo RL pins 0.25.1) a
+token-in request goes out as messages (the canonical render), with one warning per client; the
+trajectory then measures the drift from the ids the server echoes. A server without ``/version``
+(not vLLM's) gets token-in, and the echo check below refuses it if the ids were ignored.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
 import secrets
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -32,13 +39,31 @@ import orjson
 from pydantic import ValidationError
 
 from polar_env.engines.base import new_session, request_json
-from polar_env.errors import EngineProtocolError
+from polar_env.errors import EngineHTTPError, EngineProtocolError
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
 from polar_env.stagecpu import stage, timed
 from polar_env.tokenids import ids_json
 
+log = logging.getLogger(__name__)
+
 # Keys this client owns; a caller's extra_body must not switch token capture off or stream.
 _FORCED = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True, "stream": False}
+TOKEN_IN_MIN = (0, 32)  # the first vLLM that reads kv_transfer_params.prompt_token_ids
+_VERSION_TIMEOUT_S = 30.0  # GET /version answers at once on a live server
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """The numeric release of a version string ("0.25.1" -> (0, 25, 1); "0.32.0rc1.dev5+g1a2b" ->
+    (0, 32, 0)), or None when it has none."""
+    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    return tuple(int(part) for part in found.groups() if part is not None) if found else None
+
+
+def reads_token_in(version: str | None) -> bool:
+    """Whether a vLLM of ``version`` reads the token-in field; an unknown version (no ``/version``:
+    not vLLM's server) is given the benefit of the doubt, since ``parse`` refuses ignored ids."""
+    parsed = None if version is None else release(version)
+    return parsed is None or parsed[:2] >= TOKEN_IN_MIN
 
 
 class VLLMClient:
@@ -63,10 +88,42 @@ class VLLMClient:
         self.extra_body = dict(extra_body or {})
         self._session = session
         self._owns_session = session is None
+        self.served_version: str | None = None  # the server's GET /version, read before the first token-in call
+        self.token_in: bool | None = None  # None: not probed yet
+        self.canonical_fallbacks = 0  # token-in calls sent as messages because the server predates token-in
+        self._probe_lock = asyncio.Lock()
 
     @property
     def url(self) -> str:
         return f"{self.base_url}/v1/chat/completions"
+
+    async def supports_token_in(self) -> bool:
+        """Reads ``GET /version`` once per client (concurrent first calls wait for one probe). A
+        server that answers 404 or no version counts as supporting token-in (see the module doc);
+        an unreachable one raises the EngineError its chat call would have, and is asked again."""
+        if self.token_in is None:
+            async with self._probe_lock:
+                if self.token_in is None:
+                    self.token_in = await self._probe()
+        return self.token_in
+
+    async def _probe(self) -> bool:
+        url = f"{self.base_url}/version"
+        try:
+            data = await request_json(self._http(), url, engine=self.name, method="GET",
+                                      timeout_s=min(self.timeout_s, _VERSION_TIMEOUT_S))
+        except EngineHTTPError:
+            data = None  # no such route: not vLLM's own server
+        except EngineProtocolError:
+            data = None  # not JSON
+        version = data.get("version") if isinstance(data, dict) else None
+        self.served_version = version if isinstance(version, str) else None
+        supported = reads_token_in(self.served_version)
+        if not supported:
+            log.warning("vLLM %s at %s ignores token-in (kv_transfer_params.prompt_token_ids needs vLLM >= %s): "
+                        "continuation prompts go out as messages (canonical render); drift is measured per trajectory",
+                        self.served_version, self.base_url, ".".join(map(str, TOKEN_IN_MIN)))
+        return supported
 
     def _http(self) -> aiohttp.ClientSession:
         # Created lazily: aiohttp wants a running loop, and the ctor may run outside one.
@@ -108,6 +165,9 @@ class VLLMClient:
         return body
 
     async def generate(self, request: ChatRequest) -> Generation:
+        if request.prompt_ids is not None and not await self.supports_token_in():
+            self.canonical_fallbacks += 1
+            request = request.model_copy(update={"prompt_ids": None})  # the server renders the messages
         decode: Callable[[bytes], object] = _timed_decode
         with stage("engine_build"):
             fragment = None

@@ -35,6 +35,12 @@ the session's trainer sampling, so an evaluation call at ``--eval-temperature`` 
 value that contradicts the PolarEnv config's own ``sampling`` is refused (ConfigError), never
 silently replaced by either side.
 
+Failures: an exception inside ``generate`` becomes the placeholder (slime's rollout must go on), but
+it is logged with its traceback and named in the placeholder's ``metadata["polar"]["generate_error"]``;
+``--custom-rollout-log-function-path polar_env.integrations.slime.log_rollout`` (``polar-env slime-args``
+sets it) counts them in the rollout's metrics (``polar/generate_errors``), so a bug on that path
+shows on the dashboard instead of hiding as masked samples.
+
 ``--group-rm`` is refused at the first call (``check_slime_args``): the Polar evaluator already set
 every sample's reward, and slime's group RM would call the RM on polar's sample lists.
 
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import math
 import sys
 import uuid
@@ -61,6 +68,8 @@ from polar_env.integrations.delivery import choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.proxy.config import Sampling
 from polar_env.records import FailureKind, Trace, Trajectory
+
+log = logging.getLogger(__name__)
 
 POLAR_METADATA_KEY = "polar"
 """Key in ``Sample.metadata`` holding the session id, trace index, loss weight and evaluation."""
@@ -366,6 +375,32 @@ def slime_abort_flag() -> Callable[[], bool]:
     return aborted
 
 
+GENERATE_ERROR_KEY = "generate_error"
+"""``metadata["polar"]`` key of a placeholder that ``generate`` made from an exception (its repr)."""
+GENERATE_ERRORS_METRIC = "polar/generate_errors"
+
+
+def generate_errors(samples: Sequence[Any]) -> int:
+    """How many of a rollout's samples are placeholders for an exception in ``generate``."""
+    metas = ((getattr(s, "metadata", None) or {}).get(POLAR_METADATA_KEY) for s in samples)
+    return sum(1 for meta in metas if isinstance(meta, Mapping) and GENERATE_ERROR_KEY in meta)
+
+
+def log_rollout(rollout_id: int, args: Any, samples: Sequence[Any], rollout_extra_metrics: dict[str, Any] | None,
+                rollout_time: float) -> bool:
+    """``--custom-rollout-log-function-path``: adds ``polar/generate_errors`` to the rollout's
+    metrics and returns False, so slime's own logging then reports them with everything else
+    (``log_rollout_data`` copies ``rollout_extra_metrics`` after this hook). With no metrics dict
+    to add to (a custom rollout function that returns none) the count goes to this log."""
+    errors = generate_errors(samples)
+    if rollout_extra_metrics is not None:
+        rollout_extra_metrics[GENERATE_ERRORS_METRIC] = errors
+    if errors:
+        log.warning("rollout %s: %d of %d samples are placeholders for exceptions in polar's generate (logged above)",
+                    rollout_id, errors, len(samples))
+    return False
+
+
 def reset_for_rerun(base: Any, reason: str) -> Any:
     """The prompt sample as slime's buffer wants an aborted one: no response, status ABORTED."""
     out = copy.deepcopy(base)
@@ -394,6 +429,7 @@ class SlimeRollout:
         self.env = env
         self.aborted = aborted or slime_abort_flag()
         self.poll_s = poll_s
+        self.generate_errors = 0  # exceptions turned into placeholders (each one logged)
         self._lazy = LazyEnv(env)
 
     async def _ensure_started(self) -> None:
@@ -435,7 +471,11 @@ class SlimeRollout:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed session must not kill slime's rollout
+            # never silent: a bug here would otherwise look like a run of masked samples
+            self.generate_errors += 1
+            log.exception("polar generate failed for slime sample %s; it becomes a masked placeholder", sample.index)
             failed = failure_sample(sample, f"{type(exc).__name__}: {exc}")
+            failed.metadata[POLAR_METADATA_KEY][GENERATE_ERROR_KEY] = repr(exc)
             return failed if single else [failed]
         result = group.results[0] if group.results else None
         if result is None:

@@ -47,6 +47,7 @@ SGLANG_CONFIG_FILE = "sglang_config.yaml"
 EVAL_CONFIG_FILE = "eval_config.yaml"
 GENERATE_PATH = "polar_env.integrations.slime.generate"
 NORMALIZE_PATH = "polar_env.integrations.slime.grpo_normalize"
+LOG_PATH = "polar_env.integrations.slime.log_rollout"  # polar/generate_errors in the rollout's metrics
 
 
 class SlimeSource(BaseModel):
@@ -219,6 +220,8 @@ def render(recipe: Recipe, out_dir: Path) -> SlimeLaunch:
     if uses_polar and flags.get("custom-reward-post-process-path") is None and flags.get("n-samples-per-prompt", 1) != 1:
         raise ConfigError(f"set custom-reward-post-process-path: {NORMALIZE_PATH}: one rollout can yield several "
                           "samples, and slime's default normalisation then uses one group for the batch (slime#1414)")
+    if uses_polar:  # a recipe's own log function is kept (it then reports polar's errors itself)
+        flags.setdefault("custom-rollout-log-function-path", LOG_PATH)
     argv = render_flags(flags) + list(recipe.extra_args)
     return SlimeLaunch(flags=argv, files=files, script=_script(recipe, argv))
 

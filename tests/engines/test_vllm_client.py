@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from polar_env.engines.base import EngineClient
-from polar_env.engines.vllm import VLLMClient
+from polar_env.engines.vllm import VLLMClient, reads_token_in, release
 from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
 from polar_env.records import ChatRequest
 
@@ -38,6 +39,8 @@ class Upstream:
         self.replies: dict[str, tuple[int, bytes]] = {}
         self.hang_paths: set[str] = set()
         self.release = asyncio.Event()
+        self.version: str | None = None  # what GET /version answers ({"version": ...}); None: 404, as a non-vLLM server
+        self.version_gets = 0  # kept out of ``requests``: those are the engine calls
 
     def reply(self, path: str, body: Any, status: int = 200) -> None:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -48,6 +51,11 @@ class Upstream:
         return [body for _, _, body in self.requests]
 
     async def handle(self, request: web.Request) -> web.Response:
+        if request.path == "/version":
+            self.version_gets += 1
+            if self.version is None:
+                return web.json_response({"detail": "Not Found"}, status=404)
+            return web.json_response({"version": self.version})
         raw = await request.read()
         self.raw.append(raw)
         self.requests.append((request.method, request.path, json.loads(raw) if raw else None))
@@ -188,6 +196,62 @@ async def test_token_in_sends_kv_transfer_params(upstream: Upstream, client: VLL
     assert body["kv_transfer_params"] == {"do_remote_decode": False, "prompt_token_ids": prompt}
     assert body["messages"] == USER  # still required: they drive the tool and reasoning parsers
     assert gen.prompt_ids == prompt
+
+
+async def test_token_in_on_vllm_0_32_sends_the_ids(upstream: Upstream, client: VLLMClient) -> None:
+    upstream.version = "0.32.0"
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, fx)
+    prompt = fx["prompt_token_ids"]
+    gens = await asyncio.gather(*(client.generate(ChatRequest(messages=USER, prompt_ids=prompt)) for _ in range(3)))
+    assert upstream.version_gets == 1  # once per engine, though three first calls raced
+    assert all(body["kv_transfer_params"] == {"prompt_token_ids": prompt} for body in upstream.bodies)
+    assert all(g.prompt_ids == prompt for g in gens)
+    assert (client.served_version, client.token_in, client.canonical_fallbacks) == ("0.32.0", True, 0)
+
+
+async def test_token_in_on_vllm_0_25_falls_back_to_the_canonical_render(
+        upstream: Upstream, client: VLLMClient, caplog: pytest.LogCaptureFixture) -> None:
+    """NeMo RL's pinned vLLM 0.25.1 ignores kv_transfer_params.prompt_token_ids: the call goes out as
+    messages, the Generation carries the ids the server rendered (which the trajectory compares
+    with the context: drift), and the fallback is said once, not per call."""
+    upstream.version = "0.25.1"
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, fx)
+    continued = [*fx["prompt_token_ids"], 11, 12]  # what token-in would have sent: not what the server renders
+    extra = {"kv_transfer_params": {"do_remote_decode": False}}
+    with caplog.at_level(logging.WARNING, logger="polar_env.engines.vllm"):
+        for _ in range(2):
+            gen = await client.generate(ChatRequest(messages=USER, prompt_ids=continued, extra_body=extra))
+            assert gen.prompt_ids == fx["prompt_token_ids"]  # the server's render, not an "ignored token-in" error
+    assert upstream.version_gets == 1
+    for body in upstream.bodies:
+        assert body["messages"] == USER and body["kv_transfer_params"] == {"do_remote_decode": False}
+    (warning,) = [r for r in caplog.records if r.name == "polar_env.engines.vllm"]
+    assert "vLLM 0.25.1" in warning.getMessage() and "needs vLLM >= 0.32" in warning.getMessage()
+    assert (client.served_version, client.token_in, client.canonical_fallbacks) == ("0.25.1", False, 2)
+    plain = await client.generate(ChatRequest(messages=USER))  # templated calls never needed the probe
+    assert plain.prompt_ids == fx["prompt_token_ids"] and client.canonical_fallbacks == 2
+
+
+async def test_no_version_route_keeps_token_in_and_templated_calls_never_probe(
+        upstream: Upstream, client: VLLMClient) -> None:
+    fx = load("vllm_chat_reasoning.json")
+    upstream.reply(CHAT, fx)
+    await client.generate(ChatRequest(messages=USER))
+    assert upstream.version_gets == 0
+    await client.generate(ChatRequest(messages=USER, prompt_ids=fx["prompt_token_ids"]))  # 404: not vLLM's server
+    assert upstream.version_gets == 1 and client.token_in is True and client.served_version is None
+    assert upstream.bodies[1]["kv_transfer_params"] == {"prompt_token_ids": fx["prompt_token_ids"]}
+
+
+@pytest.mark.parametrize("version, parsed, token_in", [
+    ("0.25.1", (0, 25, 1), False), ("0.31.9", (0, 31, 9), False), ("0.32.0", (0, 32, 0), True),
+    ("0.32.0rc1.dev5+g1a2b3c", (0, 32, 0), True), ("v0.33", (0, 33), True), ("1.0.0", (1, 0, 0), True),
+    ("unknown", None, True),
+])
+def test_served_version_decides_token_in(version: str, parsed: tuple[int, ...] | None, token_in: bool) -> None:
+    assert release(version) == parsed and reads_token_in(version) is token_in
 
 
 async def test_token_in_ignored_by_engine_is_an_error(upstream: Upstream, client: VLLMClient) -> None:

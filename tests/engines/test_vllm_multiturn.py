@@ -55,6 +55,12 @@ class Tap:
                 self.calls.append((orjson.loads(raw), orjson.loads(body)))
             return web.Response(body=body, status=resp.status, content_type="application/json")
 
+    async def version(self, request: web.Request) -> web.Response:
+        """``GET /version`` passed through: the client decides token-in on the server's own answer."""
+        assert self.http is not None
+        async with self.http.get(self.upstream + "/version") as resp:
+            return web.Response(body=await resp.read(), status=resp.status, content_type="application/json")
+
 
 @pytest.fixture
 async def tap(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Tap, str]]:
@@ -65,6 +71,7 @@ async def tap(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Tap, str]]:
     tapped.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
     app = web.Application()
     app.router.add_post("/v1/chat/completions", tapped.forward)
+    app.router.add_get("/version", tapped.version)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -89,7 +96,8 @@ async def call(gw: Gateway, key: str, messages: list[dict[str, Any]]) -> dict[st
 async def test_three_turns_token_in_match_the_servers_prompt_ids_with_zero_drift(
         tap: tuple[Tap, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
     tapped, url = tap
-    client, store = await start_gateway(VLLMClient(url, MODEL, timeout_s=REQUEST_TIMEOUT_S), tmp_path)
+    engine = VLLMClient(url, MODEL, timeout_s=REQUEST_TIMEOUT_S)
+    client, store = await start_gateway(engine, tmp_path)
     try:
         gw = Gateway(client, store)
         key = (await gw.session(session_id="mt", continuation=True))["key"]
@@ -105,6 +113,7 @@ async def test_three_turns_token_in_match_the_servers_prompt_ids_with_zero_drift
         await client.close()
 
     records: list[CompletionRecord] = store.read("mt")
+    assert engine.served_version is not None and engine.token_in is True, engine.served_version  # read, and >= 0.32
     assert len(records) == len(tapped.calls) == 3
     (sent1, got1), *later = tapped.calls
     assert "kv_transfer_params" not in sent1, "turn 1 is templated by the server"

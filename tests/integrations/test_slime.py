@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib.util
+import logging
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -19,11 +19,13 @@ from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme
 from polar_env.integrations.slime import (
     FAILURE_TOKENS,
+    GENERATE_ERRORS_METRIC,
     POLAR_METADATA_KEY,
     SlimeRollout,
     check_slime_args,
     forced_sampling,
     grpo_normalize,
+    log_rollout,
     polar_config,
     task_row,
     trajectory_to_samples,
@@ -264,6 +266,61 @@ async def test_generate_with_fake_polar_env() -> None:
     assert env.exited == 1
 
 
+async def _crash_and_good(cls: type, caplog: pytest.LogCaptureFixture) -> tuple[SlimeRollout, list[Any]]:
+    """A TypeError from a PolarEnv call (a signature gone stale, as a monkeypatch once was) and one
+    good session: the rollout's flat samples, as slime's log function gets them."""
+    good = trajectory([multi_turn_trace()], reward=1.0)
+    crashing = SlimeRollout(FakePolarEnv(raises=TypeError("_run() takes 2 positional arguments but 3 were given")))
+    fine = SlimeRollout(FakePolarEnv({"toy__calc-1": [("completed", 1.0, good)]}))
+    args = SimpleNamespace(rollout_max_context_len=None)
+    with caplog.at_level(logging.ERROR, logger="polar_env.integrations.slime"):
+        crashed = await crashing.generate(args, base_sample(cls, index=0, group_index=0), {})
+        kept = await fine.generate(args, base_sample(cls, index=1, group_index=0), {})
+    await crashing.close()
+    await fine.close()
+    return crashing, [*crashed, *kept]
+
+
+async def test_an_exception_in_generate_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    crashing, samples = await _crash_and_good(SampleDouble, caplog)
+    (record,) = [r for r in caplog.records if r.name == "polar_env.integrations.slime"]
+    assert record.levelno == logging.ERROR and record.exc_info is not None  # the traceback, not just a line
+    assert isinstance(record.exc_info[1], TypeError) and "slime sample 0" in record.getMessage()
+    placeholder = samples[0]
+    assert placeholder.remove_sample and placeholder.status is SampleDouble.Status.FAILED
+    assert placeholder.metadata[POLAR_METADATA_KEY]["generate_error"].startswith("TypeError('_run() takes")
+    assert crashing.generate_errors == 1 and "generate_error" not in samples[1].metadata[POLAR_METADATA_KEY]
+    metrics: dict[str, Any] = {"rollout/dynamic_filter/drop_x": 2}
+    assert log_rollout(3, ARGS, samples, metrics, 1.0) is False  # slime's own logging goes on
+    assert metrics == {"rollout/dynamic_filter/drop_x": 2, GENERATE_ERRORS_METRIC: 1}
+    clean: dict[str, Any] = {}
+    log_rollout(4, ARGS, samples[1:], clean, 1.0)
+    assert clean == {GENERATE_ERRORS_METRIC: 0}  # reported every rollout, so a chart shows the zeros too
+
+
+@pytest.mark.usefixtures("slime_src")
+async def test_slime_logs_the_generate_error_count_with_its_rollout_metrics(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slime's real ``log_rollout_data`` with polar's hook (as ``polar-env slime-args`` renders it):
+    the count reaches what slime hands its trackers (wandb, tensorboard)."""
+    from slime.observability import logging_utils
+    from slime.observability.rollout_metrics import log_rollout_data
+    from slime.utils.types import Sample
+
+    from polar_env.integrations.slime_recipe import LOG_PATH
+
+    _, samples = await _crash_and_good(Sample, caplog)
+    logged: list[dict[str, Any]] = []
+    monkeypatch.setattr(logging_utils, "log", lambda args, metrics, step_key: logged.append(dict(metrics)))
+    args = SimpleNamespace(**vars(ARGS), custom_rollout_log_function_path=LOG_PATH, load_debug_rollout_data=None,
+                           log_reward_category=None, rollout_num_gpus=1, wandb_always_use_train_step=False,
+                           use_wandb=False, use_tensorboard=False)
+    log_rollout_data(5, args, samples, {}, 2.0)
+    (metrics,) = logged
+    assert metrics[GENERATE_ERRORS_METRIC] == 1 and metrics["rollout/step"] == 5
+    assert "rollout/response_len/mean" in metrics  # slime's own metrics, computed on the same samples
+
+
 @pytest.mark.parametrize("status, kind, traj, want", [
     # environment failures and unfinished runs: the one-sample placeholder, never trained
     ("error", FailureKind.INIT_ERROR, None, "FAILED"),
@@ -297,12 +354,7 @@ async def test_sample_status_and_mask_come_from_the_failure_kind(status: str, ki
 
 # --- the real slime Sample, when slime imports -------------------------------------------------
 
-HAVE_SLIME = importlib.util.find_spec("slime") is not None and importlib.util.find_spec("slime.utils") is not None
-SLIME_FIX = ("THUDM/slime is not importable (it is not on PyPI): git clone https://github.com/THUDM/slime && "
-             "pip install -e slime --no-deps && pip install httpx")
-
-
-@pytest.mark.skipif(not HAVE_SLIME, reason=SLIME_FIX)
+@pytest.mark.usefixtures("slime_src")  # POLAR_SLIME_SRC (conftest.py): under CI, missing fails
 def test_real_slime_samples_pass_slime_validators() -> None:
     from slime.observability.rollout_data_utils import validate_rollout_id_annotated
     from slime.utils.types import Sample

@@ -19,6 +19,7 @@ from polar_env.errors import ConfigError
 from polar_env.integrations.slime import forced_sampling, polar_config
 from polar_env.integrations.slime_recipe import (
     GENERATE_PATH,
+    LOG_PATH,
     NORMALIZE_PATH,
     Recipe,
     flag_map,
@@ -67,6 +68,7 @@ def test_recipe_round_trips(path: Path, tmp_path: Path) -> None:
     launch = render(recipe, tmp_path)
     flags = parse_flags(launch.flags)
     custom = flags.pop("custom-config-path")
+    assert flags.pop("custom-rollout-log-function-path") == LOG_PATH  # polar/generate_errors in slime's metrics
     assert flags == expected_flags(recipe)  # every recipe flag, exactly, and nothing else
     assert script_flags(launch.script) == parse_flags(launch.flags)  # what bash would pass
     assert all(name in known_flags() or name.startswith(("sglang-", "router-")) for name in flags)
