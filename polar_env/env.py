@@ -7,7 +7,9 @@ rewards; update the engine's weights between steps.
         trajs = group.trajectories                   # each with reward, status and provenance
         await env.update_weights(state_dict, version="1")   # pause → load → resume
 
-``rollout_sync`` and ``close`` are the same for code without an event loop. The config
+``start_sync``, ``rollout_sync``, ``update_weights_sync`` and ``close`` are the same for code without
+an event loop; ``start``/``start_sync`` before the first rollout give a custom loop ``env.engine``,
+the gateway and the weight sync up front (a later rollout reuses them). The config
 (``PolarEnvConfig``, defined in ``staging.config`` and re-exported here) is read once and passed
 down; nothing imports torch, slime or nemo-gym at import time.
 """
@@ -83,6 +85,7 @@ class PolarEnv:
 
     # -- lifetime -------------------------------------------------------------------------------
     async def start(self) -> PolarEnv:
+        """Start the cluster (engine, gateway, weight sync) once; later calls and rollouts reuse it."""
         async with self._starting:
             if self._cluster is None:
                 self._cluster = await start_cluster(self.config.cluster(), engine=self._engine)
@@ -102,7 +105,7 @@ class PolarEnv:
     @property
     def cluster(self) -> Cluster:
         if self._cluster is None:
-            raise ConfigError("PolarEnv is not started: use 'async with env:' or 'await env.start()'")
+            raise ConfigError("PolarEnv is not started: use 'async with env:', 'await env.start()' or 'env.start_sync()'")
         return self._cluster
 
     @property
@@ -138,6 +141,10 @@ class PolarEnv:
             self._thread = threading.Thread(target=self._loop.run_forever, name="polar-env", daemon=True)
             self._thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def start_sync(self) -> PolarEnv:
+        """``start`` for code without an event loop (the env's own loop thread runs the cluster)."""
+        return self._sync(self.start())
 
     def rollout_sync(self, task: TaskRequest | SweTask | Mapping[str, Any], n: int | None = None,
                      **overrides: Any) -> RolloutGroup:

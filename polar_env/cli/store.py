@@ -6,10 +6,14 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from polar_env.cli.checks import add_command, existing_dir, file_to_write, model_dir, store_to_write
 from polar_env.cli.options import choices, metavar, model_default
 from polar_env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polar_env.engines.config import EmbeddedEngineConfig
 
 
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -53,15 +57,59 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 1 if any(unbuilt(t) for t in trajectories) else 0  # failed sessions are data; unbuilt journals are not
 
 
+def run_engine(store: Path) -> EmbeddedEngineConfig | None:
+    """The embedded engine the run's ``plan.json`` names (``store`` is the run folder, its
+    ``capture/`` or a node's store), None without a plan; another engine kind is one line asking
+    for ``--model-dir``: scoring with the default tiny model would report a false FAIL."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from polar_env.engines.config import AnyEngineConfig, EmbeddedEngineConfig, EngineConfig
+    from polar_env.staging.runs import PLAN_FILE, Plan
+
+    run = next((p for p in (store, *store.resolve().parents[:2]) if (p / PLAN_FILE).is_file()), None)
+    if run is None:
+        return None
+    spec = Plan.read(run).job.get("env", {}).get("engine", {})
+    try:
+        adapter: TypeAdapter[AnyEngineConfig] = TypeAdapter(EngineConfig)
+        engine = adapter.validate_python(spec)
+    except ValidationError as exc:
+        raise ConfigError(f"{run / PLAN_FILE}: its engine is not readable ({exc.errors()[0]['msg']}); "
+                          "pass --model-dir with the weights that sampled") from None
+    if not isinstance(engine, EmbeddedEngineConfig):
+        raise ConfigError(f"{run / PLAN_FILE}: the run sampled on a {engine.kind} engine; pass --model-dir with its "
+                          "weights (a local HF folder or .gguf)")
+    return engine
+
+
+def sampling_model(args: argparse.Namespace, folder: Path | None) -> tuple[Any, str]:
+    """The model that sampled, and where it came from: ``--model-dir``, else ``--seed``'s tiny
+    weights, else the run's own engine (its template's or ``model_dir`` weights, else its seeded
+    ones), else the seeded tiny model."""
+    from polar_env.engines.embedded.model import ModelSpec, build_model, load_model
+
+    if folder is not None:
+        return load_model(folder), f"{folder} (--model-dir)"
+    engine = run_engine(Path(args.store))
+    chat = engine.chat() if engine is not None else None
+    if args.seed is not None:
+        return build_model(ModelSpec(seed=args.seed), chat), f"seeded tiny weights (--seed {args.seed})"
+    if engine is None:
+        return build_model(ModelSpec(seed=0)), "seeded tiny weights (seed 0; no plan.json, no --model-dir)"
+    weights = engine.weights()
+    model = load_model(weights) if weights is not None else build_model(ModelSpec(seed=engine.seed), chat)
+    return model, f"{engine.describe()} (the run's plan.json)"
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Teacher-forced fidelity check of built trajectories against the embedded engine's model."""
     folder = model_dir(args.model_dir) if args.model_dir else None
     trajectories = _trajectories(args)
-    from polar_env.engines.embedded.model import ModelSpec, build_model, load_model
     from polar_env.trajectory.fidelity import verify
     from polar_env.trajectory.reader import unbuilt
 
-    model = load_model(folder) if folder else build_model(ModelSpec(seed=args.seed))
+    model, source = sampling_model(args, folder)
+    print(f"model: {source}")
     worst, tokens, failed = 0.0, 0, []
     for traj in trajectories:
         if unbuilt(traj):
@@ -120,8 +168,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         if name == "build":
             p.add_argument("--out", help="write trajectories as JSON lines to this file")
         else:
-            p.add_argument("--model-dir", help="local HF folder of the model that sampled (default: the seeded tiny model)")
-            p.add_argument("--seed", type=int, default=0, help="seed of the tiny model that sampled")
+            p.add_argument("--model-dir", help="local HF folder or .gguf of the model that sampled (default: the "
+                           "run's engine in its plan.json, else the seeded tiny model)")
+            p.add_argument("--seed", type=int, help="seed of the tiny model that sampled (default: the run's, else 0)")
             p.add_argument("--tolerance", type=float, default=1e-4, help="max |Δlogprob| that passes")
         p.set_defaults(func=func)
 

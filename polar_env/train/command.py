@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.observe.tracker import open_tracker
-from polar_env.train.loop import StepRecord, run_recipe, step_line
+from polar_env.train.loop import StepRecord, run_recipe, step_line, updates_line
 from polar_env.train.recipe import Recipe
 from polar_env.train.report import PLOT_HINT, write_run
 from polar_env.train.step0 import Step0Mismatch
@@ -42,7 +42,7 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
     print(f"reward first 5 steps {s['first5']}, last 5 {s['last5']} (Δ {s['improvement']:+.3f}); "
           f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
           f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "
-          f"updates per-request {s['updates']['per_request']} vs merged {s['updates']['merged']}; wall {s['wall_s']} s")
+          f"{updates_line(s['updates'])}; wall {s['wall_s']} s")
     if (held := s["held_out"]) is not None:
         print(f"held-out ({held['tasks']} tasks never trained on, {recipe.held_out_rollouts} rollouts each): "
               f"reward before {held['before']}, after {held['after']} (Δ {held['gain']:+.3f})")

@@ -23,13 +23,13 @@ from typing import Any, TypedDict
 import torch
 
 from polar_env.chat import chat_format
-from polar_env.engines.embedded.engine import EmbeddedEngine
 from polar_env.engines.embedded.model import ModelSpec
 from polar_env.env import PolarEnv, PolarEnvConfig
 from polar_env.records import Trajectory
 from polar_env.train.grpo import shuffle_rewards
 from polar_env.train.recipe import Recipe
 from polar_env.train.rollout import LocalGateway, PolarEnvSource, RolloutSource, flatten
+from polar_env.train.seeding import SeededEngine, SessionSeeds
 from polar_env.train.trainer import GRPOTrainer
 
 
@@ -93,7 +93,8 @@ class RunResult:
             "trained_tokens_per_s": round(sum(s.sampled_tokens for s in steps) / train_s, 1) if train_s else 0.0,
             "s_per_step": {k: round(sum(getattr(s, k) for s in steps) / max(len(steps), 1), 3)
                            for k in ("rollout_s", "train_s", "sync_s")},
-            "updates": {"per_request": self.per_request_traces, "merged": self.merged_traces,
+            "updates": {"builder": self.recipe.get("builder"),  # "merged" counts what it built
+                        "per_request": self.per_request_traces, "merged": self.merged_traces,
                         "per_request_tokens": self.per_request_tokens, "merged_tokens": self.merged_tokens},
             "weight_versions": [s.weight_versions for s in steps],
             "held_out": held_out_summary(self.held_out_before, self.held_out_after),
@@ -162,7 +163,9 @@ def resident_gb() -> float:
 
 
 def seed_everything(seed: int) -> None:
-    random.seed(seed)  # the engine draws each request's sampling seed from here
+    """Seed what draws outside the engine's sessions; each call's sampling seed is its session's
+    (``seeding.py``), never a draw from here in arrival order."""
+    random.seed(seed)
     torch.manual_seed(seed)
 
 
@@ -229,14 +232,15 @@ async def run_recipe(recipe: Recipe, on_step: Callable[[StepRecord], None] | Non
     model_seed = recipe.seed if recipe.engine.model_seed is None else recipe.engine.model_seed
     sampling = recipe.sampling
     store = recipe.run_dir() / "capture"
-    if recipe.source == "polar_env":
-        env = PolarEnv(PolarEnvConfig.model_validate(env_settings(recipe, model_seed)))
-        async with env:
-            trainer = GRPOTrainer(copy.deepcopy(env.engine.model), recipe.trainer.config())
-            return await train_with(recipe, PolarEnvSource(env, recipe.run_dir() / "workspaces"), trainer, on_step)
     chat = chat_format(recipe.engine.template)
-    engine = EmbeddedEngine(model_dir=chat.weights, spec=ModelSpec(seed=model_seed), chat=chat,
-                            logprobs_mode=recipe.engine.logprobs_mode, max_tokens=sampling.max_tokens)
+    # each call seeded from (seed, task, round, sample, call): the same samples whatever the arrival order
+    engine = SeededEngine(SessionSeeds(recipe.seed), model_dir=chat.weights, spec=ModelSpec(seed=model_seed), chat=chat,
+                          logprobs_mode=recipe.engine.logprobs_mode, max_tokens=sampling.max_tokens)
+    if recipe.source == "polar_env":
+        env = PolarEnv(PolarEnvConfig.model_validate(env_settings(recipe, model_seed)), engine=engine)
+        async with env:
+            trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
+            return await train_with(recipe, PolarEnvSource(env, recipe.run_dir() / "workspaces"), trainer, on_step)
     trainer = GRPOTrainer(copy.deepcopy(engine.model), recipe.trainer.config())
     async with LocalGateway(engine, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                             builder=recipe.builder, store_dir=store) as source:
@@ -267,6 +271,16 @@ def agent_settings(recipe: Recipe) -> dict[str, object]:
     if agent.system is not None:
         settings["system"] = agent.system
     return settings
+
+
+def updates_line(updates: dict[str, Any]) -> str:
+    """The run's trace counts, saying what each counts: under ``per_request`` every call is its own
+    trace, so there is no merged count to set beside the per-request one (it would repeat it)."""
+    builder = updates.get("builder")
+    if builder == "per_request":
+        return f"updates {updates['per_request']} traces, one per call (builder per_request merges nothing)"
+    return (f"updates per-request {updates['per_request']} vs merged {updates['merged']}"
+            + (f" (builder {builder})" if builder else ""))
 
 
 def step_line(record: StepRecord) -> str:

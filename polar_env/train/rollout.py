@@ -35,6 +35,7 @@ from polar_env.journal.store import JournalStore
 from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.gateway import Gateway
 from polar_env.records import Status, Trajectory
+from polar_env.train.seeding import SeededEngine
 from polar_env.trajectory.builders import BUILDERS
 
 ADMIN_TOKEN = "polar-train-admin"  # the gateway listens on 127.0.0.1 only; the token keeps the agent off the control plane
@@ -75,6 +76,8 @@ class PolarEnvSource:
                                "evaluator": task.evaluator.model_dump(mode="json")}
         if task.files:
             row["runtime"] = self.env.config.runtime.model_copy(update={"source_dir": self._workspace(task)})
+        if isinstance(engine := self.env.engine, SeededEngine):  # its sessions' seeds follow the group id
+            row["group_id"] = engine.seeds.group_id(task.task_id)
         group = await self.env.rollout(row, n)
         return group.trajectories
 
@@ -139,7 +142,9 @@ class LocalGateway:
 
     # -- rollouts ---------------------------------------------------------------------------
     async def rollout(self, task: ToyTask, n: int) -> list[Trajectory]:
-        group_id = f"{task.task_id}-{uuid.uuid4().hex[:8]}"
+        engine = self.engine  # a SeededEngine's sessions' seeds follow the group id
+        group_id = (engine.seeds.group_id(task.task_id) if isinstance(engine, SeededEngine)
+                    else f"{task.task_id}-{uuid.uuid4().hex[:8]}")
         return list(await asyncio.gather(*(self._session(task, group_id, i) for i in range(n))))
 
     async def _session(self, task: ToyTask, group_id: str, index: int) -> Trajectory:
