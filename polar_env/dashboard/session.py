@@ -71,7 +71,8 @@ def trace_summaries(trajectory: Trajectory) -> list[dict[str, Any]]:
         out.append({"index": i, "prompt_tokens": len(t.prompt_ids), "response_tokens": len(t.response_ids),
                     "sampled_tokens": sum(t.loss_mask), "calls": len(t.metadata.get("seqs", [])) or None,
                     "seqs": t.metadata.get("seqs"), "drift": len(t.metadata.get("drift", [])),
-                    "cut": t.metadata.get("cut"), "status": t.status.value, "trainable": t.trainable, "role": t.role,
+                    "cut": t.metadata.get("cut"), "start": t.metadata.get("start"), "status": t.status.value,
+                    "trainable": t.trainable, "role": t.role,
                     "finish_reason": t.metadata.get("finish_reason")})
     return out
 

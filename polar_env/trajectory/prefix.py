@@ -130,12 +130,15 @@ def anchor(prompt: list[int], turn_start: Collection[int]) -> int:
 def boundary(prev: Prompt, prompt: Prompt, eot: Collection[int], turn_start: Collection[int]) -> int | None:
     """Where ``prompt`` stops repeating ``prev`` (the previous prompt) if it continues its turn:
     ``len(prev)`` for an exact extension, the generation-prompt anchor for a re-rendered last
-    turn, None if ``prompt`` does not continue ``prev`` (no closed turn after the shared part)."""
+    turn, None if ``prompt`` does not continue ``prev`` (no closed turn after the shared part).
+    A re-rendered turn must open with the same role token as the generation prompt: a user turn
+    where the assistant turn was (a summary replacing the history) continues nothing."""
     if extends(prompt, prev):
         cut = len(prev.ids)
     else:
         cut = anchor(prev.ids, turn_start)
-        if cut <= 0 or not extends(prompt, prev, cut):
+        if (cut <= 0 or cut + 1 >= len(prev.ids) or len(prompt.ids) <= cut + 1
+                or prompt.ids[cut + 1] != prev.ids[cut + 1] or not extends(prompt, prev, cut)):
             return None
     return cut if first_eot(prompt.ids, cut, eot) >= 0 else None
 

@@ -20,9 +20,13 @@ tokens are appended with mask 0 and logprob 0.0, then Ci's raw sampled ids. When
 response was cut short (no end-of-turn), the end-of-turn token is inserted too.
 
 Drift. Where the canonical copy differs from the raw sampled ids (reasoning stripped, arguments
-re-rendered, whitespace trimmed), the merged sequence is not exactly what the model saw next; each
-such boundary is counted with its token span. ``strict=True`` cuts the chain there instead, so every
-merged trace is exactly a context the model saw.
+re-rendered, whitespace trimmed), merging would train the next call's tokens after a context the
+model never saw, so the chain is cut there (a new trace, ``start="drift"``), in every mode; each
+such boundary is counted (``drift_boundaries``) with its token span (``drift_tokens``): what the
+harness's re-render changed, never trained (a trace's own ``drift`` list is empty by construction).
+``strict`` is kept for the ``prefix_merge_strict`` name (it now builds the same traces). Where a
+continued conversation's history was rewritten (compaction, a truncated or edited earlier message),
+lineage starts a new chain (``Chain.start``), recorded in the trace and in ``stats.chain_starts``.
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ class _Builder:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
-    drift: list[dict[str, int]] = field(default_factory=list)
     last: CompletionRecord | None = None
 
     def sampled(self, record: CompletionRecord) -> None:
@@ -77,7 +80,7 @@ class _Builder:
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
 
-    def trace(self, cut: str | None) -> Trace:
+    def trace(self, cut: str | None, start: str | None) -> Trace:
         assert self.last is not None
         status = Status.TRUNCATED if (cut is not None or self.last.finish_reason == "length") else Status.COMPLETED
         return Trace(
@@ -91,42 +94,40 @@ class _Builder:
                 "finish_reason": self.last.finish_reason,
                 "temperature": self.first.chat_request.temperature,
                 "logprobs_mode": self.first.logprobs_mode,
-                "drift": self.drift,
+                "drift": [],  # drift inside a trace: none, a drift boundary cuts (kept for readers)
                 "cut": cut,
+                "start": start,
             },
         )
 
 
-def _merge_chain(chain: Chain, eot: Collection[int], strict: bool) -> list[Trace]:
-    traces = _merge(chain, eot, strict)
+def _merge_chain(chain: Chain, eot: Collection[int], cuts: list[dict[str, int]]) -> list[Trace]:
+    traces = _merge(chain, eot, cuts)
     return [t.model_copy(update={"trainable": chain.trainable, "role": chain.role}) for t in traces]
 
 
-def _merge(chain: Chain, eot: Collection[int], strict: bool) -> list[Trace]:
+def _merge(chain: Chain, eot: Collection[int], cuts: list[dict[str, int]]) -> list[Trace]:
+    """One chain's traces; a drift boundary ends a trace (appended to ``cuts`` with its span)."""
     traces: list[Trace] = []
     records = chain.records
     builder = _Builder(records[0])
     builder.sampled(records[0])
-    prev = records[0]
+    prev, start = records[0], chain.start
     for record, cut in zip(records[1:], chain.cuts, strict=True):  # cut: the boundary grouping found
         # What the model saw and sampled after the shared part: the tail of the previous prompt
         # (its generation prompt, when the last turn was re-rendered) and the raw sampled ids.
         seen = prev.prompt_ids[cut:] + prev.response_ids
         end = turn_end(prev, record, cut, eot)
         canonical, inserted = record.prompt_ids[cut:end], record.prompt_ids[end:]
-        if canonical != seen:
-            if strict:
-                traces.append(builder.trace(cut="drift"))
-                builder = _Builder(record)
-                builder.sampled(record)
-                prev = record
-                continue
-            at = len(builder.first.prompt_ids) + len(builder.response_ids) - len(seen)
-            builder.drift.append({"seq": record.seq, "at": at, "span": _span(canonical, seen)})
-        builder.inserted(inserted)
+        if canonical != seen:  # never train after a context the model did not see: cut here
+            cuts.append({"seq": record.seq, "span": _span(canonical, seen)})
+            traces.append(builder.trace("drift", start))
+            builder, start = _Builder(record), "drift"
+        else:
+            builder.inserted(inserted)
         builder.sampled(record)
         prev = record
-    traces.append(builder.trace(cut=None))
+    traces.append(builder.trace(None, start))
     return traces
 
 
@@ -152,16 +153,16 @@ def build_prefix_merged(
     turn_start = frozenset(turn_start_ids) if turn_start_ids is not None else detect_turn_start_ids(ordered, eot)
     found = lineage(ordered, eot, turn_start, packed, side_requests)
     chains = found.chains
-    traces = [t for chain in chains for t in _merge_chain(chain, eot, strict)]
-    drift = [d for t in traces for d in t.metadata["drift"]]
+    cut_at: list[dict[str, int]] = []
+    traces = [t for chain in chains for t in _merge_chain(chain, eot, cut_at)]
     stats: dict[str, Any] = {
         "completions": len(ordered),
         "chains": len(chains),
         "traces": len(traces),
         "completions_merged": len(ordered) - len(traces),
         "chains_cut": sum(1 for t in traces if t.metadata["cut"] is not None),
-        "drift_boundaries": len(drift),
-        "drift_tokens": sum(d["span"] for d in drift),
+        "drift_boundaries": len(cut_at),  # each one cut: drift is never trained
+        "drift_tokens": sum(d["span"] for d in cut_at),
         "eot_ids": sorted(eot),
         "strict": strict,
         **found.stats(),

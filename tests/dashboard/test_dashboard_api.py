@@ -148,18 +148,22 @@ async def test_live_view_of_a_rollout_server(tmp_path: Path) -> None:
 
 def test_drift_points_and_chain_starts_are_marked(tmp_path: Path) -> None:
     """A call whose prompt re-rendered the previous reply differently (11 sampled, 99 in the
-    prompt) is one merged chain with a drift point where the copy starts."""
-    from polar_env.dashboard.session import trace_page, transcript_page
+    prompt) is cut there, never trained after it: two traces, the first cut at the drift and the
+    second starting at it, each listed with why."""
+    from polar_env.dashboard.session import trace_page, trace_summaries, transcript_page
     from polar_env.trajectory.prefix_merge import build_prefix_merged
 
     eot = 248046
     records = [record("d", 0, [1, 2, 3], [10, 11, eot]), record("d", 1, [1, 2, 3, 10, 99, eot, 20, 21], [13, eot])]
     trajectory = build_prefix_merged(records)
-    (trace,) = trajectory.traces
-    page = trace_page(trajectory, 0, 0, 100, chat_format("qwen3.5").tokenizer)
-    assert page["drift"] == [{"at": 3, "span": trace.metadata["drift"][0]["span"], "seq": 1}]
-    assert [c["seq"] for c in page["calls"]] == [0, 1] and page["all_calls"] == 2
-    assert [t[2] for t in page["tokens"]] == [None] * 3 + trace.loss_mask
+    first, second = trajectory.traces
+    summaries = trace_summaries(trajectory)
+    assert [(s["cut"], s["start"], s["drift"]) for s in summaries] == [("drift", None, 0), (None, "drift", 0)]
+    assert trajectory.metadata["stats"]["drift_boundaries"] == 1
+    page = trace_page(trajectory, 1, 0, 100, chat_format("qwen3.5").tokenizer)
+    assert page["drift"] == [] and [c["seq"] for c in page["calls"]] == [1] and page["all_calls"] == 1
+    assert [t[2] for t in page["tokens"]] == [None] * len(second.prompt_ids) + second.loss_mask
+    assert first.prompt_ids == [1, 2, 3]
     assert transcript_page(records, 0, 10)["calls"][0]["new_chain"]  # the first call opens the chain
 
 

@@ -58,19 +58,19 @@ def test_truncated_turn_gets_the_end_of_turn_inserted_unmasked() -> None:
     assert trace.loss_mask == [1, 1, 0, 0, 0, 0, 1, 1], dump(trace)
 
 
-def test_drift_is_counted_and_strict_cuts() -> None:
-    # The template re-rendered turn 1 without its reasoning token 502 (think stripping).
+def test_drift_is_cut_in_every_mode_and_counted() -> None:
+    # The template re-rendered turn 1 without its reasoning token 502 (think stripping): call 1 was
+    # sampled after p2, not after R1, so merging would train it after a context it never saw.
     p2 = P1 + [501, EOT, NL, 120, GEN]
     records = [rec(0, P1, R1), rec(1, p2, R2)]
-    loose = build_prefix_merged(records)
-    (trace,) = loose.traces
-    assert trace.metadata["drift"] == [{"seq": 1, "at": len(P1), "span": 1}]
-    assert loose.metadata["stats"]["drift_tokens"] == 1
-    assert P1 + trace.response_ids == P1 + R1 + [NL, 120, GEN] + R2  # raw ids kept, inserted from p2
-    strict = build_prefix_merged(records, strict=True)
-    assert [t.prompt_ids for t in strict.traces] == [P1, p2]
-    assert strict.traces[0].metadata["cut"] == "drift" and strict.traces[0].status == Status.TRUNCATED
-    assert strict.metadata["stats"]["chains_cut"] == 1
+    for strict in (False, True):
+        traj = build_prefix_merged(records, strict=strict)
+        assert [t.prompt_ids for t in traj.traces] == [P1, p2]
+        assert traj.traces[0].metadata["cut"] == "drift" and traj.traces[0].status == Status.TRUNCATED
+        assert traj.traces[1].metadata["start"] == "drift"
+        stats = traj.metadata["stats"]
+        assert (stats["chains_cut"], stats["drift_boundaries"], stats["drift_tokens"]) == (1, 1, 1)
+        assert all(t.metadata["drift"] == [] for t in traj.traces)  # no drift is trained
 
 
 def test_interleaved_subagent_and_compaction_form_separate_chains() -> None:
@@ -121,18 +121,28 @@ def test_per_request_builder() -> None:
     assert traj.traces[0].status == Status.TRUNCATED
 
 
-def test_rerendered_last_turn_joins_at_the_generation_prompt_with_drift() -> None:
+def test_rerendered_last_turn_links_at_the_generation_prompt_but_cuts_at_the_drift() -> None:
     """A harness that drops the reasoning echo changes the re-render from the generation prompt on
-    (turn start 6, "assistant" 70, "<think>\\n" 71 vs "<think>\\n\\n" 72): same chain, drift reported."""
+    (turn start 6, "assistant" 70, "<think>\\n" 71 vs "<think>\\n\\n" 72): call 0 is continued (one
+    lineage chain, both trainable), but call 1 is not trained after call 0's raw ids."""
     start = 6
     p1 = SYS + [110, start, 70, 71]
     r1 = [501, 502, EOT]
     p2 = SYS + [110, start, 70, 72, 502, EOT, NL, 301, start, 70, 71]
     records = [rec(0, p1, r1), rec(1, p2, R2)]
     traj = build_prefix_merged(records, turn_start_ids={start})
-    (trace,) = traj.traces
-    assert p1 + trace.response_ids == p1 + r1 + [NL, 301, start, 70, 71] + R2, dump(trace)
-    assert trace.metadata["drift"] == [{"seq": 1, "at": len(p1) - 3, "span": 2}]
-    assert trace.loss_mask == [1, 1, 1, 0, 0, 0, 0, 0, 1, 1], dump(trace)
-    assert [t.metadata["seqs"] for t in build_prefix_merged(records, turn_start_ids={start}, strict=True).traces] == [[0], [1]]
+    assert [(t.metadata["seqs"], t.metadata["cut"], t.metadata["start"], t.role) for t in traj.traces] == [
+        ([0], "drift", None, "main"), ([1], None, "drift", "main")]
+    assert [t.prompt_ids + t.response_ids for t in traj.traces] == [p1 + r1, p2 + R2]
+    assert traj.metadata["stats"]["drift_tokens"] == 2 and traj.metadata["stats"]["chains"] == 1
     assert len(build_prefix_merged(records).traces) == 2  # without the anchor id: two chains
+
+
+def test_a_user_turn_where_the_assistant_turn_was_is_no_rerender() -> None:
+    """The re-rendered-turn rule needs the generation prompt's role token: a summary *user* turn
+    (role 60) after the shared system and task is a new history, not call 0's turn re-rendered."""
+    start = 6
+    p1 = SYS + [110, start, 70, 71]
+    summary = SYS + [110, start, 60, 120, 121, EOT, NL, start, 70, 71]
+    traj = build_prefix_merged([rec(0, p1, [501, EOT]), rec(1, summary, R2)], turn_start_ids={start})
+    assert [t.metadata["seqs"] for t in traj.traces] == [[0], [1]] and traj.metadata["stats"]["chains"] == 2

@@ -313,7 +313,7 @@ async function traceView(run, sid, traces) {
   const box = h("div", {class: "tokens", id: "tokens"});
   const info = h("span", {class: "muted", id: "trace-info"});
   const sel = h("select", {id: "trace-select"}, traces.map((t) => h("option", {value: t.index,
-    text: `chain ${t.index}: ${t.prompt_tokens} prompt + ${t.response_tokens} response (${t.sampled_tokens} sampled), ${t.calls ?? "?"} call(s)${t.drift ? `, ${t.drift} drift` : ""}${t.cut ? `, cut: ${t.cut}` : ""}`})));
+    text: `chain ${t.index}: ${t.prompt_tokens} prompt + ${t.response_tokens} response (${t.sampled_tokens} sampled), ${t.calls ?? "?"} call(s)${t.drift ? `, ${t.drift} drift` : ""}${t.start ? `, starts: ${t.start}` : ""}${t.cut ? `, cut: ${t.cut}` : ""}`})));
   const state = {index: 0, offset: 0, limit: 2000, total: 0};
   let scrollToResponse = true;  // open where the model's tokens are, not at the system prompt
   const prev = h("button", {id: "tok-prev", onclick: () => { state.offset = Math.max(0, state.offset - state.limit); load(); }}, "‹");
