@@ -82,7 +82,7 @@ def run_engine(store: Path) -> EmbeddedEngineConfig | None:
     return engine
 
 
-def sampling_model(args: argparse.Namespace, folder: Path | None) -> tuple[Any, str]:
+def _sampling_model(args: argparse.Namespace, folder: Path | None) -> tuple[Any, str]:
     """The model that sampled, and where it came from: ``--model-dir``, else ``--seed``'s tiny
     weights, else the run's own engine (its template's or ``model_dir`` weights, else its seeded
     ones), else the seeded tiny model."""
@@ -108,7 +108,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from polar_env.trajectory.fidelity import verify
     from polar_env.trajectory.reader import unbuilt
 
-    model, source = sampling_model(args, folder)
+    model, source = _sampling_model(args, folder)
     print(f"model: {source}")
     worst, tokens, failed = 0.0, 0, []
     for traj in trajectories:

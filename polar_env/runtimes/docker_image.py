@@ -25,7 +25,7 @@ def pull_hint(image: str) -> str:
     return f"docker pull {image}"
 
 
-def image_env(attrs: dict[str, Any]) -> dict[str, str]:
+def _image_env(attrs: dict[str, Any]) -> dict[str, str]:
     """``Config.Env`` of ``docker image inspect`` as a mapping."""
     env: dict[str, str] = {}
     for item in (attrs.get("Config") or {}).get("Env") or []:
@@ -57,4 +57,4 @@ async def ensure_image(client: Any, image: str, pull: bool, blocking: Callable[.
                 raise ConfigError(f"docker image {image} could not be pulled ({exc.explanation or exc}), runtime "
                                   f"docker; check the name and the registry, or `{pull_hint(image)}` by hand") from None
     attrs = getattr(found, "attrs", None)
-    return image_env(attrs if isinstance(attrs, dict) else {})
+    return _image_env(attrs if isinstance(attrs, dict) else {})

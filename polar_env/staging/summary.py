@@ -153,7 +153,7 @@ def figures_table(report: dict[str, Any]) -> Table:
                         ("RUNNING occupancy", _pct(report.get("running_occupancy"))),
                         ("engine calls", str(report.get("engine_calls", 0))),
                         ("sampled tokens", str(report.get("sampled_tokens", 0))),
-                        traces_figure(report),
+                        _traces_figure(report),
                         ("drift boundaries", str(report["drift_boundaries"])),
                         ("failure kinds", failure_kinds_text(report.get("failure_kinds") or {})),
                         ("masked", str(report.get("masked", 0)))):
@@ -166,7 +166,7 @@ def failure_kinds_text(kinds: dict[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
 
 
-def traces_figure(report: dict[str, Any]) -> tuple[str, str]:
+def _traces_figure(report: dict[str, Any]) -> tuple[str, str]:
     """Per-request vs built trace counts; under ``per_request`` nothing is merged, so the built
     count is not shown as a merged one that repeats the per-request count."""
     builder = ((report.get("config") or {}).get("env") or {}).get("builder")

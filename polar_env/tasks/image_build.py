@@ -140,7 +140,7 @@ def environment_setup(task: SweTask) -> dict[str, Any]:
     return dict(setup)
 
 
-def install_lines(setup: Mapping[str, Any]) -> list[str]:
+def _install_lines(setup: Mapping[str, Any]) -> list[str]:
     lines = setup["install"]
     return [str(x) for x in lines] if isinstance(lines, list) else [str(lines)]
 
@@ -182,7 +182,7 @@ def repo_source(task: SweTask, repos: Path | None) -> RepoSource:
                       f"for {task.instance_id}; add one, or drop --repos to clone https://github.com/{task.repo}")
 
 
-def image_stamp(task: SweTask, setup: Mapping[str, Any], repo: RepoSource, base: str) -> str:
+def _image_stamp(task: SweTask, setup: Mapping[str, Any], repo: RepoSource, base: str) -> str:
     recipe = {k: setup.get(k) for k in ("python", "exclude_newer", "install")}
     text = json.dumps([BUILDER_VERSION, recipe, task.base_commit, task.created_at, repo.identity, base, IMAGE_ENV], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -277,7 +277,7 @@ class Builder:
             raise ConfigError(f"{task.instance_id}: --base {self.opts.base} has no /usr/bin/python{python} "
                               "(environment_setup.python); use a base rootfs that has it")
         repo = repo_source(task, self.opts.repos)
-        return image, setup, repo, image_stamp(task, setup, repo, self.base_stamp)
+        return image, setup, repo, _image_stamp(task, setup, repo, self.base_stamp)
 
     def build(self, task: SweTask) -> BuildResult:
         image, setup, repo, stamp = self.plan(task)
@@ -322,7 +322,7 @@ class Builder:
             with _stage(result, "venv"):
                 self._run(rootfs, [str(Path(UV_IN) / "uv"), "venv", "-q", "-p", python, VENV], env, "uv venv", result.log)
             with _stage(result, "install"):
-                script = "set -euo pipefail\n" + "\n".join(install_lines(setup)) + "\n"
+                script = "set -euo pipefail\n" + "\n".join(_install_lines(setup)) + "\n"
                 self._run(rootfs, ["bash", "-c", script], env, "install line", result.log, cwd=TESTBED)
             with _stage(result, "verify"):
                 result.pytest = self._verify(task, setup, rootfs, result.log)

@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
@@ -273,7 +273,7 @@ def agent_settings(recipe: Recipe) -> dict[str, object]:
     return settings
 
 
-def updates_line(updates: dict[str, Any]) -> str:
+def updates_line(updates: Mapping[str, object]) -> str:
     """The run's trace counts, saying what each counts: under ``per_request`` every call is its own
     trace, so there is no merged count to set beside the per-request one (it would repeat it)."""
     builder = updates.get("builder")

@@ -16,7 +16,7 @@ The algorithm, shared by both builders:
    its parent by what its request carries, not by prefix length alone: (a) the gateway's recorded
    parent (a token-in continuation's ``prompt.parent``, so builder and gateway agree); else
    (b) the earlier call whose answer is the request's last assistant turn (its tool-call ids, else
-   its text and calls: ``echoes_calls``, ``proxy.continuation.same_turn``); else (c) the earlier
+   its text and calls: ``_echoes_calls``, ``proxy.continuation.same_turn``); else (c) the earlier
    call whose context its prompt continues (``prefix.boundary``), among the leaves (calls nothing
    continues yet): an exact extension beats a re-rendered one, a longer shared part wins, then the
    leaf whose sampled ids the prompt actually holds, then one whose client was still there; failing
@@ -130,7 +130,7 @@ def _last_assistant(record: CompletionRecord) -> dict[str, Any] | None:
     return None
 
 
-def echoes_calls(echo: Mapping[str, Any], sampled: AssistantMessage) -> bool | None:
+def _echoes_calls(echo: Mapping[str, Any], sampled: AssistantMessage) -> bool | None:
     """Do the echoed turn's tool-call ids name ``sampled``'s calls? None when either side has no
     usable ids (ids shorter than 8 characters prove nothing; providers show ``id_suffix`` forms)."""
     echoed = [c.get("id") for c in echo.get("tool_calls") or [] if isinstance(c, Mapping)]
@@ -145,7 +145,7 @@ def _answered(echo: dict[str, Any], record: CompletionRecord) -> bool:
     """Is ``echo`` (a request's last assistant turn) ``record``'s answer sent back? Tool-call ids
     decide when both sides have them; else the text and calls (not an empty answer: that names
     nothing). Where several calls match, linking prefers the one whose context the prompt extends."""
-    by_ids = echoes_calls(echo, record.message)
+    by_ids = _echoes_calls(echo, record.message)
     if by_ids is not None:
         return by_ids
     message = record.message

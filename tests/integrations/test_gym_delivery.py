@@ -59,28 +59,38 @@ async def opencode_capture(tmp_path: Path) -> list[Any]:
 
 
 async def test_real_side_chain_capture_delivers_main_chain_and_reports_the_drop(tmp_path: Path) -> None:
+    """opencode's title side request plus its main chain; the main chain's next request re-renders
+    the first answer differently from what was sampled, so the chain is cut there (never trained
+    after a context the model did not see): one title trace and two main traces. Gym takes one
+    trace per rollout: the larger main piece is delivered, the other piece and the title are counted."""
     records = await opencode_capture(tmp_path)
     traj = build_prefix_merged(records)
-    assert len(traj.traces) == 2  # the title chain and the main chain
+    assert len(traj.traces) == 3  # the title chain and the main chain, cut at its drift
+    mains = [i for i, t in enumerate(traj.traces) if t.trainable]
+    (title_i,) = [i for i, t in enumerate(traj.traces) if not t.trainable]
+    assert len(mains) == 2 and traj.traces[mains[0]].metadata["cut"] == "drift"
+    assert traj.traces[mains[1]].metadata["start"] == "drift"
     delivery = choose_delivered(traj)
-    main = max(range(2), key=lambda i: len(traj.traces[i].metadata["seqs"]))
-    assert delivery.index == main and delivery.dropped_traces == 1
-    title = traj.traces[1 - main]
+    main = max(mains, key=lambda i: sum(traj.traces[i].loss_mask))
+    other = sum(traj.traces[next(i for i in mains if i != main)].loss_mask)
+    assert delivery.index == main and delivery.dropped_traces == 2
+    title = traj.traces[title_i]
     title_tokens = sum(title.loss_mask)
     assert (title.trainable, title.role, traj.traces[main].trainable) == (False, "side_request:title", True)
-    assert delivery.untrained_tokens == title_tokens > 0 and delivery.dropped_tokens == 0
-    assert delivery.trainable_tokens == delivery.delivered_tokens == sum(traj.traces[main].loss_mask)
+    assert delivery.untrained_tokens == title_tokens > 0 and delivery.dropped_tokens == other > 0
+    assert delivery.delivered_tokens == sum(traj.traces[main].loss_mask)
+    assert delivery.trainable_tokens == delivery.delivered_tokens + other
     assert choose_delivered(build_prefix_merged(records)) == delivery  # deterministic on a rebuild
     row = {"responses_create_params": {"input": [{"role": "user", "content": "echo hi"}]}}
     result = SimpleNamespace(session_id="oc", status="completed", reward=1.0, evaluation={}, failure_kind=None,
                              failure_detail=None, mask=False, trajectory=traj)
     out = build_result(row, result, model="m", records=records)
-    assert out["polar_dropped_traces"] == 1 and out["polar_dropped_tokens"] == 0
+    assert out["polar_dropped_traces"] == 2 and out["polar_dropped_tokens"] == other
     assert out["polar_untrained_tokens"] == title_tokens
-    assert out["polar"]["trainable_tokens"][1 - main] == 0
+    assert out["polar"]["trainable_tokens"][title_i] == 0
     items = out["response"]["output"]
-    assert [i["type"] for i in items] == ["reasoning", "function_call", "function_call_output", "reasoning", "message"]
-    assert items[2]["output"] == "hi\n" and items[4]["content"][0]["text"] == "done"
+    assert main == mains[0]  # the first call (reasoning and the tool call) is the larger piece
+    assert [i["type"] for i in items] == ["reasoning", "function_call"]
     assert check_contiguous(items)[-1] == traj.traces[main].response_ids[-1]
     tally = DeliveryTally()
     tally.add(delivery)
