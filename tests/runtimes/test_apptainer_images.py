@@ -20,7 +20,6 @@ import pytest
 
 from polar_env.errors import ConfigError
 from polar_env.runtimes import ApptainerRuntime, RuntimeSpec
-from polar_env.runtimes.apptainer import find_apptainer
 from polar_env.runtimes.apptainer_images import Converted, ensure_sandbox, meta_path, sandbox_path
 from tests.conftest import DOCKER_IMAGE, REPO_ROOT, unavailable
 from tests.runtimes.conftest import git
@@ -142,15 +141,6 @@ def test_an_unwritable_store_is_one_line(fake: tuple[str, Path, Path], tmp_path:
 
 
 # ----- the real binary: a docker save archive, three runtimes at once -----------------------------------
-
-
-@pytest.fixture
-def apptainer() -> str:
-    found = find_apptainer()
-    if found is None:
-        unavailable("no apptainer binary (on PATH or built by scripts/install_apptainer.sh): run that script")
-    assert found is not None
-    return found
 
 
 @pytest.fixture
