@@ -44,6 +44,13 @@ def sh(cwd: Path, script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["/bin/sh", "-c", script], cwd=cwd, capture_output=True, text=True, check=False)
 
 
+def new_repo(path: Path) -> Path:
+    """An empty git repository at ``path``."""
+    path.mkdir()
+    git(path, "init", "-q")
+    return path
+
+
 def commit(repo: Path, message: str, **files: str) -> str:
     for name, text in files.items():
         (repo / name).write_text(text)
@@ -58,12 +65,10 @@ def object_ids(repo: Path, *args: str) -> set[str]:
 
 def make_history(tmp_path: Path) -> History:
     alt = tmp_path / "alt"
-    alt.mkdir()
-    git(alt, "init", "-q")
+    new_repo(alt)
     alt_commit = commit(alt, "only in the other store", **{"alt.txt": "the fix, elsewhere\n"})
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
+    new_repo(repo)
     commit(repo, "before the base", **{"calc.py": "def add(a, b):\n    return a - b\n", "f.txt": "0\n"})
     base = commit(repo, "base", **{"f.txt": "1\n", ".gitignore": "*.log\n"})
     fix = commit(repo, "the fix", **{"calc.py": "def add(a, b):\n    return a + b\n"})
@@ -146,8 +151,7 @@ def refs(repo: Path) -> str:
 
 def test_detached_head_stays_detached_and_alone(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
+    new_repo(repo)
     base = commit(repo, "base", **{"a.txt": "a\n"})
     commit(repo, "future", **{"a.txt": "b\n"})
     git(repo, "checkout", "-q", "--detach", base)
@@ -160,8 +164,7 @@ def test_detached_head_stays_detached_and_alone(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["no .git", "gitdir link", "unborn HEAD"])
 def test_nothing_to_scrub_is_a_no_op(tmp_path: Path, kind: str) -> None:
     store = tmp_path / "store"
-    store.mkdir()
-    git(store, "init", "-q")
+    new_repo(store)
     commit(store, "history", **{"a.txt": "a\n"})
     work = tmp_path / "work"
     work.mkdir()
@@ -181,8 +184,7 @@ def test_nothing_to_scrub_is_a_no_op(tmp_path: Path, kind: str) -> None:
 
 def test_a_failure_leaves_the_repo_as_it_was(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
+    new_repo(repo)
     base = commit(repo, "base", **{"a.txt": "a\n", "b.txt": "b\n"})
     future = commit(repo, "future", **{"a.txt": "c\n"})
     git(repo, "reset", "-q", "--hard", base)
@@ -195,12 +197,10 @@ def test_a_failure_leaves_the_repo_as_it_was(tmp_path: Path) -> None:
 
 def test_submodule_checkout_loses_its_link_not_its_files(tmp_path: Path) -> None:
     sub = tmp_path / "sub"
-    sub.mkdir()
-    git(sub, "init", "-q")
+    new_repo(sub)
     commit(sub, "sub", **{"s.txt": "s\n"})
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
+    new_repo(repo)
     commit(repo, "base", **{"a.txt": "a\n"})
     git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "vendored")
     git(repo, "commit", "-q", "-m", "with the submodule")

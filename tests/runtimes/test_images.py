@@ -241,13 +241,11 @@ async def test_docker_path_is_the_images(venv_image: str) -> None:
 
 async def test_docker_missing_image_is_one_line(docker_host: str) -> None:
     rt = DockerRuntime(RuntimeSpec(kind="docker", image="polar-test/absent:nope", network="none"))
-    started = time.monotonic()
     with pytest.raises(ConfigError) as exc:
         await rt.prepare()
     await rt.stop()
     line = str(exc.value)
     assert "\n" not in line and "`docker pull polar-test/absent:nope`" in line and "--pull" in line
-    assert time.monotonic() - started < 30
 
 
 def test_preflight_lists_every_missing_docker_image(docker_host: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +126,8 @@ def test_the_rows_tests_pass_in_the_image_with_the_gold_patch_and_fail_without(b
 def test_a_second_build_of_a_current_image_is_skipped(built: tuple[Builder, BuildResult]) -> None:
     builder, result = built
     inode = (result.bundle / "config.json").stat().st_ino
-    start = time.monotonic()
     again = builder.build(_task())
-    assert again.skipped and again.commit == result.commit and time.monotonic() - start < 5
+    assert again.skipped and again.commit == result.commit and again.stages == {}  # no stage ran
     assert (result.bundle / "config.json").stat().st_ino == inode  # untouched
     assert "up to date" in again.line()
 
