@@ -55,7 +55,8 @@ EVAL_TIMEOUT_S = 600.0  # the whole evaluation, for an evaluator that states no 
 EVAL_MARGIN_S = 300.0  # beyond an evaluator's own script timeout: its fresh runtime, the change set, grading
 WORKER_GRACE_S = 120.0  # beyond the evaluation's own timeout, before a silent worker is given up on
 ENGINE_WAIT_FACTOR = 3.0  # engine time may stretch RUNNING's wall clock to timeout_s × (1 + this), no further
-BUDGET_POLL_S = 0.02  # the budget's re-check while a call is in the engine (the deadline moves with it)
+BUDGET_POLL_S = (0.02, 1.0)  # the budget's re-check while a call is in the engine (the deadline moves with
+# it): budget/20 within these bounds, so 256 sessions of 600 s poll once a second each, not 50 times
 OUTPUT_TAIL = 300  # characters of a harness's output kept in a failure's detail
 
 
@@ -286,6 +287,7 @@ class SessionRunner:
         out there (``engine_bound_timeout``, masked). A harness's own exception propagates."""
         budget = run.spec.request.timeout_s
         ceiling = budget * (1 + ENGINE_WAIT_FACTOR)
+        poll = min(max(budget / 20, BUDGET_POLL_S[0]), BUDGET_POLL_S[1])
         engine_s = self.node.engine_clock(run.spec.session_id)
         started = run.running_at = time.monotonic()
         agent = asyncio.ensure_future(self._run_agent(run, ceiling))
@@ -296,7 +298,7 @@ class SessionRunner:
                 left = min(budget - (wall - engine_s()), ceiling - wall)
                 if left <= 0:
                     break
-                await asyncio.wait({agent}, timeout=max(left, BUDGET_POLL_S))
+                await asyncio.wait({agent}, timeout=max(left, poll))
         finally:
             run.engine_s = engine_s()
             out_of_time = not agent.done()
