@@ -120,6 +120,16 @@ def missing_extra(exc: BaseException | None) -> str | None:
     return None
 
 
+def require_extras(*modules: str) -> None:
+    """For tests whose missing extra would surface in a subprocess (a CLI run), not as an import here."""
+    import importlib.util
+
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            reason = missing_extra(ModuleNotFoundError(f"No module named {name!r}", name=name))
+            unavailable(reason or f"{name} is not installed")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """A failure caused by a missing optional extra is a skip naming its install line (a failure under CI)."""

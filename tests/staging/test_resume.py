@@ -21,7 +21,7 @@ import pytest
 
 from polar_env.cli import main
 from polar_env.dashboard.runs import discover
-from tests.conftest import REPO_ROOT, require_bwrap, unavailable
+from tests.conftest import REPO_ROOT, require_bwrap, require_extras, unavailable
 from tests.waits import until_sync
 
 pytestmark = pytest.mark.slow
@@ -40,6 +40,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def sim(tmp_path: Path) -> list[str]:
     """Job flags: two tasks x 3 samples, 1 s per simulated engine call, two RUNNING slots."""
     require_bwrap()
+    require_extras("pyarrow")  # the runs write trajectories.parquet
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     config = tmp_path / "sim.yaml"
@@ -284,6 +285,7 @@ def test_sigterm_stops_an_embedded_engine_rollout_within_seconds(tmp_path: Path)
     and exits with the summary and the resume line, within the wait below (it measured 5-10 s
     here under load; before the node aborted its engine calls it took ~113 s)."""
     require_bwrap()
+    require_extras("pyarrow", "swebench")  # toy__calc-1 is graded by swebench's code
     out, run_dir = tmp_path / "out", tmp_path / "out" / "emb"
     proc = polar("rollout", "--task-id", "toy__calc-1", "--samples", "2", "--harness", "loop", "--out", str(out),
                  "--run-id", "emb", "--no-progress", log=tmp_path / "log")
