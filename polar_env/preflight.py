@@ -76,6 +76,7 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
     from polar_env.observe.tracker import require_tracker
     from polar_env.staging.job import load_tasks
 
+    check_job_bounds(job)
     if job.tracker is not None:
         require_tracker(job.tracker)
 
@@ -96,6 +97,25 @@ def check_job(job: RolloutJob, command: str) -> list[TaskRequest]:
     check_buildable_images(reqs, str(job.tasks))
     check_env(job.env, reqs, command)
     return reqs
+
+
+def check_job_bounds(job: RolloutJob) -> None:
+    """What one field's bounds cannot say: ``-k`` and ``--early-stop`` within ``--samples`` (pass@k
+    needs k samples per task: a larger k was dropped from the report, silently), and ``--out`` a
+    folder (or a path to make one at), before the run folder is made."""
+    if job.mode == "eval" and max(job.pass_k, default=1) > job.samples:
+        k = max(job.pass_k)
+        raise ConfigError(f"invalid option -k {k}: pass@{k} needs at least {k} sessions per task and --samples is "
+                          f"{job.samples}; pass --samples {k} or a smaller -k")
+    if job.early_stop_min_usable is not None and job.early_stop_min_usable > job.samples:
+        raise ConfigError(f"invalid option --early-stop {job.early_stop_min_usable}: a group of --samples "
+                          f"{job.samples} never has that many usable sessions; give --early-stop at most {job.samples}")
+    out = Path(job.out)
+    blocker = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "is a file" if blocker == out else f"is under the file {blocker}"
+        raise ConfigError(f"--out {out} {where}, not a folder; pass a folder for the runs (each run writes "
+                          "OUT/<run id>/), or move the file away")
 
 
 def check_buildable_images(reqs: Sequence[TaskRequest], tasks: str) -> None:
@@ -191,12 +211,10 @@ async def check_engine(config: AnyEngineConfig, wait_s: float = ENGINE_WAIT_S) -
         if config.script is not None:
             from polar_env.engines.config import load_policy
 
-            try:
-                load_policy(config.script)
-            except (TypeError, ValueError) as exc:  # a step with unknown keys
-                raise ConfigError(f"{config.script} is not a scripted policy ({exc}), --engine-script; see README "
-                                  "'Scripted policy' for the format") from None
+            load_policy(config.script)  # one line naming --engine-script and what in the file is wrong
         config.resolved_template()  # template auto: read off model_dir's own files, or one line
+        if isinstance(config, EmbeddedEngineConfig):
+            config.check_fits()  # a tokenizer with ids past the weights' embedding: one line naming --template
         return
     from polar_env.engines.config import build_engine
     from polar_env.engines.probe import choose_model, engine_urls, served_models

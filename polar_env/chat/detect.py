@@ -11,12 +11,16 @@ line asking for ``template`` to be set, since a wrong family silently breaks tok
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import mmap
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from polar_env.errors import ConfigError
 
@@ -30,6 +34,9 @@ PUBLISHED: dict[str, str] = {
     # Qwen/Qwen3.5-4B (llama.cpp's models/templates/Qwen3.5-4B.jinja)
     "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715": "qwen3.5",
 }
+
+# Embedding rows of the families' own (exported) weights, for a model folder without a chat template.
+ROWS: dict[int, str] = {248_320: "qwen3.5", 151_936: "qwen3"}
 
 # Published ids (Hugging Face ``org/name``, or the name alone) of the models a family was written for.
 _NAMES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -73,14 +80,106 @@ def chat_template_of(path: Path) -> str | None:
 
 
 def _gguf_template(path: Path) -> str | None:
+    return _gguf_facts(str(path))[0]
+
+
+@functools.cache
+def _gguf_facts(path: str) -> tuple[str | None, int | None]:
+    """A ``.gguf``'s chat template and embedding rows, read once per process off its header alone
+    (gguf's own reader parses every tensor's entry first: seconds on a 100 MB file)."""
+    meta = gguf_metadata(Path(path), ("general.architecture", "tokenizer.chat_template", "tokenizer.ggml.tokens"))
+    rows = gguf_metadata(Path(path), (f"{meta.get('general.architecture')}.vocab_size",)) if meta else {}
+    template = meta.get("tokenizer.chat_template")
+    count = next(iter(rows.values()), None) or meta.get("tokenizer.ggml.tokens")  # an array gives its length
+    return (template if isinstance(template, str) else None), (count if isinstance(count, int) else None)
+
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
+    """The values of ``keys`` in a GGUF file's key-value header (an array's value is its length);
+    ConfigError when the file is not GGUF."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ConfigError(f"{path} is not a GGUF file (no GGUF magic); give a .gguf model or a HF model folder")
+        pos, found = 24, {}  # magic, version (u32), tensor count (u64), key-value count (u64)
+
+        def take(fmt: str) -> Any:
+            nonlocal pos
+            (value,) = struct.unpack_from(fmt, buf, pos)
+            pos += struct.calcsize(fmt)
+            return value
+
+        def text() -> str:
+            nonlocal pos
+            size = take("<Q")
+            pos += size
+            return bytes(buf[pos - size:pos]).decode("utf-8", "replace")
+
+        def value(kind: int) -> object:
+            nonlocal pos
+            if kind == _STRING:
+                return text()
+            if kind != _ARRAY:
+                return take(_SCALAR[kind])
+            inner, count = take("<I"), take("<Q")
+            if inner in _SCALAR:
+                pos += count * struct.calcsize(_SCALAR[inner])
+            else:
+                for _ in range(count):
+                    value(inner)
+            return int(count)
+
+        for _ in range(struct.unpack_from("<Q", buf, 16)[0]):
+            key = text()
+            found[key] = value(take("<I"))
+            if all(k in found for k in keys):
+                break
+        return {k: found[k] for k in keys if k in found}
+
+
+def vocab_rows(path: Path) -> int | None:
+    """The rows of the model's embedding (``vocab_size``; a ``.gguf``'s metadata), None when unknown."""
+    if path.is_file() and path.suffix == ".gguf":
+        return _gguf_facts(str(path))[1]
     try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ConfigError(f"reading {path}'s chat template needs gguf: pip install gguf") from None
-    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
-    if field is None:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
         return None
-    return bytes(field.parts[field.data[0]]).decode()
+    value = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return value if isinstance(value, int) else None
+
+
+def check_vocabulary(path: Path, tokens: int, template: str) -> None:
+    """A tokenizer whose ids run past the model's embedding is refused at start: every request
+    would fail with "prompt token id out of vocabulary range"."""
+    rows = vocab_rows(path)
+    if rows is not None and tokens > rows:
+        raise ConfigError(f"--template {template} does not fit the model at {path}: its tokenizer has {tokens:,} ids, "
+                          f"the model {rows:,} embedding rows; drop --template (the model's own chat format is read "
+                          f"off its files) or pass --template hf:{path}")
+
+
+def served_name(path: Path) -> str:
+    """The name a model given by path is served as: the file's stem or the folder's name."""
+    path = Path(path).expanduser()
+    return path.stem if path.suffix == ".gguf" else (path.resolve().name or str(path))
+
+
+def detect_model_dir(path: Path) -> Detection:
+    """The family of the embedded engine's own weights: their chat template; with none (``polar-env
+    export-model`` writes none), a Qwen family whose exact embedding size they have."""
+    if chat_template_of(path) is not None:
+        return detect_from_files(path)
+    rows = vocab_rows(path)
+    family = ROWS.get(rows or 0)
+    if family is None:
+        raise ConfigError(f"{path} has no chat template (chat_template.jinja, tokenizer_config.json or GGUF metadata) "
+                          f"and its {rows or 'unknown'}-row embedding is no known family's; pass --template "
+                          "(e.g. qwen3.5, qwen3 or hf:/a/folder/with/its/template)")
+    return Detection(family, f"{path.name} has no chat template; its {rows:,}-row embedding is {family}'s")
 
 
 def detect_from_files(path: Path) -> Detection:

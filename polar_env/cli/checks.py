@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from polar_env.errors import ConfigError
 
@@ -29,8 +28,17 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A subcommand's parser whose mistakes (``--nodes abc``, a missing ``--store``) are one line,
+    the flag named, not that line under the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str) -> argparse.ArgumentParser:
     """A subcommand whose one-line help is also its description, in the project's help format."""
+    sub._parser_class = OneLineParser  # noqa: SLF001 - argparse's documented way is parser_class= at add_subparsers
     return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 
 
@@ -75,19 +83,42 @@ def model_dir(path: str) -> Path:
 
 def load_script(path: str) -> Any:
     """The scripted policy from ``--script FILE`` (JSON: ``{"steps": [{command|text, reasoning}]}``)."""
-    from polar_env.engines.embedded.policy import ScriptedPolicy
+    from polar_env.engines.config import load_policy
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--script {path}: no such file; write a JSON policy there "
-                          '(e.g. {"steps": [{"command": "ls"}, {"text": "done"}]}) or drop --script')
-    try:
-        return ScriptedPolicy.from_dict(json.loads(p.read_text()))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--script {path} is not JSON: {exc}") from exc
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"--script {path} is not a scripted policy ({exc}); "
-                          'expected {"steps": [{"command": ...} or {"text": ...}, ...]}') from exc
+    return load_policy(Path(path), "--script")
+
+
+def check_numbers(args: argparse.Namespace, fields: dict[str, str], bounds: dict[str, tuple[float, float]]) -> None:
+    """Flags of commands without a config (``engine``, ``gateway``) against the bounds of the config
+    fields they mirror (``fields``: dest -> path, e.g. ``env.engine.seed``) or plain ``bounds``
+    (dest -> inclusive low, high): one line naming the flag, before anything starts."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from polar_env.cli.options import fields_at
+
+    for dest, path in fields.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        field = fields_at(path)[0]
+        try:
+            TypeAdapter(Annotated[(field.annotation, *field.metadata)]).validate_python(value)
+        except ValidationError as exc:
+            message = str(exc.errors(include_url=False)[0]["msg"])
+            raise ConfigError(f"invalid option --{dest.replace('_', '-')} {_shown(value)}: "
+                              f"{message[:1].lower()}{message[1:]}; see --help") from None
+    for dest, (low, high) in bounds.items():
+        value = getattr(args, dest, None)
+        if value is not None and not low <= value <= high:  # NaN fails too
+            raise ConfigError(f"invalid option --{dest.replace('_', '-')} {_shown(value)}: give a number from {low:g} "
+                              f"to {high:g}; see --help")
+
+
+def _shown(value: object) -> str:
+    """A number as the user typed it, near enough: ``-5`` for -5.0, ``70000`` for 70000."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def missing_extra_message(exc: ModuleNotFoundError, command: str) -> str | None:

@@ -358,12 +358,14 @@ def env_config(args: argparse.Namespace) -> PolarEnvConfig:
 
     try:
         return PolarEnvConfig.model_validate(_env_data(args))
-    except ValidationError as exc:
-        raise ConfigError(validation_line(exc, model=PolarEnvConfig) + _given_as(exc, args)) from None
+    except ValidationError as exc:  # a bound a flag's value broke names the flag: "nodes: ... (given as --nodes)"
+        flag = _flag_of(exc, args)
+        given_as = f" (given as {flag.name})" if flag is not None else ""
+        raise ConfigError(validation_line(exc, model=PolarEnvConfig) + given_as) from None
 
 
-def _given_as(exc: Any, args: argparse.Namespace) -> str:
-    """`` (given as --flag)`` when the first problem is a value a flag gave (not ``--config``'s)."""
+def _flag_of(exc: Any, args: argparse.Namespace) -> Flag | None:
+    """The flag that gave the value of the first problem (None: ``--config``'s, or a default)."""
     from polar_env.engines.config import ENGINES
 
     loc = [str(p) for p in exc.errors(include_url=False)[0]["loc"]]
@@ -372,8 +374,8 @@ def _given_as(exc: Any, args: argparse.Namespace) -> str:
     path = "env." + ".".join(loc)
     for flag in FLAGS:
         if flag.env and (path == flag.path or path.startswith(flag.path + ".")) and given(args, (flag,)):
-            return f" (given as {flag.name})"
-    return ""
+            return flag
+    return None
 
 
 def _env_data(args: argparse.Namespace) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiohttp import web
 
-from polar_env.cli.checks import add_command, load_script, model_dir, store_to_write
+from polar_env.cli.checks import add_command, check_numbers, load_script, model_dir, store_to_write
 from polar_env.cli.options import ENGINE_URL_HELP, TEMPLATE_HELP, choices, engine_kind, literal_values, metavar, model_default
 from polar_env.errors import ConfigError
 
@@ -35,11 +35,20 @@ def _template(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _template_given(args: argparse.Namespace, kind: str) -> str:
+    """``--template`` as given; unset, ``auto`` for a model given by path (its own chat format),
+    else the default (what the seeded weights are built for)."""
+    if args.template is not None:
+        return str(args.template)
+    return "auto" if kind == "embedded" and getattr(args, "model_dir", None) else str(model_default("env.engine.template"))
+
+
 def _resolved_template(args: argparse.Namespace, kind: str = "embedded") -> str:
     """``--template``, with ``auto`` read off the model: its ``--model-dir``, or what the engine at
     ``--engine-url`` says it serves (ask after the engine answers)."""
-    if args.template != "auto":
-        return str(args.template)
+    template = _template_given(args, kind)
+    if template != "auto":
+        return template
     from polar_env.engines.config import engine_config
 
     fields = {"model_dir": getattr(args, "model_dir", None)} if kind == "embedded" else {"url": args.engine_url}
@@ -48,6 +57,7 @@ def _resolved_template(args: argparse.Namespace, kind: str = "embedded") -> str:
 
 def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.chat import chat_format
+    from polar_env.chat.detect import check_vocabulary, served_name
     from polar_env.engines.embedded.engine import EmbeddedEngine
     from polar_env.engines.embedded.model import ModelSpec
     from polar_env.engines.embedded.policy import ScriptedPolicy, ScriptStep
@@ -62,16 +72,20 @@ def _engine_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                 ScriptStep(text=args.script_answer, reasoning="The tool answered."),
             )
         )
+    weights = model_dir(args.model_dir) if args.model_dir else None  # a bad path: one line before any detection
     chat = chat_format(_resolved_template(args))
     named = chat.weights  # hf:PATH / smollm2: the template's own model unless --model-dir gives one
+    weights = weights or (model_dir(str(named)) if named else None)
+    if weights is not None:  # a tokenizer with ids past the embedding: refused now, not per request
+        check_vocabulary(weights, chat.tokenizer.n_vocab, _template_given(args, "embedded"))
     return EmbeddedEngine(
-        model_dir=model_dir(args.model_dir) if args.model_dir else (model_dir(str(named)) if named else None),
+        model_dir=weights,
         spec=ModelSpec(seed=args.seed),
         chat=chat,
         policy=policy,
         logprobs_mode=args.logprobs_mode,
         max_tokens=args.max_tokens or EMBEDDED_MAX_TOKENS,
-        model_name=args.served_model_name or EMBEDDED_MODEL_NAME,
+        model_name=args.served_model_name or (served_name(weights) if args.model_dir and weights else EMBEDDED_MODEL_NAME),
     )
 
 
@@ -82,9 +96,10 @@ def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) ->
     p.add_argument("--seed", type=int, default=d["seed"], help="seed of the random weights")
     p.add_argument("--served-model-name", help=(
         "model name sent to the engine (default: the one model a vllm/sglang engine lists at /v1/models; "
-        f"{EMBEDDED_MODEL_NAME} for the embedded engine)") if gateway else f"model name served (default: {EMBEDDED_MODEL_NAME})")
-    p.add_argument("--template", type=_template, metavar=metavar(choices("templates")),
-                   default=model_default("env.engine.template"), help=TEMPLATE_HELP)
+        f"{EMBEDDED_MODEL_NAME} for the embedded engine)") if gateway else
+        f"model name served (default: --model-dir's file or folder name, else {EMBEDDED_MODEL_NAME})")
+    p.add_argument("--template", type=_template, metavar=metavar(choices("templates")), help=(
+        f"{TEMPLATE_HELP} (default: auto with --model-dir, else {model_default('env.engine.template')})"))
     p.add_argument("--logprobs-mode", choices=literal_values("env.engine.logprobs_mode"), default=model_default("env.engine.logprobs_mode"),
                    help="logprobs of the sampled distribution (processed) or of the raw logits")
     if not gateway:  # the gateway's --max-tokens caps every engine, this one included
@@ -95,13 +110,21 @@ def _add_engine_options(p: argparse.ArgumentParser, *, gateway: bool = False) ->
     p.add_argument("--script-answer", default=d["script_answer"], help="--scripted: the final answer ({tool_output} is replaced)")
 
 
+# The flags of engine and gateway that mirror a config field, and the plain bounds of the others.
+MIRRORED = {"seed": "env.engine.seed", "max_tokens": "env.sampling.max_tokens",
+            "temperature": "env.sampling.temperature", "top_p": "env.sampling.top_p"}
+BOUNDS = {"port": (0.0, 65535.0), "engine_wait_s": (0.0, 86400.0), "engine_timeout": (0.001, 1e9)}
+
+
 def cmd_engine(args: argparse.Namespace) -> int:
     from polar_env.engines.embedded.server import build_app
 
+    check_numbers(args, MIRRORED, BOUNDS)
     started = time.perf_counter()
     engine = _engine_from_args(args)
     what = f"polar-env engine ({json.dumps(engine.describe())})"
-    asyncio.run(_serve(build_app(engine), args.host, args.port, what, started))
+    weights = Path(args.model_dir).expanduser().resolve() if args.model_dir else engine.chat.weights
+    asyncio.run(_serve(build_app(engine, root=str(weights) if weights else None), args.host, args.port, what, started))
     return 0
 
 
@@ -156,6 +179,7 @@ async def _gateway_engine(args: argparse.Namespace, kind: str):  # type: ignore[
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    check_numbers(args, MIRRORED, BOUNDS)
     kind = resolve_engine_kind(args)
     store_root = store_to_write(args.store)
     from polar_env import eventloop

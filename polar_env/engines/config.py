@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from polar_env.engines import engine_base_url, engine_urls_of
 from polar_env.engines.base import EngineClient
@@ -60,7 +60,7 @@ class _Engine(BaseModel):
         return _detected(self.detection_key()).template
 
     def detection_key(self) -> tuple[str, ...]:
-        """What ``template: auto`` is detected from: ("files", PATH), ("urls", URL, ...), or
+        """What ``template: auto`` is detected from: ("model_dir", PATH), ("urls", URL, ...), or
         ("default",) for the seeded random weights, which are built for qwen3.5."""
         return ("default",)
 
@@ -81,7 +81,7 @@ class _Scripted(_Engine):
     script: Path | None = None
     # harnesses that end only by a command (mini-swe-agent): scripted answers also run it
     script_finish_command: str | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**63)  # torch and numpy take a 64-bit seed
 
     def policy(self) -> ScriptedPolicy | None:
         if self.script is None:
@@ -102,6 +102,20 @@ class EmbeddedEngineConfig(_Scripted):
     kind: Literal["embedded"] = "embedded"
     model_dir: Path | None = None  # a HF model folder or a .gguf file
     logprobs_mode: LogprobsMode = "processed"
+
+    @model_validator(mode="after")
+    def _own_model(self) -> EmbeddedEngineConfig:
+        """A model given by path is served with its own chat format (``auto``: read off its files)
+        and under its own name, unless they are set; the defaults fit only the seeded weights.
+        Written past ``model_fields_set``: derived, not chosen, so a dump re-derives them."""
+        if self.model_dir is not None:
+            from polar_env.chat.detect import served_name
+
+            if "template" not in self.model_fields_set:
+                self.__dict__["template"] = "auto"
+            if "model" not in self.model_fields_set:
+                self.__dict__["model"] = served_name(self.model_dir)
+        return self
 
     def default_max_tokens(self) -> int:
         # A random tiny model rarely samples EOS: bound each sampled turn. Scripted turns end on
@@ -125,8 +139,17 @@ class EmbeddedEngineConfig(_Scripted):
         named = self.chat().weights
         return None if named is None else check_weights(named, f"template {self.template!r}:")
 
+    def check_fits(self) -> None:
+        """The template's tokenizer fits the weights' embedding (ConfigError in one line naming
+        ``--template``): else every request fails with a prompt id out of the vocabulary."""
+        weights = self.weights()
+        if weights is not None:
+            from polar_env.chat.detect import check_vocabulary
+
+            check_vocabulary(weights, self.chat().tokenizer.n_vocab, self.template)
+
     def detection_key(self) -> tuple[str, ...]:
-        return ("files", str(self.model_dir)) if self.model_dir is not None else ("default",)
+        return ("model_dir", str(self.model_dir)) if self.model_dir is not None else ("default",)
 
     def describe(self) -> str:
         path = self.model_dir or self.chat().weights
@@ -206,12 +229,12 @@ def _detected(key: tuple[str, ...]) -> Detection:
     """``template: auto`` for one engine (see ``_Engine.detection_key``), said once on stderr."""
     import sys
 
-    from polar_env.chat.detect import Detection, detect, detect_from_files
+    from polar_env.chat.detect import Detection, detect, detect_model_dir
 
     if key[0] == "default":
         found = Detection("qwen3.5", "the seeded random weights are built for it")
-    elif key[0] == "files":
-        found = detect_from_files(Path(key[1]).expanduser())
+    elif key[0] == "model_dir":
+        found = detect_model_dir(Path(key[1]).expanduser())
     else:
         from polar_env.engines.probe import served_sources
 
@@ -266,16 +289,22 @@ def _urls(kind: str, url: str | list[str] | None) -> list[str]:
     return urls
 
 
-def load_policy(path: Path) -> ScriptedPolicy:
-    """A scripted policy file (``{"steps": [...]}``), or ConfigError naming the file."""
+def load_policy(path: Path, where: str = "--engine-script") -> ScriptedPolicy:
+    """A scripted policy file (``{"steps": [...]}``), or ConfigError in one line naming ``where``
+    (the flag that gives it) and the file."""
     import json
 
-    from polar_env.engines.embedded.policy import ScriptedPolicy
+    from polar_env.engines.embedded.policy import EXAMPLE, ScriptedPolicy
 
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ConfigError(f"script file {path} does not exist") from None
+        raise ConfigError(f"{where} {path}: no such file; write a scripted policy there (e.g. {EXAMPLE})") from None
+    except OSError as exc:
+        raise ConfigError(f"{where} {path}: cannot read it ({exc.strerror or exc}); give a JSON file") from None
     except ValueError as exc:
-        raise ConfigError(f"script file {path} is not valid JSON: {exc}") from None
-    return ScriptedPolicy.from_dict(data)
+        raise ConfigError(f"{where} {path} is not JSON: {exc}") from None
+    try:
+        return ScriptedPolicy.from_dict(data)
+    except ValueError as exc:
+        raise ConfigError(f"{where} {path} is not a scripted policy: {exc}; see README 'Scripted policy'") from None

@@ -51,11 +51,12 @@ class PolarEnvConfig(BaseModel):
     evaluator: EvaluatorSpec | None = None  # default: swebench for SWE tasks, none otherwise
     continuation: bool = True  # token-in continuation: append-only chains (canonical: False)
     sampling: Sampling = Sampling()  # trainer-owned temperature / top_p / max_tokens (per-call cap)
-    timeout_s: float = 600.0
-    init_timeout_s: float = 300.0
+    # bounded here, so a YAML value and its flag are refused alike, before anything starts
+    timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    init_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     limits: PoolLimits = Field(default_factory=PoolLimits)
     store: Path = Path("polar_rollouts/capture")
-    nodes: int = 1
+    nodes: int = Field(default=1, ge=1)
     ray: bool = False
     ray_address: str | None = None
     ray_node_resource: str | None = None  # Ray custom resource each node actor takes one unit of

@@ -279,14 +279,12 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
         steps.append(f"{kinds['no_model_calls']} session(s) ended with no model call captured (masked): their harness "
                      "never reached the gateway; check the preset's base URL / API key config (failure_detail has its "
                      "exit code and output)")
-    if kinds.get("engine_bound_timeout"):
-        steps.append(f"{kinds['engine_bound_timeout']} session(s) ran out of wall time waiting on the engine (masked): "
-                     "the engine is overloaded for this many RUNNING sessions; lower --max-running or add engine capacity")
+    steps += timeout_hint(report)
     if statuses.get("error") or statuses.get("timeout"):
         steps.append(f"{statuses.get('error', 0)} error / {statuses.get('timeout', 0)} timeout session(s): the "
                      "reason column says why; sessions.jsonl has each one's failure_kind, failure_detail and stage times")
     if (report.get("mean_reward") or 0) == 0 and engine.get("kind", "embedded") == "embedded" \
-            and not engine.get("script") and not engine.get("model_dir"):
+            and not engine.get("script") and not real_weights(engine):
         steps.append("reward 0 is expected here: the embedded engine has random weights. To see reward 1, force the "
                       "model's turns with a scripted policy (--engine-script FILE; README 'Scripted policy' has one "
                       "that fixes toy__calc-1), or load real weights with --model-dir, or serve a model and pass "
@@ -294,3 +292,39 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
     steps.append(f"inspect: polar-env dashboard {out} · rebuild trajectories: polar-env build --store "
                  f"{out} · train on {out / 'trajectories.jsonl'}")
     return ["next: " + steps[0], *("      " + s for s in steps[1:])]
+
+
+def real_weights(engine: dict[str, Any]) -> bool:
+    """Whether the embedded engine loaded real weights: a ``model_dir``, or a template that names
+    its own model (``smollm2``, ``hf:PATH``); else it ran seeded random ones."""
+    template = str(engine.get("template") or "")
+    return bool(engine.get("model_dir")) or template == "smollm2" or template.startswith("hf:")
+
+
+BUSY_ENGINE = 0.5  # busier than this through a run whose sessions timed out: the engine was the bottleneck
+
+
+def timeout_hint(report: dict[str, Any]) -> list[str]:
+    """When sessions timed out, what the engine was doing meanwhile and the flag that helps: a
+    loaded machine (a busy engine decoding one request at a time, or a starved harness) reads
+    otherwise as a policy that ran out of time."""
+    timed_out = report.get("statuses", {}).get("timeout", 0)
+    if not timed_out:
+        return []
+    env = (report.get("config") or {}).get("env") or {}
+    engine = env.get("engine") or {}
+    busy, wall = report.get("engine_busy_fraction"), float(report.get("wall_s") or 0)
+    tokens, calls = int(report.get("sampled_tokens") or 0), int(report.get("engine_calls") or 0)
+    rate = f"{tokens / wall:.1f}" if wall else "-"
+    timeout, running = env.get("timeout_s", 600), (env.get("limits") or {}).get("max_running", 4)
+    bound = report.get("failure_kinds", {}).get("engine_bound_timeout", 0)
+    kinds = f" ({bound} session(s) ran out of wall time waiting on the engine, masked)" if bound else ""
+    doing = (f"{timed_out} session(s) timed out{kinds}; meanwhile the engine was busy {_pct(busy)} of the {wall:g} s "
+             f"run and sampled {tokens} tokens in {calls} call(s) ({rate} tokens/s)")
+    fewer = f"lower --max-running (now {running}) or " if running > 1 else ""
+    if busy is not None and busy >= BUSY_ENGINE:
+        one = " (the embedded CPU engine decodes one request at a time)" if engine.get("kind", "embedded") == "embedded" else ""
+        return [f"{doing}: the engine, not the policy, was the limit{one}; {fewer}raise --timeout-s (now {timeout:g}), "
+                "or give the engine more capacity"]
+    return [f"{doing}: the engine was mostly idle, so the harnesses themselves were slow (a loaded machine?); "
+            f"{fewer}raise --timeout-s (now {timeout:g})"]

@@ -38,12 +38,22 @@ class ScriptedPolicy:
     command_params: tuple[str, ...] = COMMAND_PARAMS
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ScriptedPolicy:
-        steps = tuple(ScriptStep(**step) for step in data.get("steps", ()))
+    def from_dict(cls, data: Any) -> ScriptedPolicy:
+        """The policy a JSON file holds; ValueError naming the part that is wrong (which step, which
+        key), never Python's own words about ``**`` or dataclasses."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"the file holds {_kind(data)}, not an object like {EXAMPLE}")
+        unknown = sorted(set(data) - set(POLICY_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(POLICY_KEYS)})")
+        raw = data.get("steps", [])
+        if not isinstance(raw, list):
+            raise ValueError(f"'steps' is {_kind(raw)}, not a list of steps like {EXAMPLE}")
+        steps = tuple(_step(i, step) for i, step in enumerate(raw, 1))
         return cls(
             steps=steps or cls().steps,
-            shell_tools=tuple(data.get("shell_tools", SHELL_TOOLS)),
-            command_params=tuple(data.get("command_params", COMMAND_PARAMS)),
+            shell_tools=_names(data.get("shell_tools", SHELL_TOOLS), "shell_tools"),
+            command_params=_names(data.get("command_params", COMMAND_PARAMS), "command_params"),
         )
 
     def next_turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -78,6 +88,37 @@ class ScriptedPolicy:
         is_array = isinstance(schema, Mapping) and schema.get("type") == "array"
         value: Any = ["bash", "-lc", command] if is_array else command
         return {"type": "function", "function": {"name": name, "arguments": {param: value}}}
+
+
+POLICY_KEYS = ("steps", "shell_tools", "command_params")
+STEP_KEYS = ("command", "text", "reasoning")
+EXAMPLE = '{"steps": [{"command": "ls"}, {"text": "done"}]}'
+
+
+def _kind(value: object) -> str:
+    """A JSON value as a user names it: ``a number (1)``, ``a list``, ``a string ('x')``."""
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    shown = f" ({value!r:.40})" if isinstance(value, bool | int | float | str) else ""
+    return ("null" if value is None else names.get(type(value), type(value).__name__)) + shown
+
+
+def _step(n: int, step: object) -> ScriptStep:
+    if not isinstance(step, Mapping):
+        raise ValueError(f"step {n} is {_kind(step)}, not an object like {{\"command\": \"ls\"}} or {{\"text\": \"done\"}}")
+    unknown = sorted(set(step) - set(STEP_KEYS))
+    if unknown:
+        raise ValueError(f"step {n} has unknown key {unknown[0]!r} (known: {', '.join(STEP_KEYS)})")
+    for key in STEP_KEYS:
+        value = step.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"step {n}: {key!r} is {_kind(value)}, not a string")
+    return ScriptStep(command=step.get("command"), text=step.get("text") or "", reasoning=step.get("reasoning") or "")
+
+
+def _names(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key!r} is {_kind(value)}, not a non-empty list of names")
+    return tuple(value)
 
 
 def _turns_since_query(messages: Sequence[Mapping[str, Any]]) -> int:

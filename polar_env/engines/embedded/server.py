@@ -27,6 +27,7 @@ from polar_env.errors import RequestError
 from polar_env.records import ChatRequest, Generation
 
 ENGINE_KEY = web.AppKey("engine", EmbeddedEngine)
+ROOT_KEY = web.AppKey("root", str)  # what /v1/models says was loaded: the weights' path, as vLLM's ``root``
 _UNSUPPORTED = ("structured_outputs", "prompt_logprobs", "guided_json", "guided_regex", "guided_choice")
 MAX_BODY_BYTES = 64 * 1024 * 1024  # 100k-token token-in prompts are ~1 MB; leave ample room
 
@@ -226,7 +227,7 @@ async def models(request: web.Request) -> web.Response:
         "object": "model",
         "created": int(time.time()),
         "owned_by": "polar_env",
-        "root": engine.model_name,
+        "root": request.app[ROOT_KEY],
         "parent": None,
         "max_model_len": engine.max_model_len,
     }
@@ -264,9 +265,12 @@ async def weight_version(request: web.Request) -> web.Response:
     return _json({"weight_version": str(request.app[ENGINE_KEY].weight_version)})
 
 
-def build_app(engine: EmbeddedEngine) -> web.Application:
+def build_app(engine: EmbeddedEngine, root: str | None = None) -> web.Application:
+    """``root``: the path of the weights loaded, which ``/v1/models`` reports as vLLM does (so a
+    gateway's ``--template auto`` reads the model's own files); default the served name."""
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
+    app[ROOT_KEY] = root or engine.model_name
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
