@@ -115,7 +115,6 @@ def test_a_well_formed_script_still_loads() -> None:
 
 # Numeric settings that may be unbounded, each with why (a new field without a bound fails here).
 UNBOUNDED = {
-    "env.runtime.gateway_port": "runtimes/base.py; the port inside the sandbox's own network namespace",
     "pass_k": "bounded per item (list[Annotated[int, Field(ge=1)]])",
 }
 

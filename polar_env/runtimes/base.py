@@ -33,7 +33,7 @@ class RuntimeSpec(BaseModel):
     source_dir: Path | None = None  # copied into workdir at prepare (a task repo)
     env: dict[str, str] = Field(default_factory=dict)
     gateway_socket: Path | None = None  # the gateway's unix socket, bridged to 127.0.0.1:gateway_port
-    gateway_port: int = 8100
+    gateway_port: int = Field(default=8100, ge=1, le=65535)
     network: Literal["gateway", "none"] = "gateway"  # "gateway": loopback + the bridged gateway only
     # per-session limits (None: unlimited); see runtimes/limits.py for how each runtime enforces them
     pids_limit: int | None = Field(default=1024, ge=16)
