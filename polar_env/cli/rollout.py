@@ -36,6 +36,7 @@ def add_job_options(p: argparse.ArgumentParser, samples: int) -> None:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from polar_env.preflight import check_job, check_job_options
+    from polar_env.staging.deadline import bounded_run, finish
     from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress
     from polar_env.staging.summary import print_summary
@@ -51,7 +52,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
           f"{where}; preflight passed in {time.monotonic() - began:.1f}s", flush=True)
     live = None if args.no_progress else LiveProgress(title=f"polar-env {args.command}")
     try:
-        report = eventloop.run(run_job(job, live, command=args.command, resume=resume, reqs=reqs))
+        report = bounded_run(run_job(job, live, command=args.command, resume=resume, reqs=reqs))
     finally:
         if live is not None:
             live.stop()
@@ -60,8 +61,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     line = interrupt_line(report)
     if line is not None:
         print(line, flush=True)
-        return int(report["interrupted"]["exit_code"])
-    return 0 if report["statuses"].get("completed", 0) > 0 else 1
+    code = int(report["interrupted"]["exit_code"]) if line is not None else int(report["statuses"].get("completed", 0) == 0)
+    return finish(code)  # the polar-env process itself exits now, nothing of it left running (deadline.py)
 
 
 def _server_token(args: argparse.Namespace) -> str:

@@ -10,6 +10,7 @@ or an existing cluster by ``ray_address``). The code path per session is the sam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.engines.base import EngineClient
 from polar_env.errors import ConfigError
+from polar_env.staging.deadline import CLOSE_BUDGET_S, CLOSE_GRACE_S, scope
 from polar_env.staging.interrupt import until_signal
 from polar_env.staging.node import GatewayNode, NodeConfig, node_actor, runtime_base
 from polar_env.staging.server import LocalNode, NodeHandle, RayNode, RolloutServer
@@ -46,7 +48,11 @@ class Cluster:
     runtime_base: Path | None = None  # swept at the end for what dead node processes left
 
     async def aclose(self) -> None:
-        await self.server.aclose()
+        """Stop the nodes by one shutdown deadline (a signal's, or ``CLOSE_BUDGET_S`` from now:
+        deadline.py); what they still run past it is killed."""
+        with scope(CLOSE_BUDGET_S) as deadline, contextlib.suppress(TimeoutError):
+            # a node's own steps kill what overruns; this bounds the wait on Ray actors' stop too
+            await asyncio.wait_for(self.server.aclose(), deadline.remaining() + CLOSE_GRACE_S)
         if self.actors:
             import ray
 
@@ -79,7 +85,12 @@ async def start_cluster(config: ClusterConfig, engine: EngineClient | None = Non
     configs = [config.node.model_copy(update={"node_id": f"node-{i}"}) for i in range(config.nodes)]
     if not config.ray:
         nodes = [GatewayNode(c, engine=engine) for c in configs]
-        await asyncio.gather(*(n.start() for n in nodes))
+        try:
+            await asyncio.gather(*(n.start() for n in nodes))
+        except BaseException:  # a failed or cancelled start-up (a signal): stop what it had started
+            with scope(CLOSE_BUDGET_S):
+                await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
+            raise
         handles: list[NodeHandle] = [LocalNode(n) for n in nodes]
         return Cluster(RolloutServer(handles), handles, local_nodes=nodes)
     if engine is not None:

@@ -41,6 +41,7 @@ from polar_env.evaluators.base import NoAgentRuntime, error_report
 from polar_env.evaluators.workspace import Changes
 from polar_env.records import Status
 from polar_env.runtimes import RuntimeSpec, make_runtime
+from polar_env.staging.deadline import Deadline, current
 from polar_env.staging.deathsig import forkserver_context, launch_forkserver, lower_priority, run_with_deathsig
 
 _log = logging.getLogger(__name__)
@@ -224,7 +225,8 @@ class _Worker:
             try:
                 _kind, key, result = self.conn.recv()
             except (EOFError, OSError):
-                self.loop.call_soon_threadsafe(self._lost)
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                    self.loop.call_soon_threadsafe(self._lost)
                 return
             self.loop.call_soon_threadsafe(self._deliver, key, result)
 
@@ -314,16 +316,20 @@ class EvalWorkers:
         with contextlib.suppress(OSError, ValueError):
             worker.send(message)
 
-    def close(self) -> None:
-        """Stop the workers (each stops the runtimes it still holds first); a dead one was
-        dropped from the list, its sandboxes gone with it (bwrap ``--die-with-parent``)."""
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Stop the workers (each stops the runtimes it still holds first) by the shutdown
+        deadline (``deadline.py``: one for all of them, not a join each), then kill those still
+        there; a dead or killed one's sandboxes go with it (bwrap ``--die-with-parent``)."""
+        deadline = deadline or current()
         for worker in self._workers:
             self._send_quietly(worker, ("stop",))
         for worker in self._workers:
-            worker.process.join(30)
+            worker.process.join(deadline.remaining())
+        for worker in self._workers:
             if worker.process.is_alive():
                 worker.process.kill()
-                worker.process.join(5)
+        for worker in self._workers:
+            worker.process.join(1.0)
             worker.conn.close()
         self._workers.clear()
         self._of.clear()

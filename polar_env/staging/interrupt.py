@@ -1,8 +1,10 @@
 """SIGINT / SIGTERM for a running job: the first asks it to stop cleanly, the second exits at once.
 
-The first signal sets ``stop`` (the job stops starting sessions, cancels the running ones, finishes
-POSTRUN for what was captured and writes every output); a second one exits the process immediately
-(128 + signal number), leaving the captures on disk for ``--resume``. Handlers are installed on the
+The first signal sets ``stop`` (the job stops starting sessions, or cancels its start-up, cancels the
+running ones, finishes POSTRUN for what was captured and writes every output) and starts the
+process's shutdown deadline (``deadline.py``: every close step shares it, then what is left is
+killed); a second one exits the process immediately (128 + signal number), leaving the captures on
+disk for ``--resume``. Handlers are installed on the
 running loop only in the main thread, and never over a signal the parent chose to ignore (a
 background job of a non-interactive shell ignores SIGINT by convention).
 """
@@ -15,6 +17,8 @@ import signal
 import sys
 from types import TracebackType
 from typing import Any
+
+from polar_env.staging import deadline
 
 
 class StopSignals:
@@ -50,6 +54,8 @@ class StopSignals:
     def _fire(self, sig: signal.Signals) -> None:
         assert self._loop is not None
         self.signal_name = sig.name
+        deadline.begin(deadline.SIGNAL_BUDGET_S)  # every close step from here on shares it (deadline.py)
+        deadline.arm_watchdog(self.exit_code)  # and the polar-env process exits by HARD_LIMIT_S whatever
         self.stop.set()
         for installed, _ in self._installed:  # from now on a signal exits even while the loop is busy
             self._loop.remove_signal_handler(installed)
@@ -63,11 +69,15 @@ class StopSignals:
             self._loop.remove_signal_handler(sig)  # False when _fire already took it over
             signal.signal(sig, previous)
         self._installed.clear()
+        if self.fired:
+            deadline.reset()  # the next job in this process starts clean
 
 
 def _exit_now(signum: int, frame: Any) -> None:
     print(f"\npolar-env: second {signal.Signals(signum).name}: exiting now; the captures stay on disk for --resume",
           file=sys.stderr, flush=True)
+    if deadline.whole_process():  # nothing of the run left behind (sandboxes, workers, harness CLIs)
+        deadline.kill_descendants()
     os._exit(128 + signum)
 
 

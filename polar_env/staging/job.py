@@ -28,8 +28,9 @@ from polar_env import eventloop
 from polar_env.errors import ConfigError
 from polar_env.observe.live import JobObserver
 from polar_env.records import FailureKind
-from polar_env.staging.cluster import start_cluster
+from polar_env.staging.cluster import Cluster, start_cluster
 from polar_env.staging.config import PolarEnvConfig, task_request
+from polar_env.staging.deadline import POSTRUN_SHARE, current, writing_outputs
 from polar_env.staging.interrupt import StopSignals
 from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest, TaskStatus
 from polar_env.staging.report import build_report, write_timeline
@@ -177,7 +178,8 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
             results, node_stats = await _run_sessions(env_config, todo, total, started, observer, engine, signals)
             wall, stopped_by = time.monotonic() - started, signals.signal_name
             results = _complete(plan, {**kept, **{r.session_id: r for r in skipped + results}}, stopped_by)
-            report = _write_outputs(run_dir, job, plan, results, node_stats, wall, observer)
+            with writing_outputs():  # work, not waiting: the shutdown watchdog lets it finish (deadline.py)
+                report = _write_outputs(run_dir, job, plan, results, node_stats, wall, observer)
             if resume is not None:
                 report["resumed"] = {"attempt": attempt, "kept": len(kept), "rerun": total,
                                      "set_aside": f"{ATTEMPTS}/{attempt}"}
@@ -295,7 +297,9 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
     observer.phase(f"starting {config.nodes} node(s){where}: {env_config.engine.describe()}, gateway, runtime folders",
                    time.monotonic() - started)
     began = time.monotonic()
-    cluster = await start_cluster(config, engine=engine)
+    cluster = await _start_unless_stopped(config, engine, signals)
+    if cluster is None:  # a signal during start-up: cancelled, every session recorded as never started
+        return [], []
     observer.phase(f"{config.nodes} node(s) ready in {time.monotonic() - began:.1f}s; dispatching {total} session(s) "
                    "(harness installs, runtime images and tokenizers load in INIT)", time.monotonic() - started)
     try:
@@ -308,12 +312,16 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
         try:
             first: set[asyncio.Future[Any]] = {runners, stop}
             await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
-            while not runners.done():  # interrupted: cancel until every group has reported (POSTRUN included)
-                for s in statuses:
+            postrun = current().before(POSTRUN_SHARE)  # the signal's deadline (deadline.py): the rest closes
+            while not runners.done() and not postrun.expired:  # interrupted: cancel until every group has
+                for s in statuses:  # reported (POSTRUN included), or the deadline says stop waiting
                     if not server.tasks[s.group_id].done.is_set():
                         await server.cancel(s.group_id)
-                await asyncio.wait({runners}, timeout=0.5)
-            await runners
+                await asyncio.wait({runners}, timeout=postrun.cap(0.5))
+            if runners.done():
+                await runners
+            else:  # past the deadline: what has not reported is recorded as interrupted (_complete)
+                runners.cancel()
         finally:
             stop.cancel()
             watcher.cancel()
@@ -328,6 +336,21 @@ async def _run_sessions(env_config: PolarEnvConfig, todo: list[tuple[TaskRequest
                 r = interrupted(r, str(signals.signal_name))
             results.append(r)
     return results, node_stats
+
+
+async def _start_unless_stopped(config: Any, engine: Any | None, signals: StopSignals) -> Cluster | None:
+    """The started cluster, or None when a signal comes first: the start-up (engines loading,
+    minutes on a busy machine) is cancelled then, and what it had started is stopped."""
+    start = asyncio.ensure_future(start_cluster(config, engine=engine))
+    stop = asyncio.ensure_future(signals.stop.wait())
+    try:
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not start.done():
+            start.cancel()  # start_cluster stops the nodes it started (by the shutdown deadline)
+            await asyncio.wait({start}, timeout=current().remaining())
+    return start.result() if start.done() and not start.cancelled() else None
 
 
 def _complete(plan: Plan, by_id: dict[str, SessionResult], signal_name: str | None) -> list[SessionResult]:

@@ -36,6 +36,7 @@ from polar_env.records import ChatRequest, Generation
 from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes import Runtime, make_runtime
 from polar_env.runtimes.base import prepared
+from polar_env.staging.deadline import POSTRUN_SHARE, current
 from polar_env.staging.eval_worker import EvalWorkers
 from polar_env.staging.lifecycle import SessionRunner
 from polar_env.staging.models import SessionResult, SessionSpec, Stage, TaskRequest
@@ -237,17 +238,18 @@ class GatewayNode:
             return
         self.stopped = True
         self.stopping = True
+        deadline = current()  # one shutdown deadline for every step below (deadline.py)
         for session_id, work in list(self.runner.work.items()):
             if self.gateway is not None:
                 self.gateway.abort_session(session_id, "interrupted")
             work.cancel()
-        deadline = time.monotonic() + 60
-        while self.runner.runs and time.monotonic() < deadline:
+        sessions = deadline.before(POSTRUN_SHARE)  # their POSTRUN; then the rest closes what they left
+        while self.runner.runs and not sessions.expired:
             await asyncio.sleep(0.05)
-        if self.gateway is not None:
-            await self.gateway.aclose()  # drains in-flight captures, then closes the engine client and the store
-        await asyncio.to_thread(self.postrun.close)
-        await asyncio.to_thread(self.evaluations.close)
+        if self.gateway is not None:  # drains in-flight captures, then closes the engine client and the store
+            await deadline.before(0.5).wait(self.gateway.aclose())
+        await asyncio.gather(asyncio.to_thread(self.postrun.close, deadline),
+                             asyncio.to_thread(self.evaluations.close, deadline))
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
         if self._incarnation is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from polar_env.errors import ConfigError, PolarError
 from polar_env.journal.store import JournalStore
 from polar_env.records import Status, Trajectory
+from polar_env.staging.deadline import Deadline, current
 from polar_env.staging.deathsig import launch_forkserver, lower_priority, run_with_deathsig
 
 
@@ -116,7 +117,20 @@ class PostrunPool:
         future = await asyncio.to_thread(pool.submit, read_and_build, str(store_root), session_id, builder)
         return await asyncio.wrap_future(future)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Stop the workers by the shutdown deadline (``deadline.py``), killing those still there:
+        a niced worker mid-build on a busy machine would otherwise hold the node for as long as
+        its build takes (a join with no limit)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        deadline = deadline or current()
+        processes = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown forgets them
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.join(deadline.remaining())
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join(1.0)
