@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Awaitable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 SIGNAL_BUDGET_S = 12.0  # after a signal: sessions, POSTRUN and every close step, then kill what is left
@@ -215,7 +215,7 @@ def arm_watchdog(code: int, limit_s: float = HARD_LIMIT_S) -> None:
     threading.Thread(target=watch, daemon=True, name="polar-shutdown-watchdog").start()
 
 
-def bounded_run(main: Coroutine[Any, Any, T]) -> T:
+def bounded_run(main: Coroutine[object, object, T]) -> T:
     """``eventloop.run(main)``, except that the loop's threads (``asyncio.to_thread``: an engine
     load a signal cancelled, a close step) are not joined: asyncio's own shutdown joins them with
     no limit, and an engine load takes minutes on a busy machine."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -294,7 +295,7 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
     return ["next: " + steps[0], *("      " + s for s in steps[1:])]
 
 
-def real_weights(engine: dict[str, Any]) -> bool:
+def real_weights(engine: Mapping[str, object]) -> bool:
     """Whether the embedded engine loaded real weights: a ``model_dir``, or a template that names
     its own model (``smollm2``, ``hf:PATH``); else it ran seeded random ones."""
     template = str(engine.get("template") or "")
