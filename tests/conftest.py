@@ -48,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # using a dockerd the tests started stops it). Modules whose fixtures build a machine-wide thing with
 # fixed names (Ray's local clusters, the multi-host netns cluster) run in one worker, one after another,
 # and so do the tests of a module that share a module-scoped fixture (built once, not once per worker).
-MACHINE_MODULES = {"tests/staging/test_ray.py": "ray", "tests/e2e/test_multihost.py": "ray"}
+MACHINE_MODULES = {"tests/staging/test_ray.py": "ray", "tests/e2e/test_multihost.py": "ray", "tests/e2e/test_slurm.py": "ray"}
 
 
 def _module_scoped(item: pytest.Item) -> bool:

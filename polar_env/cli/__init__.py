@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from polar_env import __version__
-from polar_env.cli import images, integrations, rollout, serving, store
+from polar_env.cli import cluster, images, integrations, rollout, serving, store
 from polar_env.cli.checks import HelpFormatter, missing_extra_message
 from polar_env.errors import PolarError
 
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"polar-env {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (serving, store, rollout, integrations, images):
+    for group in (serving, store, rollout, integrations, images, cluster):
         group.add_commands(sub)
     return parser
 
