@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,9 @@ def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     hint = "pass a run folder (OUT/<run id>, OUT/latest) or the folder polar-env gateway --store wrote"
     roots = store_roots(existing_dir(args.store, "--store", hint))
+    note = run_note(Path(args.store))
+    if note:
+        print(f"polar-env {args.command}: note: {note}", file=sys.stderr)
     # journals, and rollout sessions that ended before their first call (an outcome file only)
     where = {sid: root for root in roots for sid in all_session_ids(JournalStore(root))}
     known = sorted(where)
@@ -35,6 +39,24 @@ def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     wanted = args.session or known
     per_root = [(root, [s for s in wanted if where[s] == root]) for root in roots]
     return [t for root, sids in per_root if sids for t in build_trajectories(root, args.builder, sids)]
+
+
+def run_note(store: Path) -> str | None:
+    """One line when the run behind ``store`` has not finished: still running (its sessions in
+    flight are built as far as they got), or crashed / interrupted (and how to continue it)."""
+    from polar_env.observe.liveness import run_state
+    from polar_env.staging.runs import is_run_folder
+
+    run = next((p for p in (store, *store.resolve().parents[:2]) if is_run_folder(p)), None)
+    if run is None:
+        return None
+    state = run_state(run)
+    if state.state == "running":
+        return f"the run is still running ({state.reason}): sessions in flight are built as far as they got"
+    if state.state in ("crashed", "interrupted"):
+        resume = f"; continue it with: {state.resume}" if state.resume else ""
+        return f"the run {state.state} ({state.reason}){resume}"
+    return None
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -4,7 +4,10 @@ Topology: the rollout server (``--server``), each node (host, pid, stage counts 
 limits, sessions held, engine calls in flight, busy fraction, errors, its ``/metrics``), the engine
 (kind, model, a pool's members or an SGLang router and its workers) and which nodes died, with the
 sessions lost with them (``node_lost``). While a job runs this is ``live.json``'s ``nodes`` (each
-node's stats, twice a second); once it has finished, ``report.json``'s.
+node's stats, twice a second); once it has finished, ``report.json``'s. A node is ``alive`` only while
+its job is (``liveness.run_state``: its heartbeat, not a file): the nodes of a finished, crashed or
+interrupted job are ``stopped``, with no ``/metrics`` URL to scrape (their last one is kept as
+``last_metrics_url``); a crashed job's nodes are its last ``live.json``'s.
 
 Curves: reward and pass rate over the run's time (each session counted when it finished), sampled
 tokens per second and session latency; per step for a ``polar-env train`` run (its
@@ -34,13 +37,17 @@ def _engine_config(run: Run) -> dict[str, Any]:
 def topology(run: Run, server: dict[str, Any] | None = None) -> dict[str, Any]:
     """Server, nodes, engine and limits; ``server``: a live ``polar-env serve``'s ``/rollout/status``."""
     live = run.is_live()
+    state = run.state_name()
     source: str | None
     if server is not None:
         stats, source = list(server.get("nodes") or []), "server"
     elif live:
         stats, source = list((run.live_snapshot() or {}).get("nodes") or []), "live.json"
+    elif run.finished:
+        stats, source = list(run.report().get("nodes") or []), f"report.json (the job is {state}; its nodes stopped)"
     else:
-        stats, source = list(run.report().get("nodes") or []), "report.json" if run.finished else None
+        stats = list((run.live_snapshot() or {}).get("nodes") or [])
+        source = f"live.json, last written before the job {state}; its nodes stopped" if stats else None
     lost: dict[str, int] = {}
     for r in run.rows():
         if r.get("failure_kind") == "node_lost":
@@ -48,8 +55,11 @@ def topology(run: Run, server: dict[str, Any] | None = None) -> dict[str, Any]:
     nodes = []
     for s in stats:
         node = {k: s.get(k) for k in _NODE_KEYS}
-        node["state"] = "dead" if "dead" in s else "alive"
+        up = server is not None or live
+        node["state"] = "dead" if "dead" in s else ("alive" if up else "stopped")
         node["dead"] = s.get("dead")
+        if not up:  # its gateway went with the job: nothing listens at that URL now
+            node["last_metrics_url"], node["metrics_url"] = node["metrics_url"], None
         node["node_lost"] = lost.get(str(s.get("node_id")), 0)
         nodes.append(node)
     engine = _engine_config(run)
@@ -58,6 +68,7 @@ def topology(run: Run, server: dict[str, Any] | None = None) -> dict[str, Any]:
     env = (run.plan().get("job") or run.report().get("config") or {}).get("env") or {}
     return {
         "run": run.name, "live": live or server is not None, "source": source,
+        "job": run.state().model_dump(include={"state", "reason", "pid", "host", "error", "resume"}) | {"state": state},
         "server": None if server is None else {"url": getattr(run, "url", None), "tasks": len(server.get("tasks") or []),
                                                "states": _states(server.get("tasks") or [])},
         "engine": {"kind": engine.get("kind", "embedded"), "model": engine.get("model"), "urls": urls},
@@ -120,15 +131,18 @@ def curves(run: Run) -> dict[str, Any]:
                                                   if done else 0.0))
     points = []
     total = passed = tokens = 0.0
+    counted = 0
     for i, r in enumerate(done, 1):
         t = max(0.0, float(r["ended_at"]) - t0)
         reward = float(r["reward"] or 0.0)
         total += reward
         passed += reward >= 1.0
         tokens += float(r.get("tokens") or 0)
+        counted += r.get("tokens") is not None
         points.append({"t": round(t, 3), "session_id": r["session_id"], "reward": reward,
                        "mean_reward": round(total / i, 4), "pass_rate": round(passed / i, 4),
-                       "tokens_per_s": round(tokens / t, 2) if t > 0 else None, "wall_s": r.get("wall_s")})
+                       # None, not 0, while no session so far records its sampled tokens (a train run's)
+                       "tokens_per_s": round(tokens / t, 2) if t > 0 and counted else None, "wall_s": r.get("wall_s")})
     walls = [float(r["wall_s"]) for r in done if r.get("wall_s") is not None]
     steps = [{"step": s.get("step"), "reward_mean": s.get("reward_mean"), "rollouts": s.get("rollouts"),
               "sampled_tokens": s.get("sampled_tokens"), "rollout_s": s.get("rollout_s"), "train_s": s.get("train_s"),

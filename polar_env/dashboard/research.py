@@ -12,10 +12,15 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from polar_env.dashboard.runs import FINISHED, UNSTARTED, Run
+import orjson
+
+from polar_env.dashboard.runs import FINISHED, UNSTARTED, Run, pass_table, sort_slice
 from polar_env.records import Trajectory
 
 _ERRORED = ("error", "timeout", "cancelled")
+_TASK_SORTS = ("task_id", "state", "harness", "samples", "finished", "completed", "errored", "masked", "mean_reward",
+               "mean_traces", "mean_calls")
+_STAGES = ("queued", "init", "ready", "running", "postrun")  # a session's way through a node, in order
 
 
 def _mean(values: list[float]) -> float | None:
@@ -76,6 +81,63 @@ def tasks_table(run: Run) -> dict[str, Any]:
             "masked": sum(bool(r.get("mask")) for r in members), "groups": groups.get(task_id, []),
         })
     return {"run": run.name, "model": model, "tasks": out}
+
+
+def tasks_page(run: Run, *, q: str = "", state: str = "", sort: str = "task_id", desc: bool = False, offset: int = 0,
+               limit: int = 50) -> dict[str, Any]:
+    """One page of the task rows, filtered (``q``: a substring of the task id; ``state``) and
+    sorted on the server, like the Sessions view: 1,250 tasks were 21,000 elements in the page."""
+    table = tasks_table(run)
+    states: dict[str, int] = {}
+    for t in table["tasks"]:
+        states[t["state"]] = states.get(t["state"], 0) + 1
+    rows = [t for t in table["tasks"] if q.lower() in t["task_id"].lower() and (not state or t["state"] == state)]
+    sliced = sort_slice(rows, sort if sort in _TASK_SORTS else "task_id", desc=desc, offset=offset, limit=limit)
+    return {"run": table["run"], "model": table["model"], "tasks": sliced["rows"], "total": sliced["total"],
+            "offset": sliced["offset"], "limit": sliced["limit"], "states": states}
+
+
+def _json_file(path: Any) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+def train_view(run: Run) -> dict[str, Any]:
+    """A ``polar-env train`` run as its own view: per step its mean reward, sampled tokens per
+    second of rollout and loss (``steps.jsonl``), the held-out tasks' reward before the first step
+    and after the last (``summary.json``, when the recipe has held-out tasks), and pass@k per policy
+    version from the sessions' outcomes (a step's samples are one policy's; pooling three steps'
+    samples into one pass@k measures no policy)."""
+    steps = []
+    for line in (run.path / "steps.jsonl").read_bytes().splitlines() if (run.path / "steps.jsonl").exists() else []:
+        s = orjson.loads(line)
+        steps.append({"step": s.get("step"), "reward_mean": s.get("reward_mean"),
+                      "rollouts": s.get("rollouts"), "sampled_tokens": s.get("sampled_tokens"), "rollout_s": s.get("rollout_s"),
+                      "train_s": s.get("train_s"), "loss": s.get("loss"), "versions": s.get("weight_versions"),
+                      "tokens_per_s": round(s["sampled_tokens"] / s["rollout_s"], 2) if s.get("rollout_s") else None})
+    summary = _json_file(run.path / "summary.json") or {}
+    held = summary.get("held_out")
+    table = pass_table([r for r in run.rows() if r["status"] in FINISHED])
+    versions = table["per_version"] or ({"-": table["overall"]} if table["overall"]["sessions"] else {})
+    return {"run": run.name, "kind": run.kind(), "steps": steps, "ks": table["ks"],
+            "summary": {k: summary.get(k) for k in ("name", "seed", "control", "steps", "wall_s", "improvement",
+                                                    "sampled_tokens_per_s", "trained_tokens_per_s", "step0_max_abs_delta")},
+            "held_out": None if not held else {
+                "tasks": held.get("tasks"), "before": held.get("before"), "after": held.get("after"), "gain": held.get("gain"),
+                "per_task": [{"task_id": t, "before": v[0], "after": v[1]} for t, v in sorted((held.get("per_task") or {}).items())]},
+            "per_version": [{"version": v, **figures} for v, figures in versions.items()]}
+
+
+def progress_so_far(row: dict[str, Any], stage_times: dict[str, float], pending: bool) -> dict[str, Any]:
+    """What an in-flight session has reached (its node reports the stage it is in; the stage times
+    come with its outcome) and that it has not been graded yet, instead of empty cards."""
+    if not pending or stage_times:
+        return {"grading": None, "stages_reached": []}
+    at = _STAGES.index(row["status"]) if row["status"] in _STAGES else 0
+    return {"grading": "running now (postrun)" if row["status"] == "postrun" else "not yet run",
+            "stages_reached": list(_STAGES[: at + 1])}
 
 
 def group_view(run: Run, group_id: str) -> dict[str, Any] | None:

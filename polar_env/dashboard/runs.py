@@ -22,6 +22,7 @@ import orjson
 from polar_env.journal.protocols import JournalSource
 from polar_env.journal.store import RESULT_SUFFIX, JournalStore
 from polar_env.observe.live import read_live
+from polar_env.observe.liveness import RunState, run_state
 from polar_env.staging.job import pass_at_k
 from polar_env.staging.runs import is_run_folder, runs_in
 
@@ -30,8 +31,10 @@ PLANNED = "queued"  # a session plan.json names that has not reached a node's IN
 NOT_STARTED = "not started"  # planned, and the job is not running (it was killed before the session began)
 UNSTARTED = (PLANNED, NOT_STARTED)
 LIVE_STATES = ("running", "starting")
+STOPPED = ("crashed", "interrupted")  # a job that ended before its end: its unfinished sessions say so
+_STATE_TTL_S = 1.0  # how long a run's measured state (heartbeat, /proc) is reused
 COLUMNS = ("session_id", "task_id", "repo", "sample_index", "harness", "status", "failure_kind", "reason", "reward",
-           "calls", "tokens", "drift", "wall_s", "node_id", "group_id", "mask", "trainable_tokens")
+           "calls", "tokens", "drift", "wall_s", "node_id", "group_id", "mask", "trainable_tokens", "weight_version")
 _LIVE_REFRESH_S = 2.0  # journals grow without touching their folder's mtime: re-count open sessions this often
 
 
@@ -118,6 +121,7 @@ class Run:
         self._plan: tuple[tuple[int, int] | None, dict[str, Any]] = (None, {})
         self._live: tuple[tuple[int, int] | None, dict[str, Any] | None] = (None, None)
         self._staged: tuple[tuple[Any, ...] | None, list[dict[str, Any]]] = (None, [])
+        self._state: tuple[tuple[Any, ...], float, RunState | None] = ((), 0.0, None)
         self._auto_template: str | None = None  # template auto, resolved once (its engine may be long gone)
 
     # -- folders ------------------------------------------------------------------------------
@@ -152,22 +156,50 @@ class Run:
             self._live = (version, read_live(self.path))
         return self._live[1]
 
+    def state(self) -> RunState:
+        """The job's measured state (``liveness.run_state``: its heartbeat and process, else the
+        files), re-read when those files change, else at most once a second (the process check)."""
+        files = tuple(file_version(self.path / f) for f in ("heartbeat.json", "report.json", "live.json"))
+        seen, at, known = self._state
+        if known is None or seen != files or time.monotonic() - at > _STATE_TTL_S:
+            known = run_state(self.path)
+            self._state = (files, time.monotonic(), known)
+        return known
+
+    def state_name(self) -> str:
+        """running, done, crashed, interrupted; ``store`` for a bare capture store."""
+        state = self.state().state
+        return "store" if state == "unknown" else state
+
+    def live_version(self) -> Any:
+        """What changes when the live snapshot does (a cache key)."""
+        return file_version(self.path / "live.json")
+
+    def kind(self) -> str:
+        """``train`` for a ``polar-env train`` run (its heartbeat says so, or its ``steps.jsonl``),
+        ``rollout`` for a rollout/eval run folder, ``store`` for a bare capture store."""
+        if self.state().kind == "train" or (self.path / "steps.jsonl").exists():
+            return "train"
+        return "rollout" if is_run_folder(self.path) else "store"
+
     def is_live(self) -> bool:
-        """The job is running now: its ``live.json`` says so and there is no report yet."""
-        live = self.live_snapshot()
-        return not self.finished and live is not None and live.get("state") in LIVE_STATES
+        """The job is running now: its process beats (``heartbeat.json``), not just a file saying so."""
+        return self.state().running
 
     # -- the session index ---------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """Every session, with the stage live.json gives for those still on a node."""
         signature = self._signature_now()
-        stale_live = not self.finished and time.monotonic() - self._built_at > _LIVE_REFRESH_S
+        live = self.is_live()
+        stale_live = live and not self.finished and time.monotonic() - self._built_at > _LIVE_REFRESH_S
         if signature != self._signature or stale_live:
             self._rows, self._where = self._build_rows()
             self._signature, self._built_at = signature, time.monotonic()
-        key = (self._signature, self._built_at, self._live[0] if self.is_live() else None)
+        state = self.state_name()
+        key = (self._signature, self._built_at, state, self.live_version() if state in ("running", *STOPPED) else None)
         if self._staged[0] != key:
-            self._staged = (key, with_stages(self._rows, self.live_snapshot() if self.is_live() else None))
+            self._staged = (key, with_stages(self._rows, (self.live_snapshot() or {}) if live else None, state,
+                                             self.live_snapshot() if state in STOPPED else None))
         return self._staged[1]
 
     def version(self) -> tuple[Any, ...] | None:
@@ -233,6 +265,8 @@ class Run:
             "failure_detail": outcome.get("failure_detail") or outcome.get("error"),  # "error": outcomes before kinds
             "ended_at": max((outcome.get("stage_times") or {}).values(), default=None),  # for the curves
             "rollout_id": meta.get("slime_rollout_id"),  # a slime run's rollout (its W&B step)
+            # the policy it was sampled under (a train run's step): pass@k is per version
+            "weight_version": ",".join(str(v) for v in outcome.get("weight_versions") or []) or None,
         }
 
     def locate(self, session_id: str) -> tuple[JournalSource | None, dict[str, Any]] | None:
@@ -279,7 +313,7 @@ class Run:
         """The Runs list's row, cached until the index or ``live.json`` changes: the list asks for
         every run on each visit, and a finished run's report is about half a megabyte per 1,000 sessions."""
         rows = self.rows()
-        key = (self._signature, self._built_at, file_version(self.path / "live.json"))
+        key = (self._signature, self._built_at, file_version(self.path / "live.json"), self.state_name())
         if self._summary[0] != key:
             self._summary = (key, self._summarize(rows))
         return self._summary[1]
@@ -292,11 +326,18 @@ class Run:
         for r in rows:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
-        state = "finished" if self.finished else ("running" if self.is_live() else "store")
+        measured = self.state()
+        table, kind = pass_table(done), self.kind()
+        last = list(table["per_version"])[-1] if table["per_version"] else None  # a train run: its last policy's figure
+        state = self.state_name()
+        if state == "store" and kind == "train" and (self.path / "summary.json").exists():
+            state = "done"  # a train run from before heartbeats: its summary is written at its end
         return {
-            "name": self.name, "path": str(self.path), "state": state, "sessions": len(rows),
+            "name": self.name, "path": str(self.path), "state": state, "state_reason": measured.reason,
+            "resume": measured.resume, "error": measured.error, "sessions": len(rows), "kind": kind,
             "statuses": statuses, "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
-            "pass": pass_table(done)["overall"], "wall_s": report.get("wall_s", (live or {}).get("elapsed_s")),
+            "pass": table["per_version"][last] if last else table["overall"], "pass_version": last,
+            "wall_s": report.get("wall_s", (live or {}).get("elapsed_s")),
             "engine_busy_fraction": report.get("engine_busy_fraction", (live or {}).get("engine_busy")),
             "mode": (report.get("config") or {}).get("mode"),
         }
@@ -307,16 +348,26 @@ class Run:
         rows = self.rows()
         done = [r for r in rows if r["status"] in FINISHED]
         rewards = [float(r["reward"]) for r in done if r["reward"] is not None]
-        base: dict[str, Any] = {"state": "finished" if self.finished else "store", "total": len(rows), "done": len(done),
+        measured = self.state()
+        base: dict[str, Any] = {"state": self.state_name(), "total": len(rows), "done": len(done),
                 "stages": {}, "mean_reward": statistics.fmean(rewards) if rewards else None, "engine_busy": None,
-                "history": []}
+                "history": [], "reason": measured.reason, "resume": measured.resume, "error": measured.error}
         if snapshot is not None:
-            base.update({k: snapshot[k] for k in ("state", "total", "done", "stages", "mean_reward", "engine_busy",
+            base.update({k: snapshot[k] for k in ("total", "done", "stages", "mean_reward", "engine_busy",
                                                    "elapsed_s", "statuses", "history", "phase") if k in snapshot})
-            if self.is_live():  # the timeline runs to now, not to the last stage change
+            if measured.running:  # the timeline runs to now, not to the last stage change
+                base["state"] = snapshot["state"] if snapshot.get("state") in LIVE_STATES else "running"
                 base["now_s"] = round(float(snapshot.get("elapsed_s", 0.0)) + max(0.0, time.time() - float(
                     snapshot.get("updated_at") or time.time())), 3)
                 base["in_flight"] = snapshot.get("session_stages") or {}  # session id -> stage, past QUEUED
+            elif measured.state in STOPPED:  # where its sessions were when it stopped (the timeline stops there too)
+                base["last_in_flight"] = snapshot.get("session_stages") or {}
+        if measured.running:  # from the first look (live.json holds no counts until the nodes start):
+            waiting = sum(r["status"] == PLANNED for r in rows)  # every planned session no node has is QUEUED
+            base["stages"] = {**base["stages"], "queued": max(int(base["stages"].get("queued") or 0), waiting)}
+            started = (snapshot or {}).get("started_at") or measured.started_at  # the clock runs from the start
+            if started:
+                base["elapsed_s"] = round(max(float(base.get("elapsed_s") or 0.0), time.time() - float(started)), 3)
         if self.finished:
             report = self.report()
             base.setdefault("elapsed_s", report.get("wall_s"))
@@ -328,11 +379,22 @@ class Run:
         return base
 
 
-def with_stages(rows: list[dict[str, Any]], live: dict[str, Any] | None) -> list[dict[str, Any]]:
+def with_stages(rows: list[dict[str, Any]], live: dict[str, Any] | None, state: str = "running",
+                last: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Unfinished rows with the stage their node reports (``live.json``'s ``session_stages``);
-    without a running job, planned sessions that never reached a node are ``not started``."""
+    without a running job, planned sessions that never reached a node are ``not started``, and
+    when the job crashed or was interrupted before finishing, those on a node say so (``state``)
+    with the stage ``last`` (its final ``live.json``) saw them in."""
     if live is None:
-        return [r if r["status"] != PLANNED else {**r, "status": NOT_STARTED} for r in rows]
+        was: dict[str, str] = (last or {}).get("session_stages") or {}
+        out = []
+        for r in rows:
+            if r["status"] == PLANNED:
+                r = {**r, "status": NOT_STARTED}
+            elif state in STOPPED and r["status"] not in FINISHED and r["status"] != "closed":
+                r = {**r, "status": state, "last_stage": was.get(r["session_id"])}
+            out.append(r)
+        return out
     stages: dict[str, str] = live.get("session_stages") or {}
     return [r if r["status"] in FINISHED or r["session_id"] not in stages else {**r, "status": stages[r["session_id"]]}
             for r in rows]
@@ -349,11 +411,15 @@ def finished_history(results: Sequence[dict[str, Any]]) -> list[list[Any]]:
 
 
 def pass_table(rows: Sequence[dict[str, Any]], ks: Sequence[int] | None = None) -> dict[str, Any]:
-    """pass@k (unbiased; a session with reward >= 1 passes) overall, per repo and per harness, over
-    the finished sessions. ``k`` defaults to 1 and the smallest group size."""
+    """pass@k (unbiased; a session with reward >= 1 passes) overall, per repo, per harness and per
+    policy version, over the finished sessions. ``k`` defaults to 1 and the smallest group size.
+    Where sessions were sampled under several weight versions (a train run's steps), a group is a
+    task under one version: pass@k of one policy, never k samples pooled from several."""
+    versions = {r.get("weight_version") for r in rows} - {None}  # a session that made no call has none
     by_task: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        by_task.setdefault(r["task_id"], []).append(r)
+        key = r["task_id"] if len(versions) < 2 else f"{r['task_id']}@{r.get('weight_version')}"
+        by_task.setdefault(key, []).append(r)
     n_min = min((len(v) for v in by_task.values()), default=1)
     ks = sorted(set(ks or (1, n_min)))
 
@@ -371,82 +437,15 @@ def pass_table(rows: Sequence[dict[str, Any]], ks: Sequence[int] | None = None) 
         for task_id, v in by_task.items():
             for r in v:
                 parts.setdefault(str(r.get(key) or "-"), {}).setdefault(task_id, []).append(r)
-        return {name: scores(groups) for name, groups in sorted(parts.items())}
+        return {name: scores(groups) for name, groups in sorted(parts.items(), key=lambda kv: version_order(kv[0]))}
 
-    return {"ks": ks, "overall": scores(by_task), "per_repo": split("repo"), "per_harness": split("harness")}
-
-
-def compare(a: Run, b: Run) -> dict[str, Any]:
-    """The "base vs trained" table: pass@1/pass@k of two runs overall, per repo and per harness,
-    with k shared (the smaller group size of the two)."""
-    done_a = [r for r in a.rows() if r["status"] in FINISHED]
-    done_b = [r for r in b.rows() if r["status"] in FINISHED]
-    k = min(pass_table(done_a)["ks"][-1], pass_table(done_b)["ks"][-1])
-    ta, tb = pass_table(done_a, (1, k)), pass_table(done_b, (1, k))
-    sections = []
-    for key in ("overall", "per_repo", "per_harness"):
-        if key == "overall":
-            names = ["all"]
-            left, right = {"all": ta["overall"]}, {"all": tb["overall"]}
-            shared = {r["task_id"] for r in done_a} & {r["task_id"] for r in done_b}
-            if shared != {r["task_id"] for r in done_a} | {r["task_id"] for r in done_b}:  # the like-for-like figure
-                names.append("shared tasks")
-                left["shared tasks"] = pass_table([r for r in done_a if r["task_id"] in shared], (1, k))["overall"]
-                right["shared tasks"] = pass_table([r for r in done_b if r["task_id"] in shared], (1, k))["overall"]
-        else:
-            left, right = ta[key], tb[key]
-            names = sorted(set(left) | set(right))
-        sections.append({"section": key, "rows": [{"name": n, "a": left.get(n), "b": right.get(n)} for n in names]})
-    tasks_a, tasks_b = {r["task_id"] for r in done_a}, {r["task_id"] for r in done_b}
-    return {"a": a.name, "b": b.name, "ks": sorted({1, k}), "sections": sections,
-            "per_task": per_task_deltas(done_a, done_b, k), "failure_kinds": _kinds(done_a, done_b),
-            "totals": {"a": _totals(a, done_a), "b": _totals(b, done_b)},
-            "task_sets": {"same": tasks_a == tasks_b, "shared": len(tasks_a & tasks_b),
-                          "only_a": sorted(tasks_a - tasks_b), "only_b": sorted(tasks_b - tasks_a)}}
+    return {"ks": ks, "overall": scores(by_task), "per_repo": split("repo"), "per_harness": split("harness"),
+            "per_version": split("weight_version") if len(versions) > 1 else {}}
 
 
-def _side(rows: Sequence[dict[str, Any]], k: int) -> dict[str, Any] | None:
-    if not rows:
-        return None
-    passes = sum(1 for r in rows if (r["reward"] or 0) >= 1.0)
-    kinds: dict[str, int] = {}
-    for r in rows:
-        if r.get("failure_kind"):
-            kinds[str(r["failure_kind"])] = kinds.get(str(r["failure_kind"]), 0) + 1
-    tokens = [float(r["tokens"]) for r in rows if r.get("tokens") is not None]
-    return {"sessions": len(rows), "mean_reward": round(statistics.fmean(float(r["reward"] or 0.0) for r in rows), 4),
-            "pass@1": round(pass_at_k(len(rows), passes, 1), 4),
-            f"pass@{k}": round(pass_at_k(len(rows), passes, k), 4) if len(rows) >= k else None,
-            "failure_kinds": kinds, "mean_tokens": round(statistics.fmean(tokens), 1) if tokens else None}
-
-
-def per_task_deltas(done_a: Sequence[dict[str, Any]], done_b: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
-    """One row per task of either run: its figures in each (None where a run lacks the task)."""
-    by_a: dict[str, list[dict[str, Any]]] = {}
-    by_b: dict[str, list[dict[str, Any]]] = {}
-    for rows, into in ((done_a, by_a), (done_b, by_b)):
-        for r in rows:
-            into.setdefault(r["task_id"], []).append(r)
-    return [{"task_id": t, "a": _side(by_a.get(t, []), k), "b": _side(by_b.get(t, []), k)}
-            for t in sorted(set(by_a) | set(by_b))]
-
-
-def _kinds(done_a: Sequence[dict[str, Any]], done_b: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sessions per failure kind in each run ("-": none, the session completed)."""
-    seen: dict[str, list[int]] = {}
-    for i, rows in enumerate((done_a, done_b)):
-        for r in rows:
-            seen.setdefault(str(r.get("failure_kind") or "-"), [0, 0])[i] += 1
-    return [{"kind": kind, "a": n[0], "b": n[1]} for kind, n in sorted(seen.items(), key=lambda kv: -sum(kv[1]))]
-
-
-def _totals(run: Run, done: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Sessions, tokens and cost (engine seconds, where the report has them; wall otherwise)."""
-    report = run.report()
-    tokens = [float(r["tokens"]) for r in done if r.get("tokens") is not None]
-    busy = sum(float(n.get("engine_busy_s") or 0.0) for n in report.get("nodes") or [] if "dead" not in n)
-    return {"sessions": len(done), "sampled_tokens": int(sum(tokens)) if tokens else None,
-            "engine_seconds": round(busy, 2) if report else None, "wall_s": report.get("wall_s")}
+def version_order(name: str) -> tuple[int, int, str]:
+    """Weight versions in training order ("2" before "10"); other names after, by name."""
+    return (0, int(name), name) if name.isdigit() else (1, 0, name)
 
 
 def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str, Any]:
@@ -462,28 +461,38 @@ def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str,
             "other_sessions": sum(n for _, n in ranked[top:])}
 
 
+def sort_slice(rows: list[dict[str, Any]], key: str, *, desc: bool = False, offset: int = 0,
+               limit: int = 50) -> dict[str, Any]:
+    """One page of ``rows`` sorted on ``key``, blanks last whichever the direction, ties in their
+    given order; at most 500 rows (the browser only ever holds a page)."""
+    present = [r for r in rows if r.get(key) is not None]
+    missing = [r for r in rows if r.get(key) is None]
+    present.sort(key=lambda r: r[key], reverse=desc)  # stable
+    limit, offset = max(1, min(limit, 500)), max(0, offset)
+    return {"total": len(rows), "offset": offset, "limit": limit, "rows": (present + missing)[offset: offset + limit]}
+
+
 def page(rows: list[dict[str, Any]], *, q: str = "", status: str = "", harness: str = "", sort: str = "session_id",
          desc: bool = False, offset: int = 0, limit: int = 50, reason: str = "", failure_kind: str = "",
          task: str = "") -> dict[str, Any]:
     """Filter, sort and slice the session index server-side (the browser only ever holds a page).
-    ``reason``/``failure_kind`` match exactly ("-": none), as the histogram's bars name them."""
+    ``reason``/``failure_kind`` match exactly ("-": none), as the histogram's bars name them. Each
+    histogram counts the sessions the other filters keep (a task's reasons on its page), all of its
+    own values (so a picked bar can be switched for another)."""
     q = q.lower()
 
     def exact(r: dict[str, Any], key: str, want: str) -> bool:
         return not want or str(r.get(key) or "-") == want
 
-    picked = [r for r in rows
-              if (not q or q in r["session_id"].lower() or q in r["task_id"].lower() or q in str(r.get("reason") or "").lower())
-              and (not status or r["status"] == status) and (not harness or r["harness"] == harness)
-              and exact(r, "reason", reason) and exact(r, "failure_kind", failure_kind) and (not task or r["task_id"] == task)]
-    key = sort if sort in COLUMNS else "session_id"
-    ended = [r for r in rows if r["status"] in FINISHED]  # the histograms: how sessions ended (none in flight)
-    present = [r for r in picked if r.get(key) is not None]
-    missing = [r for r in picked if r.get(key) is None]  # blanks last, whichever the direction
-    present.sort(key=lambda r: r["session_id"])
-    present.sort(key=lambda r: r[key], reverse=desc)  # stable: ties stay in session order either way
-    ordered = present + missing
-    limit = max(1, min(limit, 500))
-    return {"total": len(picked), "offset": offset, "limit": limit, "rows": ordered[offset: offset + limit],
-            "statuses": sorted({r["status"] for r in rows}), "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]}),
-            "reasons": counts(ended, "reason"), "failure_kinds": counts(ended, "failure_kind")}
+    kept = [r for r in rows
+            if (not q or q in r["session_id"].lower() or q in r["task_id"].lower() or q in str(r.get("reason") or "").lower())
+            and (not status or r["status"] == status) and (not harness or r["harness"] == harness)
+            and (not task or r["task_id"] == task)]
+    picked = [r for r in kept if exact(r, "reason", reason) and exact(r, "failure_kind", failure_kind)]
+    ended = [r for r in kept if r["status"] in FINISHED]  # the histograms: how sessions ended (none in flight)
+    by_id = sorted(picked, key=lambda r: r["session_id"])
+    sliced = sort_slice(by_id, sort if sort in COLUMNS else "session_id", desc=desc, offset=offset, limit=limit)
+    return {**sliced, "statuses": sorted({r["status"] for r in rows}),
+            "harnesses": sorted({str(r["harness"]) for r in rows if r["harness"]}),
+            "reasons": counts([r for r in ended if exact(r, "failure_kind", failure_kind)], "reason"),
+            "failure_kinds": counts([r for r in ended if exact(r, "reason", reason)], "failure_kind")}

@@ -22,9 +22,19 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from polar_env.dashboard.compare import compare, compare_page
 from polar_env.dashboard.health import curves, topology
-from polar_env.dashboard.research import group_view, integrity, siblings, tasks_table, tests_table, trainer_view
-from polar_env.dashboard.runs import FINISHED, Run, compare, discover, page
+from polar_env.dashboard.research import (
+    group_view,
+    integrity,
+    progress_so_far,
+    siblings,
+    tasks_page,
+    tests_table,
+    train_view,
+    trainer_view,
+)
+from polar_env.dashboard.runs import FINISHED, PLANNED, STOPPED, Run, discover, page
 from polar_env.dashboard.session import (
     SessionCache,
     journal_page,
@@ -34,6 +44,7 @@ from polar_env.dashboard.session import (
     transcript_page,
 )
 from polar_env.journal.protocols import JournalSource
+from polar_env.observe.liveness import RunState, run_state
 from polar_env.records import Trajectory
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -84,7 +95,11 @@ class Dashboard:
 
 class ServerRun(Run):
     """A live ``polar-env serve``: live figures from its ``/rollout/status``; sessions from its
-    store folder when one of the dashboard's paths is it."""
+    store folder when one of the dashboard's paths is it, each unfinished one with the stage its
+    node reports (the server's state is the truth, not a file), and those of its pending tasks that
+    no node has yet as ``queued``."""
+
+    POLL_S = 1.0  # rows, the live page and its events all ask: one /rollout/status a second
 
     def __init__(self, url: str, token: str | None, paths: list[Path]) -> None:
         store = next((p for p in paths if (Path(p) / "capture").is_dir()), Path("/nonexistent-polar-store"))
@@ -93,6 +108,58 @@ class ServerRun(Run):
         self.token = token
         self._t0: float | None = None
         self._stage_history: list[list[Any]] = []  # [seconds since the dashboard first asked, {stage: n}]
+        self._polled: tuple[float, dict[str, Any]] = (0.0, {})
+        self._stages: dict[str, str] = {}
+        self._stages_version = 0
+
+    def poll(self, max_age_s: float = POLL_S) -> dict[str, Any]:
+        """``status()``, reused for ``max_age_s``."""
+        at, status = self._polled
+        if not status or time.monotonic() - at > max_age_s:
+            status = self.status()
+            self._polled = (time.monotonic(), status)
+            stages = {sid: st for n in status.get("nodes") or [] if "dead" not in n
+                      for sid, st in (n.get("session_stages") or {}).items()}
+            if stages != self._stages:
+                self._stages, self._stages_version = stages, self._stages_version + 1
+        return status
+
+    def state(self) -> RunState:
+        """Running while the server answers; else what its store's heartbeat says."""
+        status = self.poll()
+        if "error" not in status:
+            return RunState(state="running", reason=f"{self.url} answers /rollout/status", source="server")
+        found = run_state(self.path)
+        return found if found.state != "unknown" else RunState(state="unknown", reason=str(status["error"]),
+                                                               source="server")
+
+    def live_snapshot(self) -> dict[str, Any] | None:
+        """The server's nodes as ``live.json`` would give them: each session's stage, dead nodes."""
+        status = self.poll()
+        if "error" in status:
+            return None
+        nodes = status.get("nodes") or []
+        return {"state": "running", "session_stages": dict(self._stages), "nodes": nodes,
+                "dead_nodes": [n.get("node_id") for n in nodes if "dead" in n]}
+
+    def live_version(self) -> Any:
+        return self._stages_version
+
+    def _planned_rows(self, seen: set[str]) -> list[dict[str, Any]]:
+        """The sessions of the server's pending and running tasks that no node has yet: ``queued``."""
+        out = []
+        for task in self.poll().get("tasks") or []:
+            if task.get("state") not in ("pending", "running"):
+                continue
+            for i in range(int(task.get("num_samples") or 0)):
+                sid = f"{task['group_id']}-{i}"
+                if sid not in seen and sid not in self._stages:
+                    out.append({**dict.fromkeys(("failure_kind", "reason", "reward", "calls", "tokens", "drift", "wall_s",
+                                                  "node_id", "mask", "trainable_tokens", "harness", "repo")),
+                                "session_id": sid, "task_id": str(task.get("task_id")), "sample_index": i,
+                                "status": PLANNED, "group_id": str(task["group_id"]), "traces": None,
+                                "failure_detail": None, "ended_at": None, "rollout_id": None})
+        return out
 
     def summary(self) -> dict[str, Any]:
         live = self.live()
@@ -111,7 +178,7 @@ class ServerRun(Run):
         return data if isinstance(data, dict) else {"error": "not a status object"}
 
     def live(self) -> dict[str, Any]:
-        status = self.status()
+        status = self.poll(max_age_s=0.0)  # the live page asks once a second: always the server's word now
         if "error" in status:
             return {"state": "unreachable", "error": status["error"], "total": 0, "done": 0, "stages": {},
                     "history": self._stage_history}
@@ -193,12 +260,20 @@ async def _sessions(request: web.Request) -> web.Response:
                 sort=q.get("sort", "session_id"), desc=q.get("desc") == "1", reason=q.get("reason", ""),
                 failure_kind=q.get("failure_kind", ""), task=q.get("task", ""),
                 offset=_int(request, "offset", 0), limit=_int(request, "limit", 50))
-    return _json({**data, "finished": run.finished})
+    return _json({**data, "finished": run.finished or not run.is_live()})  # nothing more to re-read
 
 
 async def _tasks(request: web.Request) -> web.Response:
     run = request.app[DASHBOARD].run(request.match_info["run"])
-    return _json(await asyncio.to_thread(tasks_table, run))
+    q = request.query
+    return _json(await asyncio.to_thread(lambda: tasks_page(
+        run, q=q.get("q", ""), state=q.get("state", ""), sort=q.get("sort", "task_id"), desc=q.get("desc") == "1",
+        offset=_int(request, "offset", 0), limit=_int(request, "limit", 50))))
+
+
+async def _train(request: web.Request) -> web.Response:
+    run = request.app[DASHBOARD].run(request.match_info["run"])
+    return _json(await asyncio.to_thread(train_view, run))
 
 
 async def _group(request: web.Request) -> web.Response:
@@ -212,7 +287,7 @@ async def _group(request: web.Request) -> web.Response:
 
 async def _topology(request: web.Request) -> web.Response:
     run = request.app[DASHBOARD].run(request.match_info["run"])
-    server = run.status if isinstance(run, ServerRun) else None
+    server = run.poll if isinstance(run, ServerRun) else None
     return _json(await asyncio.to_thread(lambda: topology(run, server() if server else None)))
 
 
@@ -272,9 +347,20 @@ def _load(request: web.Request) -> tuple[Run, dict[str, Any], dict[str, Any], li
 
 
 def in_flight(run: Run, row: dict[str, Any]) -> bool:
-    """Still on a live node (queued, being set up, run or graded): no outcome yet is no failure."""
+    """Still on a live node (queued, being set up, run or graded): no outcome yet is no failure.
+    Live is measured (the job's heartbeat, the server's answer), not what a file last said."""
     dead = (run.live_snapshot() or {}).get("dead_nodes") or []
     return run.is_live() and row["status"] not in FINISHED and row.get("node_id") not in dead
+
+
+def stopped_note(run: Run, row: dict[str, Any]) -> str | None:
+    """Why a session of a crashed or interrupted job has no outcome: the job, not its node, went."""
+    state = run.state()
+    if state.state not in STOPPED or row["status"] in FINISHED:
+        return None
+    where = f" in {row['last_stage']}" if row.get("last_stage") else ""
+    rerun = f"; {state.resume} reruns it" if state.resume else ""
+    return f"the job {state.state}{where} before this session finished ({state.reason}){rerun}"
 
 
 async def _session_detail(request: web.Request) -> web.Response:
@@ -287,17 +373,19 @@ async def _session_detail(request: web.Request) -> web.Response:
         sampled = sum(t["sampled_tokens"] for t in traces)
         evaluation = outcome.get("evaluation") or {}
         pending = in_flight(run, row)  # the reader calls a session without an outcome lost; a live one is not
+        stopped = stopped_note(run, row)  # ... and one whose job crashed was lost with the job, not its node
         trainer = trainer_view(row, outcome, trajectory)
         return {"in_flight": pending, "run": run.name, "row": {**row, "tokens": row["tokens"] if row["tokens"] is not None else sampled},
                 "evaluation": evaluation, "tests": tests_table(evaluation), "integrity": integrity(evaluation),
                 "graded_patch": evaluation.get("graded_patch"), "trainer": trainer,
                 "siblings": siblings(run, row), "stage_seconds": stage_s, "stage_times": stage_times,
-                "metadata": outcome.get("metadata") or {},
+                "metadata": outcome.get("metadata") or {}, **progress_so_far(row, stage_times, pending),
                 "failure_detail": (outcome.get("failure_detail") or outcome.get("error") or trajectory.failure_detail
                                    or trajectory.metadata.get("error")),
                 "trajectory_status": trajectory.status.value, "stats": trajectory.metadata.get("stats", {}),
                 "traces": traces, "calls": len(records), "journal": f"/api/runs/{run.name}/sessions/{row['session_id']}/journal",
-                **({"failure_detail": None, "trainer": {**trainer, "mask": None}} if pending else {})}
+                **({"failure_detail": None, "trainer": {**trainer, "mask": None}} if pending else {}),
+                **({"failure_detail": stopped} if stopped else {})}
 
     return _json(await asyncio.to_thread(detail))
 
@@ -341,7 +429,9 @@ async def _compare(request: web.Request) -> web.Response:
             hit = dash.compared[(a.name, b.name)] = (key, compare(a, b))
         return hit[1]
 
-    return _json(await asyncio.to_thread(cached))
+    q = request.query
+    return _json(compare_page(await asyncio.to_thread(cached), q=q.get("q", ""), offset=_int(request, "offset", 0),
+                              limit=_int(request, "limit", 50)))
 
 
 def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Application:
@@ -359,6 +449,7 @@ def build_dashboard(dashboard: Dashboard, token: str | None = None) -> web.Appli
     r.add_get("/api/runs/{run}/tasks", _tasks)
     r.add_get("/api/runs/{run}/topology", _topology)
     r.add_get("/api/runs/{run}/curves", _curves)
+    r.add_get("/api/runs/{run}/train", _train)
     r.add_get("/api/runs/{run}/groups/{group}", _group)
     r.add_get("/api/runs/{run}/sessions/{session}", _session_detail)
     r.add_get("/api/runs/{run}/sessions/{session}/trace/{index:\\d+}", _trace)

@@ -64,8 +64,12 @@ class JobObserver:
     experiment tracker (``--tracker``), and the terminal table when there is one."""
 
     def __init__(self, out: Path, tracker: str | None, config: dict[str, Any], progress: Any | None = None) -> None:
+        from polar_env.observe.liveness import Heartbeat
         from polar_env.observe.tracker import open_tracker
 
+        self.out = Path(out)
+        self.heartbeat = Heartbeat(self.out, kind=str(config.get("mode", "rollout"))).start()  # until close()
+        self.finished = False
         self.live = LiveFile(out)
         self.tracker = open_tracker(tracker, out, config, name=f"{config.get('mode', 'rollout')}-{Path(out).name}")
         self.progress = progress
@@ -95,9 +99,24 @@ class JobObserver:
 
         final = final_snapshot(self.last, report)
         self.live.write(final, state="done")
+        self.finished = True
         self.tracker.summary(rollout_report_figures(report))
         if self.progress is not None:  # the last frame is the job's end, not the last tick before it
             self.progress({**final, "state": "done"})
 
     def close(self) -> None:
-        self.tracker.close()
+        """Close the tracker and record how the job ended: called from the job's ``finally``, so an
+        exception on its way out is the crash it records (with its one-line error)."""
+        from polar_env.observe.liveness import current_exception, read_json
+
+        exc = current_exception()
+        try:
+            self.tracker.close()
+        finally:
+            stopped = (read_json(self.out / "report.json") or {}).get("interrupted") or {}
+            if exc is None and not self.finished:
+                self.heartbeat.stop("crashed", error="the job ended without writing its report")
+            elif exc is None and stopped:
+                self.heartbeat.stop("interrupted", signal=stopped.get("signal"))
+            else:
+                self.heartbeat.stop_for(exc)

@@ -231,12 +231,14 @@ async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -
 
     from aiohttp import web
 
+    from polar_env.observe.liveness import Heartbeat, current_exception
     from polar_env.staging.server import build_server_app
     from polar_env.staging.submission import server_defaults
 
     started = time.perf_counter()
     defaults = server_defaults(env)  # what a submitted row that names no harness (etc.) runs with
     token, token_path = write_token(Path(store) / "rollout_token", token)
+    beat = Heartbeat(Path(store), kind="serve").start()  # the dashboard's word on whether the server runs
     cluster = await start_cluster(env.cluster())
     runner = None
     actor = None
@@ -263,4 +265,5 @@ async def serve(env: Any, host: str, port: int, store: Any, token: str | None) -
         if runner is not None:
             await runner.cleanup()
         await cluster.aclose()
+        beat.stop_for(current_exception())
     return 0

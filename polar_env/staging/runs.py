@@ -37,7 +37,7 @@ LATEST = "latest"
 ATTEMPTS = "attempts"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _RUN_ID = re.compile(r"^\d{8}-\d{6}-[a-z]+-[0-9a-f]{6}$")
-_RUN_FILES = (PLAN_FILE, "report.json", "sessions.jsonl", "live.json")
+_RUN_FILES = (PLAN_FILE, "report.json", "sessions.jsonl", "live.json", "heartbeat.json")
 
 
 def new_run_id(kind: str, now: float | None = None) -> str:
@@ -172,12 +172,20 @@ def resolve_run(path: Path) -> Path:
     """The run folder ``--resume`` names, or one line saying why it is not one."""
     if not path.is_dir():
         raise ConfigError(f"--resume {path}: no such folder; give a run folder, e.g. polar_rollouts/{LATEST}")
+    from polar_env.observe.liveness import run_state
+
     if (path / PLAN_FILE).is_file():
+        state = run_state(path)
+        if state.running:  # two jobs writing one folder would mix their sessions
+            raise ConfigError(f"--resume {path}: the run is still running ({state.reason}); stop it first (Ctrl-C "
+                              "writes every output), then resume it")
         return path.resolve()
     inside = runs_in(path)
     if inside:
+        stopped = [p for p in inside if run_state(p).state in ("crashed", "interrupted")]
         raise ConfigError(f"--resume {path}: this is a folder of {len(inside)} run(s), not one run; give one of them, "
-                          f"e.g. --resume {path / LATEST} or --resume {inside[-1]}")
+                          f"e.g. --resume {path / LATEST} or --resume {(stopped or inside)[-1]}"
+                          + (f" ({len(stopped)} of them crashed or were interrupted)" if stopped else ""))
     raise ConfigError(f"--resume {path}: not a run folder (no {PLAN_FILE}); give a folder polar-env rollout wrote, "
                       f"e.g. polar_rollouts/{LATEST}")
 

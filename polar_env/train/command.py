@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from polar_env.errors import PolarError
+from polar_env.observe.liveness import Heartbeat, current_exception, one_line
 from polar_env.observe.tracker import open_tracker
 from polar_env.train.loop import StepRecord, run_recipe, step_line, updates_line
 from polar_env.train.recipe import Recipe
@@ -29,16 +31,22 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
     kind = "shuffled-reward control" if recipe.control else "GRPO"
     print(f"{recipe.name}: {kind}, seed {recipe.seed}, {recipe.steps} steps x {len(recipe.tasks)} tasks x "
           f"{recipe.rollouts_per_task} rollouts; report in {recipe.run_dir()}", flush=True)
+    beat = Heartbeat(recipe.run_dir(), kind="train").start()  # the dashboard's word on whether it still runs
     try:
         result = asyncio.run(run_recipe(recipe, on_step))
         written = write_run(result, recipe.run_dir())
         s = result.summary()
         logger.summary(s)
     except Step0Mismatch as exc:
+        beat.stop("crashed", error=one_line(exc))
         print(f"polar-env train: {exc}", file=sys.stderr)
         return 1
+    except PolarError:
+        beat.discard()  # the user's mistake (one line, exit 2): no run folder left behind
+        raise
     finally:
         logger.close()
+        beat.stop_for(current_exception())  # a no-op after the Step0Mismatch stop above
     print(f"reward first 5 steps {s['first5']}, last 5 {s['last5']} (Δ {s['improvement']:+.3f}); "
           f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
           f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from polar_env.dashboard import runs as runs_module
+from polar_env.dashboard import compare as compare_module
 from polar_env.dashboard import server as server_module
 from polar_env.dashboard.server import Dashboard, build_dashboard
 from polar_env.journal.store import JournalStore, SessionMeta
@@ -82,8 +83,13 @@ async def test_a_dead_node_and_a_run_that_stopped(tmp_path: Path) -> None:
 
 async def test_compare_per_task_and_a_task_set_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     computed: list[int] = []
-    real = runs_module.compare
-    monkeypatch.setattr(server_module, "compare", lambda a, b: computed.append(1) or real(a, b))
+    real = compare_module.compare
+
+    def counting(a: Any, b: Any) -> dict[str, Any]:
+        computed.append(1)
+        return real(a, b)
+
+    monkeypatch.setattr(server_module, "compare", counting)
     write_run(tmp_path / "runs" / "a", [session("alpha", 0, 1.0), session("beta", 0, 0.0, status="error", kind="engine_error")],
               {"alpha": 1, "beta": 1})
     write_run(tmp_path / "runs" / "b", [session("alpha", 0, 0.0, status="timeout", kind="agent_timeout")], {"alpha": 1})

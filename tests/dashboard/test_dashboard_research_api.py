@@ -118,7 +118,7 @@ async def test_runs_list_summaries_are_cached_until_files_change(run_dir: Path, 
         assert computed == [5]  # finished, unchanged: computed once for three visits
         (run_dir / "report.json").write_text(json.dumps({"wall_s": 12.5}))
         (run,) = (await (await client.get("/api/runs")).json())["runs"]
-        assert run["wall_s"] == 12.5 and run["state"] == "finished" and computed == [5, 5]
+        assert run["wall_s"] == 12.5 and run["state"] == "done" and computed == [5, 5]
         extra = session("gamma", 0, 1.0)
         store = JournalStore(run_dir / "capture" / "node-0")
         store.write_outcome(extra["session_id"], extra)

@@ -63,10 +63,12 @@ async function pageRuns() {
     const passes = Object.entries(r.pass).filter(([k]) => k.startsWith("pass@"));
     return linkRow(`#/run/${enc(r.name)}`, {"data-run": r.name}, [
       h("td", {}, box), h("td", {}, h("a", {href: `#/run/${enc(r.name)}`}, h("b", {text: r.name})), h("div", {class: "muted", text: r.path})),
-      h("td", {}, badge(r.state)), h("td", {class: "num", text: r.sessions}),
+      h("td", {"data-col": "state", title: r.state_reason || ""}, badge(r.state), r.kind === "train" ? [" ", badge("train")] : null,
+        r.resume && (r.state === "crashed" || r.state === "interrupted") ? h("div", {class: "muted resume", text: r.resume}) : null),
+      h("td", {class: "num", text: r.sessions}),
       h("td", {text: Object.entries(r.statuses).map(([k, v]) => `${k} ${v}`).join(", ")}),
       h("td", {class: "num", text: fixed(r.mean_reward)}),
-      h("td", {text: passes.map(([k, v]) => `${k} ${fixed(v)}`).join("  ")}),
+      h("td", {"data-col": "pass", text: passes.map(([k, v]) => `${k} ${fixed(v)}`).join("  ") + (r.pass_version ? ` (policy v${r.pass_version})` : "")}),
       h("td", {class: "num", text: r.wall_s === null || r.wall_s === undefined ? "—" : fmt(r.wall_s, 1) + " s"}),
       h("td", {class: "num", text: pct(r.engine_busy_fraction)})]);
   });
@@ -143,8 +145,9 @@ async function pageLive(run) {
   const tl = h("div", {class: "card"}, h("h2", {text: "Stage occupancy"}), h("div", {id: "timeline-box"}));
   const state = h("span", {id: "live-state", class: "badge", text: "…"});
   const phase = h("p", {class: "muted", id: "live-phase"});
+  const note = h("div", {class: "card", id: "live-note"});  // how a job that is not running ended, and its resume
   const flying = h("div", {class: "card", id: "in-flight"});
-  put(h("h1", {}, `${run} `, state), runTabs(run, "live"), phase,
+  put(h("h1", {}, `${run} `, state), runTabs(run, "live"), phase, note,
     h("div", {class: "cards"}, stat("sessions done", "0", "live-done"), stat("sessions", "0", "live-total"),
       stat("reward so far", "—", "live-reward"), stat("engine busy", "—", "live-busy"), stat("elapsed", "—", "live-elapsed")),
     stages, tl, flying);
@@ -158,9 +161,15 @@ async function pageLive(run) {
     for (const s of STAGES) stages.querySelector(`[data-stage="${s}"] b`).textContent = String((snap.stages || {})[s] || 0);
     document.getElementById("timeline-box").replaceChildren(timeline(snap.history, snap.now_s));
     phase.textContent = snap.state === "starting" && snap.phase ? `starting: ${snap.phase}` : "";
-    const on = Object.entries(snap.in_flight || {}).sort();
+    const stopped = snap.state === "crashed" || snap.state === "interrupted";
+    note.hidden = !stopped;
+    note.className = `card${snap.state === "crashed" ? " bad" : ""}`;
+    note.replaceChildren(h("b", {text: `${snap.state}: `}), snap.reason || "",
+      snap.resume ? h("p", {}, "continue it with ", h("code", {id: "live-resume", text: snap.resume})) : null);
+    const on = Object.entries(snap.in_flight || snap.last_in_flight || {}).sort();
     flying.hidden = on.length === 0;
-    flying.replaceChildren(h("h2", {text: `Sessions on the nodes (${on.length})`}), h("div", {class: "chips"}, on.slice(0, 200).map(([sid, st]) =>
+    const where = snap.in_flight ? "Sessions on the nodes" : "Sessions on the nodes when the job stopped";
+    flying.replaceChildren(h("h2", {text: `${where} (${on.length})`}), h("div", {class: "chips"}, on.slice(0, 200).map(([sid, st]) =>
       h("a", {class: "chip", href: `#/run/${enc(run)}/session/${enc(sid)}`, "data-session": sid, "data-stage": st},
         h("span", {class: "swatch", style: `background:${STAGE_COLORS[st] || "#999"}`}), `${sid} · ${st}`))));
   };
@@ -394,7 +403,7 @@ async function pageSession(run, sid) {
     d.failure_detail ? h("div", {class: "card bad", id: "failure-detail", text: d.failure_detail}) : null,
     facts, h("div", {class: "grid2"}, trainerView(d.trainer), d.integrity ? integrityView(d.integrity) : null),
     testsView(d.tests), d.graded_patch === null || d.graded_patch === undefined ? null : diffView(d.graded_patch),
-    h("div", {class: "grid2"}, evaluationView(d.evaluation), stagesView(d.stage_seconds)),
+    h("div", {class: "grid2"}, d.grading ? pendingViews(d) : [evaluationView(d.evaluation), stagesView(d.stage_seconds)]),
     await traceView(run, sid, d.traces),
     h("div", {class: "card"}, h("h2", {text: "Transcript (what the harness sent, and each reply)"}), transcript, more));
   await loadCalls();
@@ -428,7 +437,7 @@ async function route() {
     else if (parts[0] === "compare") await pageCompare(parts[1], parts[2]);
     else if (parts[0] === "run" && parts.length === 2) await pageLive(parts[1]);
     else if (parts[0] === "run" && parts[2] === "sessions") await pageSessions(parts[1], params || "");
-    else if (parts[0] === "run" && parts[2] === "tasks") await pageTasks(parts[1]);
+    else if (parts[0] === "run" && parts[2] === "tasks") await pageTasks(parts[1], params || "");
     else if (parts[0] === "run" && parts[2] === "health") await pageHealth(parts[1]);
     else if (parts[0] === "run" && parts[2] === "curves") await pageCurves(parts[1]);
     else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);

@@ -14,24 +14,77 @@ function linkRow(href, attrs, cells) {
 const cellLink = (href, text, attrs) => h("td", attrs || {}, h("a", {href, text}));
 
 // -- tasks -----------------------------------------------------------------------------------
-async function pageTasks(run) {
+// Paged, filtered and sorted on the server like the Sessions view (1,250 tasks were 21,000
+// elements); paging, sort and the filter are in the URL, so Back restores the view.
+const TASK_COLUMNS = [["task_id", "task"], ["state", "state"], ["harness", "harness"], ["model", "model", "", false],
+  ["samples", "samples", "num"], ["finished", "finished", "num"], ["completed", "completed", "num"], ["errored", "errored", "num"],
+  ["masked", "masked", "num"], ["mean_reward", "mean reward", "num"], ["mean_traces", "mean traces", "num"],
+  ["mean_calls", "mean calls", "num"], ["groups", "groups", "", false]];
+
+async function pageTasks(run, params) {
   crumbs(["runs", "#/"], [run, `#/run/${enc(run)}`], ["tasks"]);
-  const data = await api(`/api/runs/${enc(run)}/tasks`);
-  const heads = ["task", "state", "harness", "model", "samples", "finished", "completed", "errored", "masked",
-    "mean reward", "mean traces", "mean calls", "groups"];
-  const rows = data.tasks.map((t) => {
-    const href = `#/run/${enc(run)}/sessions?task=${enc(t.task_id)}`;
-    return linkRow(href, {"data-task": t.task_id}, [
-      cellLink(href, t.task_id), h("td", {}, badge(t.state)), h("td", {text: fmt(t.harness)}), h("td", {text: fmt(t.model)}),
-      h("td", {class: "num", text: t.samples}), h("td", {class: "num", text: t.finished}),
-      h("td", {class: "num", "data-col": "completed", text: t.completed}), h("td", {class: "num", "data-col": "errored", text: t.errored}),
-      h("td", {class: "num", text: t.masked}), h("td", {class: "num", "data-col": "mean_reward", text: fixed(t.mean_reward)}),
-      h("td", {class: "num", text: fixed(t.mean_traces, 2)}), h("td", {class: "num", text: fixed(t.mean_calls, 2)}),
-      h("td", {}, t.groups.map((g) => h("a", {class: "group-link", href: `#/run/${enc(run)}/group/${enc(g)}`, text: g})))]);
-  });
-  put(h("h1", {text: run}), runTabs(run, "tasks"),
-    h("p", {class: "muted", text: `${data.tasks.length} task(s), model ${fmt(data.model)}. Mean reward over finished samples; errored: error, timeout or cancelled.`}),
-    h("table", {id: "tasks"}, h("thead", {}, h("tr", {}, heads.map((t) => h("th", {text: t})))), h("tbody", {}, rows)));
+  const q = new URLSearchParams(params || "");
+  const state = {q: q.get("q") || "", sort: q.get("sort") || "task_id", desc: q.get("desc") === "1", offset: Number(q.get("offset") || 0), limit: 50};
+  const remember = (replace) => {
+    const p = new URLSearchParams();
+    if (state.q) p.set("q", state.q);
+    if (state.sort !== "task_id") p.set("sort", state.sort);
+    if (state.desc) p.set("desc", "1");
+    if (state.offset) p.set("offset", state.offset);
+    const hash = `#/run/${enc(run)}/tasks${String(p) ? "?" + p : ""}`;
+    if (hash === location.hash) return;
+    replace ? history.replaceState(null, "", hash) : history.pushState(null, "", hash);
+    routed = location.hash;
+  };
+  const change = (replace) => { remember(replace); load(); };
+  const search = h("input", {id: "task-search", placeholder: "filter: task id", value: state.q});
+  const info = h("span", {id: "tasks-info", class: "muted"});
+  const prev = h("button", {id: "tasks-prev", onclick: () => { state.offset = Math.max(0, state.offset - state.limit); change(); }}, "‹ prev");
+  const next = h("button", {id: "tasks-next", onclick: () => { state.offset += state.limit; change(); }}, "next ›");
+  const summary = h("p", {class: "muted", id: "tasks-summary"});
+  const table = h("table", {id: "tasks"});
+  let timer = null;
+  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => {
+    const typing = Boolean(state.q);
+    state.q = search.value; state.offset = 0; change(typing); }, 200); });
+  put(h("h1", {text: run}), runTabs(run, "tasks"), summary, h("div", {class: "filters"}, search, prev, next, info), table);
+  async function load() {
+    const p = new URLSearchParams({q: state.q, sort: state.sort, desc: state.desc ? "1" : "0", offset: state.offset, limit: state.limit});
+    const data = await api(`/api/runs/${enc(run)}/tasks?${p}`);
+    const all = Object.values(data.states).reduce((a, b) => a + b, 0);
+    summary.textContent = `${all} task(s) (${Object.entries(data.states).map(([k, v]) => `${k} ${v}`).join(", ") || "none"}), model ${fmt(data.model)}. `
+      + "Mean reward over finished samples; errored: error, timeout or cancelled.";
+    const head = h("tr", {}, TASK_COLUMNS.map(([key, label, cls, sortable]) => sortable === false ? h("th", {class: cls || "", text: label})
+      : h("th", {class: `sortable ${cls || ""} ${state.sort === key ? "sorted" : ""} ${state.sort === key && state.desc ? "desc" : ""}`,
+        "data-sort": key, text: label,
+        onclick: () => { state.desc = state.sort === key ? !state.desc : false; state.sort = key; state.offset = 0; change(); }})));
+    const rows = data.tasks.map((t) => {
+      const href = `#/run/${enc(run)}/sessions?task=${enc(t.task_id)}`;
+      return linkRow(href, {"data-task": t.task_id}, [
+        cellLink(href, t.task_id), h("td", {}, badge(t.state)), h("td", {text: fmt(t.harness)}), h("td", {text: fmt(t.model)}),
+        h("td", {class: "num", text: t.samples}), h("td", {class: "num", text: t.finished}),
+        h("td", {class: "num", "data-col": "completed", text: t.completed}), h("td", {class: "num", "data-col": "errored", text: t.errored}),
+        h("td", {class: "num", text: t.masked}), h("td", {class: "num", "data-col": "mean_reward", text: fixed(t.mean_reward)}),
+        h("td", {class: "num", text: fixed(t.mean_traces, 2)}), h("td", {class: "num", text: fixed(t.mean_calls, 2)}),
+        h("td", {}, t.groups.map((g) => h("a", {class: "group-link", href: `#/run/${enc(run)}/group/${enc(g)}`, text: g})))]);
+    });
+    table.replaceChildren(h("thead", {}, head), h("tbody", {}, rows));
+    const end = Math.min(data.total, state.offset + data.tasks.length);
+    info.textContent = data.total ? `${state.offset + 1}–${end} of ${data.total}` : "no tasks";
+    prev.disabled = state.offset === 0; next.disabled = end >= data.total;
+  }
+  await load();
+}
+
+// -- an in-flight session: what it has reached, instead of empty evaluator and stage cards ------
+function pendingViews(d) {
+  return [h("div", {class: "card", id: "grading-pending"}, h("h2", {text: "Evaluator report"}),
+      h("p", {class: "muted", text: `grading ${d.grading}: the evaluator runs in POSTRUN, after the harness`})),
+    h("div", {class: "card", id: "stages-reached"}, h("h2", {text: "Stages reached so far"}),
+      h("div", {class: "chips"}, d.stages_reached.map((s, i) => h("span", {class: "chip", "data-stage": s},
+        h("span", {class: "swatch", style: `background:${STAGE_COLORS[s] || "#999"}`}),
+        i === d.stages_reached.length - 1 ? `${s} (now)` : s))),
+      h("p", {class: "muted", text: "each stage's time comes with the session's outcome"}))];
 }
 
 // -- one GRPO group ------------------------------------------------------------------------------

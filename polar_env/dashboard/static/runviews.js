@@ -21,6 +21,7 @@ function lineChart(id, title, series, opts) {
   if (!pts.length) { svg.append(svgEl("text", {x: L, y: H / 2}, "no points yet")); return h("div", {class: "card"}, h("h2", {text: title}), svg); }
   const xMin = Math.min(...pts.map((p) => p[0])), xMax = Math.max(...pts.map((p) => p[0]), xMin + 1e-6);
   const yMax = opts.yMax ?? Math.max(1e-6, ...pts.map((p) => p[1] ?? 0));
+  svg.setAttribute("data-max", String(Math.max(...pts.map((p) => p[1] ?? 0))));  // the data's largest value
   const x = (v) => L + (W - L - R) * ((v - xMin) / (xMax - xMin || 1)), y = (v) => T + (H - T - B) * (1 - v / yMax);
   svg.append(svgEl("line", {x1: L, y1: y(0), x2: W - R, y2: y(0), stroke: "#c5cbd6"}), svgEl("line", {x1: L, y1: T, x2: L, y2: y(0), stroke: "#c5cbd6"}));
   svg.append(svgEl("text", {x: 2, y: T + 8}, fmt(yMax, 2)), svgEl("text", {x: 2, y: y(0)}, "0"),
@@ -74,7 +75,7 @@ async function pageHealth(run) {
   put(h("h1", {text: run}), runTabs(run, "health"),
     h("p", {class: "muted", id: "health-source", text: t.source ? `from ${t.source}${t.live ? " (live: refreshed every few seconds)" : ""}` : "no node stats recorded (a bare store)"}),
     dead, server,
-    h("div", {class: "cards"}, stat("nodes", `${t.nodes.length - t.dead_nodes.length} alive / ${t.nodes.length}`, "h-nodes"),
+    h("div", {class: "cards"}, stat("nodes", `${t.nodes.filter((n) => n.state === "alive").length} alive / ${t.nodes.length}`, "h-nodes"),
       stat("limits (init / running / postrun / ready buffer)", `${fmt(limits.max_init)} / ${fmt(limits.max_running)} / ${fmt(limits.max_postrun)} / ${fmt(limits.ready_buffer)}`, "h-limits"),
       stat("engine calls in flight", fmt(t.nodes.reduce((a, n) => a + (n.engine_in_flight || 0), 0)), "h-inflight")),
     h("div", {class: "card"}, h("h2", {text: "Nodes"}), h("table", {id: "nodes"},
@@ -92,15 +93,7 @@ async function pageCurves(run) {
   const parts = [h("h1", {text: run}), runTabs(run, "curves")];
   if (c.trackers.length) parts.push(h("div", {class: "card", id: "trackers"}, h("h2", {text: "Tracker output"}),
     c.trackers.map((t) => h("p", {"data-tracker": t.kind}, h("b", {text: `${t.kind}: `}), h("code", {text: t.command}), h("span", {class: "muted", text: `  (${t.path})`})))));
-  if (c.steps.length) {
-    parts.push(h("div", {class: "grid2"},
-      lineChart("curve-step-reward", "Reward per training step", [{name: "mean reward", color: "#3157d5", points: c.steps.map((s) => [s.step, s.reward_mean])}], {yMax: 1, xLabel: "step"}),
-      lineChart("curve-step-tps", "Sampled tokens/s per step (rollout)", [{name: "tokens/s", color: "#2f9e57", points: c.steps.map((s) => [s.step, s.tokens_per_s])}], {xLabel: "step"})),
-    h("table", {id: "steps"}, h("thead", {}, h("tr", {}, ["step", "mean reward", "rollouts", "sampled tokens", "rollout s", "train s", "tokens/s", "loss"].map((x) => h("th", {text: x})))),
-      h("tbody", {}, c.steps.map((s) => h("tr", {"data-step": s.step}, h("td", {text: s.step}), h("td", {class: "num", "data-col": "reward", text: fixed(s.reward_mean)}),
-        h("td", {class: "num", text: fmt(s.rollouts)}), h("td", {class: "num", text: fmt(s.sampled_tokens)}), h("td", {class: "num", text: fixed(s.rollout_s, 2)}),
-        h("td", {class: "num", text: fixed(s.train_s, 2)}), h("td", {class: "num", text: fixed(s.tokens_per_s, 1)}), h("td", {class: "num", text: fixed(s.loss, 4)}))))));
-  }
+  if (c.steps.length) parts.push(...await trainView(run));
   if (c.per_rollout.length) {
     parts.push(lineChart("curve-rollout", "Reward and pass rate per slime rollout id (slime's W&B step)",
       [{name: "mean reward", color: "#3157d5", points: c.per_rollout.map((r) => [r.rollout_id, r.mean_reward])},
@@ -109,7 +102,7 @@ async function pageCurves(run) {
       h("tbody", {}, c.per_rollout.map((r) => h("tr", {"data-rollout": r.rollout_id}, h("td", {text: r.rollout_id}), h("td", {class: "num", text: r.sessions}),
         h("td", {class: "num", "data-col": "reward", text: fixed(r.mean_reward)}), h("td", {class: "num", text: pct(r.pass_rate)}), h("td", {class: "num", text: fmt(r.sampled_tokens)}))))));
   }
-  if (pts.length || !c.steps.length) {
+  if (!c.steps.length) {  // a train run's sessions record no tokens and pool its policies: its curves are per step
     parts.push(h("div", {class: "grid2"},
       lineChart("curve-reward", "Reward and pass rate over time (running mean over finished sessions)",
         [{name: "mean reward", color: "#3157d5", points: pts.map((p) => [p.t, p.mean_reward])},
@@ -123,6 +116,36 @@ async function pageCurves(run) {
   if (c.live) refreshTimer = setTimeout(() => { if (location.hash === `#/run/${enc(run)}/curves`) { routed = null; route(); } }, 5000);
 }
 
+// A polar-env train run: per step its reward and sampled tokens/s, the held-out tasks before the
+// first step and after the last, pass@k per policy version, and the steps table.
+async function trainView(run) {
+  const t = await api(`/api/runs/${enc(run)}/train`);
+  const s = t.summary, ho = t.held_out, kKey = `pass@${t.ks[t.ks.length - 1]}`;
+  const signed = (v) => v === null || v === undefined ? "—" : (v > 0 ? "+" : "") + v.toFixed(3);
+  const out = [h("div", {class: "cards", id: "train-view"}, stat("training steps", fmt(s.steps ?? t.steps.length), "tr-steps"),
+    stat("sampled tokens/s (rollout)", fmt(s.sampled_tokens_per_s, 1), "tr-tps"), stat("wall", s.wall_s === null || s.wall_s === undefined ? "—" : `${fmt(s.wall_s, 1)} s`, "tr-wall"),
+    ho ? stat("held-out reward before → after", `${fixed(ho.before)} → ${fixed(ho.after)}`, "tr-held") : null),
+  h("div", {class: "grid2"},
+    lineChart("curve-step-reward", "Reward per training step", [{name: "mean reward", color: "#3157d5", points: t.steps.map((x) => [x.step, x.reward_mean])}], {yMax: 1, xLabel: "step"}),
+    lineChart("curve-step-tps", "Sampled tokens/s per step (rollout)", [{name: "tokens/s", color: "#2f9e57", points: t.steps.map((x) => [x.step, x.tokens_per_s])}], {xLabel: "step"}))];
+  if (ho) out.push(h("div", {class: "card", id: "held-out"}, h("h2", {text: `Held-out tasks (never trained on): before the first step and after the last (Δ ${signed(ho.gain)})`}),
+    h("table", {}, h("thead", {}, h("tr", {}, ["task", "before", "after", "Δ"].map((x) => h("th", {text: x})))),
+      h("tbody", {}, ho.per_task.map((r) => h("tr", {"data-task": r.task_id}, h("td", {text: r.task_id}),
+        h("td", {class: "num", "data-col": "before", text: fixed(r.before)}), h("td", {class: "num", "data-col": "after", text: fixed(r.after)}),
+        h("td", {class: "num", text: r.after === null ? "—" : signed(r.after - r.before)})))))));
+  out.push(h("div", {class: "card"}, h("h2", {text: "pass@k per policy version (each step samples one policy; a task under one version is one group)"}),
+    t.per_version.length ? h("table", {id: "pass-versions"}, h("thead", {}, h("tr", {}, ["policy version", "tasks", "sessions", "mean reward", "pass@1", kKey].map((x) => h("th", {text: x})))),
+      h("tbody", {}, t.per_version.map((v) => h("tr", {"data-version": v.version}, h("td", {text: v.version}), h("td", {class: "num", text: v.tasks}),
+        h("td", {class: "num", text: v.sessions}), h("td", {class: "num", text: fixed(v.mean_reward)}),
+        h("td", {class: "num", "data-col": "pass@1", text: fixed(v["pass@1"])}), h("td", {class: "num", "data-col": "pass@k", text: fixed(v[kKey])})))))
+      : h("p", {class: "muted", text: "no graded sessions in this run's store (source: local records no outcomes)"})));
+  out.push(h("table", {id: "steps"}, h("thead", {}, h("tr", {}, ["step", "mean reward", "rollouts", "sampled tokens", "rollout s", "train s", "tokens/s", "loss"].map((x) => h("th", {text: x})))),
+    h("tbody", {}, t.steps.map((x) => h("tr", {"data-step": x.step}, h("td", {text: x.step}), h("td", {class: "num", "data-col": "reward", text: fixed(x.reward_mean)}),
+      h("td", {class: "num", text: fmt(x.rollouts)}), h("td", {class: "num", text: fmt(x.sampled_tokens)}), h("td", {class: "num", text: fixed(x.rollout_s, 2)}),
+      h("td", {class: "num", text: fixed(x.train_s, 2)}), h("td", {class: "num", "data-col": "tps", text: fixed(x.tokens_per_s, 1)}), h("td", {class: "num", text: fixed(x.loss, 4)}))))));
+  return out;
+}
+
 // -- compare -----------------------------------------------------------------------------------
 async function pageCompare(a, b) {
   crumbs(["runs", "#/"], [`${a} vs ${b}`]);
@@ -130,10 +153,13 @@ async function pageCompare(a, b) {
   const ks = data.ks.map((k) => `pass@${k}`);
   const cell = (side, key) => side && side[key] !== undefined && side[key] !== null
     ? (key === "tasks" ? String(side[key]) : side[key].toFixed(3)) : "—";
-  const delta = (x, y, key, digits = 3) => {
+  // the colour says whether the change is good, not its sign: better is +1 where more is good
+  // (reward, pass@k, sessions that completed), -1 where less is (tokens, seconds, failures), 0 where unclear
+  const delta = (x, y, key, digits = 3, better = 1) => {
     if (!x || !y || x[key] === null || y[key] === null || x[key] === undefined || y[key] === undefined) return h("td", {class: "num", "data-delta": key, text: ""});
     const d = y[key] - x[key];
-    return h("td", {class: `num delta ${d > 0 ? "up" : d < 0 ? "down" : ""}`, "data-delta": key, text: (d >= 0 ? "+" : "") + d.toFixed(digits)});
+    const verdict = d === 0 || better === 0 ? "neutral" : d * better > 0 ? "good" : "bad";
+    return h("td", {class: `num delta ${verdict}`, "data-delta": key, "data-verdict": verdict, text: (d >= 0 ? "+" : "") + d.toFixed(digits)});
   };
   const sections = data.sections.map((s) => h("div", {class: "card"},
     h("h2", {text: {overall: "Overall", per_repo: "Per repo", per_harness: "Per harness"}[s.section]}),
@@ -141,7 +167,7 @@ async function pageCompare(a, b) {
       h("thead", {}, h("tr", {}, h("th", {text: s.section === "overall" ? "" : s.section.replace("per_", "")}),
         ...ks.flatMap((k) => [h("th", {class: "num", text: `${k} ${data.a}`}), h("th", {class: "num", text: `${k} ${data.b}`}), h("th", {class: "num", text: "Δ"})]),
         h("th", {class: "num", text: "tasks"}))),
-      h("tbody", {}, s.rows.map((r) => h("tr", {"data-name": r.name}, h("td", {text: r.name}),
+      h("tbody", {}, s.rows.map((r) => h("tr", {"data-name": r.name, class: r.name.endsWith("shared tasks") ? "shared" : ""}, h("td", {text: r.name}),
         ...ks.flatMap((k) => [h("td", {class: "num", "data-cell": `${k}:a`, text: cell(r.a, k)}),
                               h("td", {class: "num", "data-cell": `${k}:b`, text: cell(r.b, k)}), delta(r.a, r.b, k)]),
         h("td", {class: "num", text: `${cell(r.a, "tasks")} / ${cell(r.b, "tasks")}`})))))));
@@ -153,24 +179,41 @@ async function pageCompare(a, b) {
     ts.only_b.length ? h("p", {class: "muted", text: `only in ${data.b}: ${ts.only_b.slice(0, 20).join(", ")}${ts.only_b.length > 20 ? " …" : ""}`}) : null);
   const kinds = (side) => side ? Object.entries(side.failure_kinds).map(([k, n]) => `${k} ${n}`).join(", ") || "none" : "—";
   const drill = (run, task, side) => side ? h("a", {href: `#/run/${enc(run)}/sessions?task=${enc(task)}`, "data-drill": run, text: `${side.sessions} session(s)`}) : h("span", {class: "muted", text: "not run"});
-  const perTask = h("div", {class: "card"}, h("h2", {text: "Per task"}), h("table", {id: "compare-tasks"},
-    h("thead", {}, h("tr", {}, ["task", `${data.a}`, `${data.b}`, "mean reward a", "b", "Δ", "pass@1 a", "b", "Δ", "failure kinds a", "b", "mean tokens a", "b", "Δ"]
-      .map((x) => h("th", {text: x})))),
-    h("tbody", {}, data.per_task.map((t) => h("tr", {"data-task": t.task_id, class: t.a && t.b ? "" : "muted"},
-      h("td", {text: t.task_id}), h("td", {}, drill(data.a, t.task_id, t.a)), h("td", {}, drill(data.b, t.task_id, t.b)),
-      h("td", {class: "num", "data-cell": "reward:a", text: t.a ? fixed(t.a.mean_reward) : "—"}), h("td", {class: "num", "data-cell": "reward:b", text: t.b ? fixed(t.b.mean_reward) : "—"}), delta(t.a, t.b, "mean_reward"),
-      h("td", {class: "num", text: t.a ? fixed(t.a["pass@1"]) : "—"}), h("td", {class: "num", text: t.b ? fixed(t.b["pass@1"]) : "—"}), delta(t.a, t.b, "pass@1"),
-      h("td", {"data-cell": "kinds:a", text: kinds(t.a)}), h("td", {"data-cell": "kinds:b", text: kinds(t.b)}),
-      h("td", {class: "num", text: t.a ? fmt(t.a.mean_tokens, 1) : "—"}), h("td", {class: "num", text: t.b ? fmt(t.b.mean_tokens, 1) : "—"}), delta(t.a, t.b, "mean_tokens", 1))))));
+  const taskBody = h("tbody", {});
+  const taskInfo = h("span", {id: "compare-tasks-info", class: "muted"});
+  const taskState = {offset: 0, limit: 50, q: ""};
+  const taskRows = (page) => page.per_task.map((t) => h("tr", {"data-task": t.task_id, class: t.a && t.b ? "" : "muted"},
+    h("td", {text: t.task_id}), h("td", {}, drill(data.a, t.task_id, t.a)), h("td", {}, drill(data.b, t.task_id, t.b)),
+    h("td", {class: "num", "data-cell": "reward:a", text: t.a ? fixed(t.a.mean_reward) : "—"}), h("td", {class: "num", "data-cell": "reward:b", text: t.b ? fixed(t.b.mean_reward) : "—"}), delta(t.a, t.b, "mean_reward"),
+    h("td", {class: "num", text: t.a ? fixed(t.a["pass@1"]) : "—"}), h("td", {class: "num", text: t.b ? fixed(t.b["pass@1"]) : "—"}), delta(t.a, t.b, "pass@1"),
+    h("td", {"data-cell": "kinds:a", text: kinds(t.a)}), h("td", {"data-cell": "kinds:b", text: kinds(t.b)}),
+    h("td", {class: "num", text: t.a ? fmt(t.a.mean_tokens, 1) : "—"}), h("td", {class: "num", text: t.b ? fmt(t.b.mean_tokens, 1) : "—"}), delta(t.a, t.b, "mean_tokens", 1, -1)));
+  const showTasks = (page) => {  // one page of the per-task rows, paged on the server
+    taskBody.replaceChildren(...taskRows(page));
+    const end = Math.min(page.per_task_total, page.per_task_offset + page.per_task.length);
+    taskInfo.textContent = page.per_task_total ? `${page.per_task_offset + 1}–${end} of ${page.per_task_total} task(s)` : "no tasks";
+    taskPrev.disabled = page.per_task_offset === 0; taskNext.disabled = end >= page.per_task_total;
+  };
+  const loadTasks = async () => showTasks(await api(`/api/compare?a=${enc(a)}&b=${enc(b)}&offset=${taskState.offset}&limit=${taskState.limit}&q=${enc(taskState.q)}`));
+  const taskPrev = h("button", {id: "compare-tasks-prev", onclick: () => { taskState.offset = Math.max(0, taskState.offset - taskState.limit); loadTasks(); }}, "‹ prev");
+  const taskNext = h("button", {id: "compare-tasks-next", onclick: () => { taskState.offset += taskState.limit; loadTasks(); }}, "next ›");
+  const taskSearch = h("input", {id: "compare-task-search", placeholder: "filter: task id"});
+  let typing = null;
+  taskSearch.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(() => { taskState.q = taskSearch.value; taskState.offset = 0; loadTasks(); }, 200); });
+  const perTask = h("div", {class: "card"}, h("h2", {text: "Per task"}), h("div", {class: "filters"}, taskSearch, taskPrev, taskNext, taskInfo),
+    h("table", {id: "compare-tasks"},
+      h("thead", {}, h("tr", {}, ["task", `${data.a}`, `${data.b}`, "mean reward a", "b", "Δ", "pass@1 a", "b", "Δ", "failure kinds a", "b", "mean tokens a", "b", "Δ"]
+        .map((x) => h("th", {text: x})))), taskBody));
+  showTasks(data);
   const fk = h("div", {class: "card"}, h("h2", {text: "Failure kinds (sessions; - : none)"}), h("table", {id: "compare-kinds"},
     h("thead", {}, h("tr", {}, ["failure kind", data.a, data.b, "Δ"].map((x) => h("th", {text: x})))),
     h("tbody", {}, data.failure_kinds.map((f) => h("tr", {"data-kind": f.kind}, h("td", {text: f.kind}),
-      h("td", {class: "num", "data-cell": "a", text: f.a}), h("td", {class: "num", "data-cell": "b", text: f.b}), delta({v: f.a}, {v: f.b}, "v", 0))))));
+      h("td", {class: "num", "data-cell": "a", text: f.a}), h("td", {class: "num", "data-cell": "b", text: f.b}), delta({v: f.a}, {v: f.b}, "v", 0, f.kind === "-" ? 1 : -1))))));
   const tt = data.totals;
   const totals = h("div", {class: "card"}, h("h2", {text: "Tokens and cost"}), h("table", {id: "compare-totals"},
     h("thead", {}, h("tr", {}, ["", data.a, data.b, "Δ"].map((x) => h("th", {text: x})))),
-    h("tbody", {}, [["sessions", "sessions"], ["sampled tokens", "sampled_tokens"], ["engine seconds", "engine_seconds"], ["wall s", "wall_s"]].map(([label, key]) =>
-      h("tr", {"data-total": key}, h("th", {text: label}), h("td", {class: "num", text: fmt(tt.a[key], 1)}), h("td", {class: "num", text: fmt(tt.b[key], 1)}), delta(tt.a, tt.b, key, 1))))));
+    h("tbody", {}, [["sessions", "sessions", 0], ["sampled tokens", "sampled_tokens", -1], ["engine seconds", "engine_seconds", -1], ["wall s", "wall_s", -1]].map(([label, key, better]) =>
+      h("tr", {"data-total": key}, h("th", {text: label}), h("td", {class: "num", text: fmt(tt.a[key], 1)}), h("td", {class: "num", text: fmt(tt.b[key], 1)}), delta(tt.a, tt.b, key, 1, better))))));
   put(h("h1", {text: `Compare: ${data.a} → ${data.b}`}), warning,
     h("p", {class: "muted", text: "Unbiased pass@k over finished sessions (a session passes with reward ≥ 1); Δ is the second run minus the first."}),
     ...sections, perTask, h("div", {class: "grid2"}, fk, totals));
