@@ -79,6 +79,17 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:400] if text else type(exc).__name__
 
 
+_BEATING: set[Heartbeat] = set()  # this process's heartbeats not yet stopped (for end_all)
+
+
+def end_all(state: str, *, signal: str | None = None, error: str | None = None) -> None:
+    """Record ``state`` in every heartbeat still beating here: for an exit that skips the job's own
+    ending (a second signal, the shutdown watchdog; both leave with ``os._exit``), so the run reads
+    as what it was, not as a crash."""
+    for beat in list(_BEATING):
+        beat.stop(state, signal=signal, error=error)
+
+
 class Heartbeat:
     """Beats into ``folder/heartbeat.json`` from a daemon thread until ``stop``."""
 
@@ -101,6 +112,7 @@ class Heartbeat:
         self._write()
         self._thread = threading.Thread(target=self._run, name="polar-heartbeat", daemon=True)
         self._thread.start()
+        _BEATING.add(self)
         return self
 
     def _run(self) -> None:
@@ -123,6 +135,7 @@ class Heartbeat:
 
     def stop(self, state: str, *, error: str | None = None, signal: str | None = None) -> None:
         """Record the job's end (``done``, ``interrupted`` or ``crashed``) and stop beating."""
+        _BEATING.discard(self)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Coroutine, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from polar_env.observe.liveness import end_all
+
 T = TypeVar("T")
 SIGNAL_BUDGET_S = 12.0  # after a signal: sessions, POSTRUN and every close step, then kill what is left
 CLOSE_BUDGET_S = 10.0  # a cluster's close without a signal (at a normal end nothing runs: idle workers)
@@ -209,6 +211,7 @@ def arm_watchdog(code: int, limit_s: float = HARD_LIMIT_S) -> None:
         print(f"\npolar-env: not stopped {limit_s:g} s after the signal: exiting now; the captures stay on disk "
               "for --resume; where it was (for a bug report):", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        end_all("interrupted", error=f"stopped by the shutdown watchdog {limit_s:g} s after the signal")
         kill_descendants()
         os._exit(code)
 

@@ -18,6 +18,7 @@ import sys
 from types import TracebackType
 from typing import Any
 
+from polar_env.observe.liveness import end_all
 from polar_env.staging import deadline
 
 
@@ -76,6 +77,8 @@ class StopSignals:
 def _exit_now(signum: int, frame: Any) -> None:
     print(f"\npolar-env: second {signal.Signals(signum).name}: exiting now; the captures stay on disk for --resume",
           file=sys.stderr, flush=True)
+    name = signal.Signals(signum).name
+    end_all("interrupted", signal=name, error=f"a second {name}: exited at once, without writing the run's outputs")
     if deadline.whole_process():  # nothing of the run left behind (sandboxes, workers, harness CLIs)
         deadline.kill_descendants()
     os._exit(128 + signum)

@@ -205,3 +205,30 @@ def test_a_refused_command_leaves_no_folder(tmp_path: Path) -> None:
     Heartbeat(made, kind="train").start().discard()
     Heartbeat(kept, kind="train").start().discard()
     assert not made.exists() and kept.is_dir() and not (kept / HEARTBEAT_FILE).exists()
+
+
+SECOND_SIGNAL = """
+import os, signal, sys, time
+from pathlib import Path
+from polar_env.observe.liveness import Heartbeat
+from polar_env.staging.interrupt import _exit_now
+Heartbeat(Path(sys.argv[1]), kind="rollout", interval_s=0.1).start()
+signal.signal(signal.SIGINT, _exit_now)  # what StopSignals installs after the first signal
+print("beating", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_exit_that_skips_the_jobs_ending_still_records_interrupted(tmp_path: Path) -> None:
+    """A second Ctrl-C leaves with os._exit (no outputs, no finally): the heartbeat still says
+    interrupted by that signal, not a crash."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL, str(run)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "beating"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    proc.stdout.close()
+    state = run_state(run)
+    assert state.state == "interrupted", state
+    assert json.loads((run / HEARTBEAT_FILE).read_text())["signal"] == "SIGINT"

@@ -21,6 +21,7 @@ import pytest
 
 from polar_env.cli import main
 from polar_env.dashboard.runs import discover
+from polar_env.observe.liveness import run_state
 from tests.conftest import REPO_ROOT, require_bwrap, require_extras, unavailable
 from tests.waits import until_sync
 
@@ -193,6 +194,7 @@ def test_a_second_signal_exits_at_once_and_resume_recovers_what_finished(sim: li
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130  # at once: no outputs written (below), the rest left to --resume
     assert "second SIGINT: exiting now" in (tmp_path / "log").read_text()
+    assert run_state(run_dir).state == "interrupted"  # what the dashboard shows, not a crash
     assert (run_dir / "plan.json").is_file() and not (run_dir / "sessions.jsonl").exists()
     done = {p.name.split(".result.json")[0]: json.loads(p.read_text())
             for p in (run_dir / "capture" / "node-0").glob("*.result.json")}
