@@ -7,7 +7,9 @@ naming trace and position (exit 1): the data path is broken, which is not the us
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,14 @@ from polar_env.train.loop import StepRecord, run_recipe, step_line, updates_line
 from polar_env.train.recipe import Recipe
 from polar_env.train.report import PLOT_HINT, write_run
 from polar_env.train.step0 import Step0Mismatch
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``kill``): unwound like Ctrl-C, so the run records interrupted."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated("SIGTERM")
 
 
 def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None = None) -> int:
@@ -32,6 +42,7 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
     print(f"{recipe.name}: {kind}, seed {recipe.seed}, {recipe.steps} steps x {len(recipe.tasks)} tasks x "
           f"{recipe.rollouts_per_task} rollouts; report in {recipe.run_dir()}", flush=True)
     beat = Heartbeat(recipe.run_dir(), kind="train").start()  # the dashboard's word on whether it still runs
+    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() else None
     try:
         result = asyncio.run(run_recipe(recipe, on_step))
         written = write_run(result, recipe.run_dir())
@@ -44,9 +55,15 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
     except PolarError:
         beat.discard()  # the user's mistake (one line, exit 2): no run folder left behind
         raise
+    except Terminated:
+        beat.stop("interrupted", signal="SIGTERM")
+        print(f"polar-env train: SIGTERM: stopped; the steps so far are in {recipe.run_dir()}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         logger.close()
-        beat.stop_for(current_exception())  # a no-op after the Step0Mismatch stop above
+        beat.stop_for(current_exception())  # a no-op after the stops above
     print(f"reward first 5 steps {s['first5']}, last 5 {s['last5']} (Δ {s['improvement']:+.3f}); "
           f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
           f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "

@@ -132,3 +132,32 @@ def test_a_bad_recipe_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["train", str(recipe)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "rollouts_per_task" in err and str(recipe) in err
+
+
+def test_sigterm_stops_a_train_run_as_interrupted(tmp_path: Path) -> None:
+    """A scheduler's stop (SIGTERM) ends `polar-env train` with 143 and the run reads interrupted,
+    its steps so far kept; without a handler the process died and the run read crashed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from polar_env.observe.liveness import run_state
+    from tests.waits import until_sync
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY, "steps": 200}))
+    out = tmp_path / "report"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "train", str(recipe), "--out-dir", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        until_sync(lambda: run_state(out).state == "running", timeout_s=120, what="the train run beating")
+        proc.send_signal(signal.SIGTERM)
+        printed, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, printed[-2000:]
+    assert "SIGTERM: stopped" in printed
+    assert run_state(out).state == "interrupted"
