@@ -183,6 +183,7 @@ class RolloutServer:
         if not self.nodes:
             raise ConfigError("a rollout server needs at least one gateway node")
         self.dead: dict[str, str] = {}
+        self.hosts: dict[str, str] = {}  # node id -> the host its last stats came from (named when it dies)
         self.load: dict[str, int] = {n.node_id: 0 for n in self.nodes}
         self.tasks: dict[str, _Task] = {}
         self.callback_retries = callback_retries
@@ -338,16 +339,21 @@ class RolloutServer:
 
     # -- the rest -----------------------------------------------------------------------------
     async def node_stats(self) -> list[dict[str, Any]]:
+        """Each node's stats; a dead node's entry names the host it last reported from."""
         out = []
         for node in self.nodes:
-            if node.node_id in self.dead:
-                out.append({"node_id": node.node_id, "dead": self.dead[node.node_id]})
-                continue
-            try:
-                out.append(await node.stats())
-            except NodeDied as exc:
-                self.dead[node.node_id] = str(exc)
-                out.append({"node_id": node.node_id, "dead": str(exc)})
+            if node.node_id not in self.dead:
+                try:
+                    stats = await node.stats()
+                except NodeDied as exc:
+                    self.dead[node.node_id] = str(exc)
+                else:
+                    if stats.get("host"):
+                        self.hosts[node.node_id] = str(stats["host"])
+                    out.append(stats)
+                    continue
+            host = self.hosts.get(node.node_id)
+            out.append({"node_id": node.node_id, "dead": self.dead[node.node_id], **({"host": host} if host else {})})
         return out
 
     async def update_weights(self, source: Any, version: str | None = None) -> list[str]:

@@ -272,7 +272,8 @@ def next_steps(report: dict[str, Any], out: Path) -> list[str]:
     statuses = report.get("statuses", {})
     lost = report.get("failure_kinds", {}).get("node_lost", 0)
     if lost:
-        dead = ", ".join(s["node_id"] for s in report.get("nodes", []) if "dead" in s) or "a node"
+        dead = ", ".join(s["node_id"] + (f" (host {s['host']})" if s.get("host") else "")
+                         for s in report.get("nodes", []) if "dead" in s) or "a node"
         steps.append(f"{lost} session(s) were lost with {dead} (masked, with the calls it had journaled): "
                      f"the same command with --resume {out} runs them again")
     kinds = report.get("failure_kinds", {})

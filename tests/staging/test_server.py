@@ -177,3 +177,26 @@ def test_a_generated_token_can_be_given_as_an_argument(tmp_path: Path) -> None:
         token, path = write_token(tmp_path / f"t{i}" / "rollout_token", None)
         assert token[0].isalpha() and path is not None and path.read_text().strip() == token
         assert write_token(path, None)[0] == token  # read back, not replaced
+
+
+class DyingNode(LocalNode):
+    """A test double of a node handle: answers stats from host ``h7`` once, then is gone (NodeDied)."""
+
+    def __init__(self) -> None:
+        self.node_id, self.calls = "node-7", 0
+
+    async def stats(self) -> dict[str, Any]:
+        from polar_env.staging.server import NodeDied
+
+        self.calls += 1
+        if self.calls > 1:
+            raise NodeDied("node node-7 died: the actor's process is gone")
+        return {"node_id": "node-7", "host": "h7", "pid": 1}
+
+
+async def test_a_dead_nodes_entry_names_the_host_it_last_reported_from() -> None:
+    server = RolloutServer([DyingNode()])
+    assert (await server.node_stats())[0]["host"] == "h7"
+    for _ in range(2):  # when it dies, and every look after
+        (entry,) = await server.node_stats()
+        assert entry == {"node_id": "node-7", "dead": "node node-7 died: the actor's process is gone", "host": "h7"}
