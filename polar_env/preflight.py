@@ -180,7 +180,8 @@ def check_node_side(env: PolarEnvConfig, reqs: Sequence[TaskRequest]) -> None:
         images = [s.image for s in specs if s.image]
         roots = {s.agent_root for s in specs}
         check_runtime(kind, next(iter(images), None), next((a for a in ("require", "auto") if a in roots), "off"),
-                      images=[s.image for s in specs if s.image and not (kind == "docker" and s.pull)])
+                      images=[s.image for s in specs if s.image and not (kind == "docker" and s.pull)],
+                      unbounded_ok=all(s.allow_unbounded or (s.memory_mb is None and s.pids_limit is None) for s in specs))
     evaluators = {r.evaluator.name: r.task_id for r in reqs if r.evaluator is not None}
     if env.evaluator is not None:
         evaluators.setdefault(env.evaluator.name, "--evaluator")
@@ -275,11 +276,13 @@ def check_harness(name: str, cache_dir: Path | None = None) -> None:
 # -- runtime -------------------------------------------------------------------------------------
 
 
-def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto", *, images: Sequence[str] = ()) -> None:
+def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto", *, images: Sequence[str] = (),
+                  unbounded_ok: bool = False) -> None:
     """``image``: one the sessions will use (apptainer runs ``true`` in it); ``agent_root``: the
     strictest the sessions ask of Docker (runtimes/docker_userns.py); ``images``: every image the
     sessions need present (Docker: on the daemon, unless they pull; else a folder or the store's),
-    all missing ones named in one line."""
+    all missing ones named in one line; ``unbounded_ok``: no session needs memory/pids bounded
+    (none asks, or all allow_unbounded), so rootless Apptainer without a cgroup is not refused."""
     from polar_env.runtimes.imagestore import missing_local
 
     if kind == "sandbox":
@@ -291,29 +294,32 @@ def check_runtime(kind: str, image: str | None = None, agent_root: str = "auto",
         _check_docker(agent_root)
         _check_docker_images(images)
     elif kind == "apptainer":
-        _check_apptainer(image, images)
+        _check_apptainer(image, images, unbounded_ok=unbounded_ok)
 
 
-def _check_apptainer(image: str | None, images: Sequence[str] = ()) -> None:
+def _check_apptainer(image: str | None, images: Sequence[str] = (), *, unbounded_ok: bool = False) -> None:
     """The binary exists and, for a local image, ``true`` runs in it the way a session's exec will; a
     URI image (``docker://``, ``docker-archive://``, ...) is converted into the store on first use by
     the first session's prepare (``runtimes/apptainer_images.py``), not here: preflight stays quick."""
-    from polar_env.runtimes.apptainer import APPTAINER_INSTALL, find_apptainer, probe
+    from polar_env.runtimes import limits
+    from polar_env.runtimes.apptainer import APPTAINER_INSTALL, describe_host, find_apptainer, probe, unbounded_refusal
+    from polar_env.runtimes.hostworkspace import drops_privileges
     from polar_env.runtimes.imagestore import URI_SCHEMES, missing_local
 
     hint = os.environ.get("POLAR_APPTAINER") or "apptainer"
-    if find_apptainer() is None:
+    binary = find_apptainer()
+    if binary is None:
         raise ConfigError(f"no {hint!r} binary on PATH, runtime apptainer; {APPTAINER_INSTALL}, or use --runtime "
                           "sandbox")
+    if not drops_privileges() and not unbounded_ok and (why := limits.rootless_bound()) is not None:
+        raise ConfigError(unbounded_refusal(why))
     if (missing := missing_local([*images, *([image] if image else [])], "apptainer", accepts_files=True)) is not None:
         raise ConfigError(missing)
-    if image is None or image.startswith(URI_SCHEMES):
-        return
-    why = asyncio.run(probe(image))
-    if why is not None:
+    if image is not None and not image.startswith(URI_SCHEMES) and (why := asyncio.run(probe(image))) is not None:
         raise ConfigError(f"apptainer cannot run {image} ({why}), runtime apptainer; check unprivileged user namespaces "
                           "(sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone) and, for a .sif, "
                           "squashfuse and /dev/fuse, or use --runtime sandbox")
+    print(f"polar-env: runtime apptainer: {describe_host(binary)}", file=sys.stderr, flush=True)
 
 
 def _check_bwrap() -> None:

@@ -108,6 +108,7 @@ APPLIED: dict[str, tuple[list[str], str, Any]] = {
     "--top-p": (["--top-p", "0.9"], "sampling.top_p", 0.9),
     "--runtime": (["--runtime", "docker"], "runtime.kind", "docker"),
     "--pull": (["--pull"], "runtime.pull", True),
+    "--allow-unbounded": (["--allow-unbounded"], "runtime.allow_unbounded", True),
     "--builder": (["--builder", "per_request"], "builder", "per_request"),
     "--evaluator": (["--evaluator", '{"name": "output", "regex": "ok"}'], "evaluator.params", {"regex": "ok"}),
     "--canonical": (["--canonical"], "continuation", False),

@@ -98,6 +98,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--runtime", "env.runtime.kind", "the sandbox each session runs in", choices="runtimes"),
     Flag("--pull", "env.runtime.pull", "docker: pull a missing image at prepare, once per image (else preflight "
          "lists the missing ones with their docker pull)", const=True, shown="off"),
+    Flag("--allow-unbounded", "env.runtime.allow_unbounded", "apptainer as a non-root user on a host that delegates "
+         "no cgroup: run with memory and pids unbounded (the limits report says so) instead of refusing",
+         const=True, shown="off: refused"),
     Flag("--builder", "env.builder", "trajectory builder", choices="builders"),
     Flag("--evaluator", "env.evaluator", "evaluator name or JSON spec, e.g. '{\"name\": \"output\", \"regex\": \"ok\"}'",
          shown="swebench for SWE tasks, none otherwise", choices="evaluators"),

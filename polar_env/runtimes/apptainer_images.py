@@ -1,6 +1,10 @@
 """Apptainer images given as URIs (``docker://``, ``docker-archive://``, ``oras://``, ...:
 ``imagestore.URI_SCHEMES``), converted once per image into the local image store as an Apptainer
-sandbox folder, which the runtime then runs like any store image.
+sandbox folder, which the runtime then runs like any store image. A local ``.sif`` goes the same way
+when ``/dev/fuse`` is closed to the uid that runs Apptainer (rootless Apptainer mounts a SIF with
+squashfuse): ``unsquashfs`` unpacks its root partition (offset from ``apptainer sif list``) once,
+keyed by path, size and mtime (``sif_key``). Not ``apptainer build --sandbox SIF``: as root it takes
+the privileged path, which fails where root's bounding set lacks CAP_SYS_RESOURCE.
 
 Why: as root every exec drops to an unprivileged uid (``apptainer.py``) that has no writable
 Apptainer cache, so a URI handed to each ``apptainer exec`` would be fetched and unpacked on every
@@ -71,6 +75,13 @@ def sandbox_path(uri: str, store: Path | None = None) -> Path:
     return (store or images_root()) / store_name(uri)
 
 
+def sif_key(path: Path) -> str:
+    """The store key of a SIF's unpacked folder: its path, size and mtime, so a rebuilt SIF is unpacked
+    again (the old folder stays until removed by hand) and an unchanged one never."""
+    st = path.stat()
+    return f"sif-{path.resolve()}-{st.st_size}-{st.st_mtime_ns}"
+
+
 def meta_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.converted.json")
 
@@ -90,11 +101,12 @@ def _reused(uri: str, target: Path) -> Converted:
     return Converted(uri, target, size if isinstance(size, int) else None, None)
 
 
-async def ensure_sandbox(uri: str, binary: str, store: Path | None = None) -> Converted:
-    """``uri`` as a sandbox folder in the store: built here when absent (once, under the image's
-    lock), else reused; a failed build is one ConfigError line naming its log."""
+async def ensure_sandbox(uri: str, binary: str, store: Path | None = None, *, key: str | None = None) -> Converted:
+    """``uri`` (or a local ``.sif``) as a sandbox folder in the store, named after ``key`` (default:
+    the URI): built here when absent (once, under the image's lock), else reused; a failed build is
+    one ConfigError line naming its log."""
     store = store or images_root()
-    target = sandbox_path(uri, store)
+    target = sandbox_path(key or uri, store)
     if target.is_dir():
         return await asyncio.to_thread(_reused, uri, target)
     try:
@@ -144,6 +156,19 @@ def last_line(text: str) -> str:
     return (fatal or lines or ["(no output)"])[-1]
 
 
+async def sif_offset(binary: str, sif: str) -> int:
+    """Where a SIF's root filesystem (squashfs) partition starts: ``apptainer sif list``'s FS row."""
+    proc = await asyncio.create_subprocess_exec(binary, "sif", "list", sif, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    text = out.decode("utf-8", "replace")
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) > 4 and "FS (Squashfs" in cells[4] and cells[3].split("-")[0].strip().isdigit():
+            return int(cells[3].split("-")[0])
+    raise ConfigError(f"apptainer: {sif} has no squashfs root partition (apptainer sif list: {last_line(text)})")
+
+
 async def _build(uri: str, binary: str, store: Path, target: Path) -> Converted:
     """``apptainer build --sandbox`` into a temp name, then the rename; the caller holds the lock."""
     for stale in store.glob(f"{glob.escape(target.name)}.tmp-*"):  # a crashed build's
@@ -153,8 +178,12 @@ async def _build(uri: str, binary: str, store: Path, target: Path) -> Converted:
     logfile.parent.mkdir(parents=True, exist_ok=True)
     log.info("apptainer: converting %s into %s (once; later sessions reuse it)", uri, target)
     start = time.monotonic()
-    local = ["--disable-cache"] if uri.startswith(LOCAL_SCHEMES) else []  # caching a local archive's layers only costs disk
-    argv = [binary, "build", *local, "--sandbox", str(tmp), uri]
+    if os.path.isfile(uri):  # a SIF: its squashfs partition, unpacked (no starter, so no capability needs)
+        argv = ["unsquashfs", "-no-progress", "-no-xattrs", "-ignore-errors", "-o", str(await sif_offset(binary, uri)),
+                "-d", str(tmp), uri]
+    else:  # caching a local archive's layers only costs disk
+        local = ["--disable-cache"] if uri.startswith(LOCAL_SCHEMES) else []
+        argv = [binary, "build", *local, "--sandbox", str(tmp), uri]
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 env=build_env(store), start_new_session=True)

@@ -41,6 +41,9 @@ class RuntimeSpec(BaseModel):
     disk_mb: int | None = Field(default=8192, ge=16)  # the writable trees (workspace, /tmp, HOME)
     output_mb: float = Field(default=8, gt=0)  # merged output kept per exec (head and tail; marker between)
     patch_mb: float = Field(default=32, gt=0)  # the agent's diff
+    # rootless Apptainer where the host delegates no cgroup: run with memory and pids unbounded (the
+    # limits report says so) instead of refusing at preflight and prepare (runtimes/apptainer.py)
+    allow_unbounded: bool = False
     binds: list[tuple[Path, str]] = Field(default_factory=list)  # extra read-only binds (e.g. harness installs)
     # Docker: whose uid commands run as. "agent": an unprivileged uid that owns the workspace (the
     # agent's runtime). "root": container root, for grading runtimes only — SWE-bench eval scripts

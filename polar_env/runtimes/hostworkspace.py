@@ -131,6 +131,7 @@ class HostWorkspaceRuntime(abc.ABC):
 
     name: ClassVar[str] = ""
     drops_root: ClassVar[bool] = False  # True: as root, execs drop to the runtime's own uid
+    relay_per_exec: ClassVar[bool] = True  # False: the subclass starts one relay per session itself
 
     def __init__(self, spec: RuntimeSpec, *, root_dir: str | Path | None = None) -> None:
         self.spec = spec
@@ -144,6 +145,7 @@ class HostWorkspaceRuntime(abc.ABC):
         self._stage: list[tuple[str, str]] = []  # (host source, staged path) for this runtime's execs
         self._stage_base: Path | None = None  # outside the runtime's root, when the root is unreachable
         self._mounted = False  # the sized tmpfs is on the root (diskfs.py)
+        self.unbounded: str | None = None  # set by _check: memory/pids go unbounded, and why (limits.py)
 
     # ----- to override -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -252,7 +254,8 @@ class HostWorkspaceRuntime(abc.ABC):
                 self.uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SLOTS)
                 await asyncio.to_thread(self._own, self.uid)
             self.limits = SessionLimits(self.spec, self._root.name, trees=[self.workspace, self.tmp_dir, self.home_dir],
-                                        uid=self.uid, mount=self._root if self._mounted else None, no_mount=no_mount)
+                                        uid=self.uid, mount=self._root if self._mounted else None, no_mount=no_mount,
+                                        unbounded=self.unbounded)
             self.limits.start(self._kill_all)
             if not seeded and await self._export_workdir() and self.uid is not None:
                 await asyncio.to_thread(chown_tree, self.workspace, self.uid)
@@ -384,7 +387,7 @@ class HostWorkspaceRuntime(abc.ABC):
         if self.limit_hit is not None:  # the session is over; its processes were killed
             return ExecResult(LIMIT_EXIT_CODE, f"[polar_env: {self.limit_hit}]", False, 0.0, limit=self.limit_hit)
         argv = shell_argv(command)
-        if self.relay_enabled:
+        if self.relay_enabled and self.relay_per_exec:
             argv = relay_argv(self.spec.gateway_port, argv)
         elif not isinstance(command, str):  # via sh, so a missing program exits 127 (bwrap says 1)
             argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]

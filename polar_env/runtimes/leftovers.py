@@ -4,7 +4,9 @@ copies, possibly still-mounted tmpfs disks) and their cgroups.
 Each node incarnation keeps its runtimes under ``<base>/<node_id>/<incarnation>/`` and holds an
 exclusive ``flock`` on ``<incarnation>/.lock`` for as long as it lives. The kernel drops the lock
 when the process dies (``kill -9`` included), so any incarnation folder whose lock can be taken
-belongs to a dead process: ``sweep`` kills what is left in the cgroups named after its runtimes,
+belongs to a dead process: ``sweep`` stops the Apptainer instances recorded in its runtime folders
+(``apptainer_instance.sweep_runtime``: an instance outlives the process that started it, and holds
+no cgroup when rootless), kills what is left in the cgroups named after its runtimes,
 renames the folder to ``<node_id>/.trash-<incarnation>`` (so a removal that fails or times out is
 retried by the next sweep, lock or no lock), unmounts what is mounted below it and removes it
 (``diskfs.remove_tree``: any depth, any count, bounded). Live nodes (on this host, any job) keep
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_env.runtimes import diskfs
+from polar_env.runtimes.apptainer_instance import sweep_runtime
 from polar_env.runtimes.hostworkspace import STAGE_PREFIX
 from polar_env.runtimes.limits import CGROUP_ROOT, GROUP, Cgroup
 from polar_env.runtimes.reach import stage_parents
@@ -126,7 +129,10 @@ def _subdirs(path: Path) -> list[Path]:
 
 
 def _clear(path: Path, runtimes: list[str]) -> None:
-    """Kill the runtimes' cgroups, then unmount and remove ``path`` and their stage folders."""
+    """Stop the runtimes' instances, kill their cgroups, then unmount and remove ``path`` and their stage folders."""
+    for name in runtimes:
+        if (stopped := sweep_runtime(path / name)) > 0:
+            log.warning("leftovers: stopped %d apptainer instance(s) of %s", stopped, path / name)
     _remove_cgroups(runtimes)
     for name in runtimes:  # stage folders outside the runtime (hostworkspace.py), wherever reach.py put them
         for parent in stage_parents():

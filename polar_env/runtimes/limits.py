@@ -8,7 +8,9 @@ mechanism the host allows and says which in ``Runtime.limits_report()`` (the ses
   ``polar_env/<id>`` group under the memory and pids hierarchies, writable as root) or v2 (a child of
   the caller's own cgroup when it is delegated: ``memory.max``, ``pids.max``, ``cgroup.kill``). Each
   exec joins it before it drops privileges. Without a writable cgroup: rlimits (``RLIMIT_NPROC`` per
-  session uid, ``RLIMIT_DATA``), which are weaker (per process, not per session).
+  session uid, ``RLIMIT_DATA``), which are weaker (per process, not per session). A runtime that
+  will not pass rlimits off as a bound (rootless Apptainer: ``rootless_bound``) refuses instead, or
+  runs with ``unbounded`` set: no cgroup, no rlimits, and the report says "unbounded".
 - disk, as root: one sized tmpfs on the runtime's root (``diskfs.py``: ``size=<disk_mb>m`` and
   ``nr_inodes``), so the kernel refuses writes past the bound with ENOSPC — files deleted while
   held open, many directories and deep trees included — and the agent's writes count against its
@@ -281,6 +283,25 @@ def tree_bytes(paths: list[Path]) -> int:
     return total
 
 
+def rootless_bound(*, root: Path | None = None) -> str | None:
+    """Why a caller that is not root cannot bound memory and pids per session here, or None when it
+    can: a probe cgroup is made (and removed) exactly as ``SessionLimits`` would, in a delegated v2
+    subtree of the caller's own cgroup (systemd user scope with ``Delegate=yes``, or a site's own)."""
+    root = root or CGROUP_ROOT
+    version = cgroup_version(root)
+    probe = Cgroup.create(f"probe-{os.getpid()}-{time.monotonic_ns()}", memory_mb=64, pids_limit=16, root=root)
+    if probe is not None:
+        probe.remove()
+        return None
+    if version == "v2":
+        own = _own_v2_cgroup(root)
+        return (f"cgroup v2 but {own or 'its own cgroup'} is not delegated to uid {os.geteuid()} with the memory and pids "
+                "controllers (run under systemd-run --user --scope -p Delegate=yes, or a scheduler that delegates)")
+    if (root / "memory").is_dir() or (root / "pids").is_dir():
+        return "cgroups v1 (no delegation to unprivileged users)"
+    return f"no cgroup filesystem at {root}"
+
+
 # -- one runtime's enforcement -----------------------------------------------------------------------
 
 
@@ -293,8 +314,9 @@ class SessionLimits:
     POLL_S = 0.5
 
     def __init__(self, spec: RuntimeSpec, name: str, *, trees: list[Path], uid: int | None,
-                 mount: Path | None = None, no_mount: str | None = None) -> None:
+                 mount: Path | None = None, no_mount: str | None = None, unbounded: str | None = None) -> None:
         self.spec = spec
+        self.unbounded = unbounded  # why memory and pids go unbounded (the caller allowed it); None: bound them
         self.name = name
         self.trees = trees
         self.mount = mount  # the sized tmpfs holding the trees, when there is one
@@ -309,7 +331,7 @@ class SessionLimits:
     def start(self, kill_fallback: Callable[[], None]) -> None:
         spec = self.spec
         self._kill_fallback = kill_fallback
-        if spec.memory_mb is not None or spec.pids_limit is not None:
+        if self.unbounded is None and (spec.memory_mb is not None or spec.pids_limit is not None):
             self.cgroup = Cgroup.create(self.name, memory_mb=spec.memory_mb, pids_limit=spec.pids_limit)
         cg = f"cgroup {self.cgroup.version}" if self.cgroup else None
         self.mechanisms = {
@@ -320,6 +342,8 @@ class SessionLimits:
             (f"{cg} {'memory.max' if self.cgroup and self.cgroup.version == 'v2' else 'memory.limit_in_bytes'}"
              if cg else "rlimit DATA (per process)"),
             "disk_mb": self._disk_mechanism(),
+            **{key: f"unbounded ({self.unbounded}; allowed by allow_unbounded)"
+               for key in ("pids_limit", "memory_mb") if self.unbounded is not None and getattr(spec, key) is not None},
             "output_mb": "stream cap (head + tail kept, marker between)",
             "patch_mb": "stream cap on diff()",
         }
@@ -342,9 +366,9 @@ class SessionLimits:
         rl: list[str] = []
         if spec.disk_mb is not None and self.mount is None:  # the tmpfs bounds one file too
             rl.append(f"--fsize={spec.disk_mb * MIB}")
-        if self.cgroup is None and spec.pids_limit is not None and self.uid is not None:
+        if self.cgroup is None and spec.pids_limit is not None and self.uid is not None and self.unbounded is None:
             rl.append(f"--nproc={spec.pids_limit}")
-        if self.cgroup is None and spec.memory_mb is not None:
+        if self.cgroup is None and spec.memory_mb is not None and self.unbounded is None:
             rl.append(f"--data={spec.memory_mb * MIB}")
         if rl and shutil.which("prlimit"):
             argv += ["prlimit", *rl, "--"]

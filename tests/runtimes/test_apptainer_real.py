@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.errors import ConfigError
 from polar_env.runtimes import ApptainerRuntime, RuntimeSpec
 from polar_env.runtimes.apptainer import probe
 from polar_env.runtimes.hostworkspace import SANDBOX_UID_BASE
@@ -116,23 +115,30 @@ async def test_real_apptainer_limits_are_the_runtimes_own_cgroup(apptainer: str,
 
 
 async def test_real_apptainer_sif(apptainer: str, rootfs: Path, tmp_path: Path) -> None:
-    """A .sif needs squashfuse and a /dev/fuse the exec's uid can open: then it runs like the
-    directory; where /dev/fuse is closed (0600, as on our CI machines) prepare refuses it in one
-    line naming the fix instead of every exec failing."""
+    """A .sif runs either way: mounted with squashfuse where the exec's uid can open /dev/fuse, else
+    (0600, as on our CI machines) unpacked once into the store by prepare and run as that folder —
+    reused, not unpacked again, by the next session."""
     sif = tmp_path / "py.sif"
-    rt = ApptainerRuntime(RuntimeSpec(kind="apptainer", image=str(sif), network="none"), binary=apptainer)
-    if not rt._fuse_usable():
-        sif.write_bytes(b"SIF stand-in: never mounted")
-        with pytest.raises(ConfigError, match="/dev/fuse is not open to unprivileged uids"):
-            await rt.prepare()
-        return
     build = await asyncio.create_subprocess_exec(apptainer, "build", str(sif), str(rootfs), stdout=asyncio.subprocess.DEVNULL,
                                                  stderr=asyncio.subprocess.PIPE)
     _, err = await build.communicate()
     assert build.returncode == 0, err.decode()[-500:]
-    await rt.prepare()
+    os.environ["POLAR_IMAGES"] = str(tmp_path / "store")
     try:
-        res = await rt.exec("python3 -c 'print(6 * 7)'; id -u")
-        assert res.exit_code == 0 and res.output.splitlines()[0] == "42", res.output
+        for _session in range(2):
+            rt = ApptainerRuntime(RuntimeSpec(kind="apptainer", image=str(sif), network="none"), binary=apptainer)
+            unpacked = not rt._fuse_usable()
+            await rt.prepare()
+            try:
+                res = await rt.exec("python3 -c 'print(6 * 7)'; id -u")
+                assert res.exit_code == 0 and res.output.splitlines()[0] == "42", res.output
+                image = rt.limits_report().get("image")
+                if unpacked:
+                    assert image is not None and image["built"] == (_session == 0), image
+                    assert Path(image["sandbox"]).parent == tmp_path / "store", image
+                else:
+                    assert image is None
+            finally:
+                await rt.stop()
     finally:
-        await rt.stop()
+        del os.environ["POLAR_IMAGES"]
