@@ -7,7 +7,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from conftest import EXTRA_MODULES, missing_extra
+
+from tests.conftest import EXTRA_MODULES, missing_extra
 
 pytest_plugins = ["pytester"]
 
