@@ -109,6 +109,7 @@ APPLIED: dict[str, tuple[list[str], str, Any]] = {
     "--runtime": (["--runtime", "docker"], "runtime.kind", "docker"),
     "--pull": (["--pull"], "runtime.pull", True),
     "--allow-unbounded": (["--allow-unbounded"], "runtime.allow_unbounded", True),
+    "--ray-wait-s": (["--ray-wait-s", "60"], "ray_wait_s", 60.0),
     "--builder": (["--builder", "per_request"], "builder", "per_request"),
     "--evaluator": (["--evaluator", '{"name": "output", "regex": "ok"}'], "evaluator.params", {"regex": "ok"}),
     "--canonical": (["--canonical"], "continuation", False),

@@ -113,6 +113,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--ray-address", "env.ray_address", "join an existing Ray cluster (implies --ray)", shown="none"),
     Flag("--ray-node-resource", "env.ray_node_resource", "Ray nodes: each takes one unit of this custom resource "
          "(ray start --resources '{\"NAME\": K}' on the hosts that may run them)", shown="none: anywhere"),
+    Flag("--ray-wait-s", "env.ray_wait_s", "Ray nodes: how long the hosts may take to offer --ray-node-resource "
+         "(a progress line per poll) before the run is refused"),
     Flag("--shared-store", "env.shared_store", "Ray nodes: every host mounts the run folder at the same path "
          "(refused at start when one does not)", const=True,
          shown="per node: the head pulls the journals of nodes that do not see it"),

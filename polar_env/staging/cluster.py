@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ class ClusterConfig(BaseModel):
     # head pulls every node's journals; None: pull from the nodes that do not see it (shipping.py)
     shared_store: bool | None = None
     node_resource: str | None = None  # Ray custom resource a node actor takes one unit of (pins nodes to hosts)
+    ray_wait_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)  # hosts joining late (a loaded site)
     node: NodeConfig = Field(default_factory=NodeConfig)
 
 
@@ -102,7 +105,7 @@ async def start_cluster(config: ClusterConfig, engine: EngineClient | None = Non
     # num_cpus=0: nodes are mostly I/O (HTTP, subprocesses); do not let Ray's CPU count cap them
     options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
     if config.node_resource:
-        _check_resource(config.node_resource, config.nodes)
+        await wait_for_resource(config.node_resource, config.nodes, config.ray_wait_s)
         options["resources"] = {config.node_resource: 1}
     actors = [actor_cls.options(**options).remote(c.model_dump_json()) for c in configs]
     try:
@@ -119,16 +122,29 @@ async def start_cluster(config: ClusterConfig, engine: EngineClient | None = Non
     return Cluster(RolloutServer(ray_handles), ray_handles, actors=actors, runtime_base=runtime_base(config.node))
 
 
-def _check_resource(name: str, nodes: int) -> None:
-    """Enough units of ``name`` on the cluster's live hosts for every node (else a node actor would
-    wait forever for a host to offer one)."""
+async def wait_for_resource(name: str, nodes: int, wait_s: float, *, first_poll_s: float = 0.5) -> None:
+    """Wait until the cluster's live hosts offer a unit of ``name`` for every node (hosts that are
+    still starting, slowly on a loaded site), with a progress line per poll, polls backing off to
+    5 s; after ``wait_s`` the run is refused in one line (a node actor would wait forever)."""
     import ray
 
-    units = ray.cluster_resources().get(name, 0)  # type: ignore[no-untyped-call]
-    if units < nodes:
-        raise ConfigError(f"--ray-node-resource {name}: the cluster's live hosts offer {units:g} unit(s), {nodes} "
-                          f"node(s) need {nodes}; pass --nodes {int(units)} or start more hosts with "
-                          f"ray start --resources '{{\"{name}\": K}}'")
+    began, poll = time.monotonic(), first_poll_s
+    while True:
+        units = ray.cluster_resources().get(name, 0)  # type: ignore[no-untyped-call]
+        waited = time.monotonic() - began
+        if units >= nodes:
+            if waited > 0.05:
+                print(f"polar-env: Ray hosts ready: {units:g} unit(s) of {name} after {waited:.0f} s", file=sys.stderr,
+                      flush=True)
+            return
+        if waited >= wait_s:
+            raise ConfigError(f"--ray-node-resource {name}: after {wait_s:g} s the cluster's live hosts offer {units:g} "
+                              f"unit(s), {nodes} node(s) need {nodes}; pass --nodes {int(units)}, start more hosts with "
+                              f"ray start --resources '{{\"{name}\": K}}', or wait longer with --ray-wait-s")
+        print(f"polar-env: waiting for Ray hosts: {units:g} of {nodes} unit(s) of {name} ({waited:.0f} s of "
+              f"{wait_s:g} s, --ray-wait-s)", file=sys.stderr, flush=True)
+        await asyncio.sleep(min(poll, max(0.0, wait_s - waited)))
+        poll = min(poll * 2, 5.0)
 
 
 async def _spools(config: ClusterConfig, store: Path, configs: list[NodeConfig], actors: list[Any]) -> list[bool]:

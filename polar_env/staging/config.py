@@ -60,6 +60,7 @@ class PolarEnvConfig(BaseModel):
     ray: bool = False
     ray_address: str | None = None
     ray_node_resource: str | None = None  # Ray custom resource each node actor takes one unit of
+    ray_wait_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)  # for hosts to offer ray_node_resource
     shared_store: bool | None = None  # Ray: True every host mounts store; False the head pulls all; None detect
     harness_cache: Path | None = None
 
@@ -119,7 +120,8 @@ class PolarEnvConfig(BaseModel):
         node = NodeConfig(engine=engine, limits=self.limits, store=self.store, sampling=self.sampling,
                           harness_cache=self.harness_cache)
         return ClusterConfig(nodes=self.nodes, ray=self.ray, ray_address=self.ray_address, node=node,
-                             shared_store=self.shared_store, node_resource=self.ray_node_resource)
+                             shared_store=self.shared_store, node_resource=self.ray_node_resource,
+                             ray_wait_s=self.ray_wait_s)
 
 
 # What a SWE row may set for itself, over the config's: its runtime (image, binds, env, limits), the
