@@ -1,26 +1,132 @@
-"""Embedded engine figures on this machine: process startup, decode tokens/s, prefill latency.
+"""Embedded engine figures on this machine: sampled tokens/s at 1, 4 and 16 concurrent requests,
+this tree against a baseline tree side by side (continuous batching, issue 46); ``--http`` for the
+older figures (process startup, in-process vs HTTP decode, prefill latency).
 
-Baseline, side by side: the same decode in-process (no HTTP) vs through the vLLM-shaped server,
-so the server's own cost shows as a ratio. Run: ``python scripts/bench_engine.py``.
+Each (tree, model) measurement is a fresh subprocess with that tree first on ``PYTHONPATH``: it
+loads the model, warms up, then runs N requests at once (threads calling ``complete``, each
+``ignore_eos`` so every request samples exactly ``--tokens``) and reports wall and CPU seconds
+(the process's, all threads). Rounds alternate baseline and this tree, so a load change on a
+shared machine hits both; the load average is printed per round. Run::
+
+    python scripts/bench_engine.py [--models tiny,smollm2] [--concurrency 1,4,16] [--rounds 3]
+        [--tokens 32] [--smollm2-tokens 16] [--baseline-rev HEAD | --no-baseline] [--baseline-threads 1]
+    python scripts/bench_engine.py --http
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import os
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-import aiohttp
-
-from polar_env.engines.embedded.engine import EmbeddedEngine
-from polar_env.records import ChatRequest
-
+REPO = Path(__file__).resolve().parent.parent
 TOKENS = 256
 LONG_PROMPT = "lorem ipsum dolor sit amet " * 800  # ~4.8k tokens
 
 
+# -- the worker: one tree, one model, every concurrency ----------------------------------------
+def worker(model: str, levels: list[int], tokens: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polar_env.engines.embedded.engine import EmbeddedEngine, SamplingExtras
+    from polar_env.records import ChatRequest
+
+    if model == "smollm2":
+        from polar_env.engines.config import EmbeddedEngineConfig
+
+        engine = EmbeddedEngineConfig(template="smollm2", model="smollm2").build()
+    else:
+        engine = EmbeddedEngine()
+    assert isinstance(engine, EmbeddedEngine)
+    extras = SamplingExtras(ignore_eos=True)
+
+    def one(i: int) -> int:
+        request = ChatRequest(messages=[{"role": "user", "content": f"Tell me story number {i}."}],
+                              max_tokens=tokens, temperature=1.0, seed=i)
+        return len(engine.complete(request, extras).generation.response_ids)
+
+    one(0)  # warm-up
+    results = {}
+    for n in levels:
+        with ThreadPoolExecutor(n) as pool:
+            wall, cpu = time.perf_counter(), time.process_time()
+            sampled = sum(pool.map(one, range(1, n + 1)))
+            results[n] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "tokens": sampled}
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+def baseline_tree(rev: str) -> Path:
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    out = Path(tempfile.gettempdir()) / f"polar-bench-engine-{sha}"
+    if not (out / "polar_env").is_dir():
+        out.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", sha, "polar_env"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def measure(tree: Path, model: str, levels: list[int], tokens: int, threads: int | None) -> dict[int, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model, "--concurrency",
+           ",".join(map(str, levels)), "--tokens", str(tokens)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"worker failed ({tree}, {model}): {done.stderr[-2000:]}")
+    return {int(k): v for k, v in json.loads(line[len("RESULT "):]).items()}
+
+
+def compare(args: argparse.Namespace) -> None:
+    levels = [int(n) for n in args.concurrency.split(",")]
+    variants: list[tuple[str, Path, int | None]] = [("after", REPO, None)]
+    if not args.no_baseline:
+        base = baseline_tree(args.baseline_rev)
+        variants.insert(0, (f"before ({args.baseline_rev})", base, None))
+        if args.baseline_threads:
+            variants.insert(1, (f"before, {args.baseline_threads} thread(s)", base, args.baseline_threads))
+    loads: list[float] = []
+    runs: dict[tuple[str, str], list[dict[int, dict[str, float]]]] = {}
+    for model in args.models.split(","):
+        tokens = args.smollm2_tokens if model == "smollm2" else args.tokens
+        for r in range(args.rounds):
+            for name, tree, threads in variants:  # alternate: a load change hits every variant
+                load = os.getloadavg()[0]
+                loads.append(load)
+                result = measure(tree, model, levels, tokens, threads)
+                runs.setdefault((model, name), []).append(result)
+                rates = "  ".join(f"{n}:{v['tokens'] / v['wall']:6.1f}" for n, v in result.items())
+                print(f"[{model} round {r + 1} {name:<24}] load {load:4.1f}  tok/s {rates}", flush=True)
+    print(f"\nload average (1 min) during the runs: mean {statistics.mean(loads):.1f}, "
+          f"min {min(loads):.1f}, max {max(loads):.1f} on {os.cpu_count()} CPUs; median of {args.rounds} rounds\n")
+    header = "| model | tree | " + " | ".join(f"{n} req: tok/s (CPU-ms/tok)" for n in levels) + " |"
+    print(header)
+    print("|" + "---|" * (2 + len(levels)))
+    for (model, name), results in runs.items():
+        cells = []
+        for n in levels:
+            rate = statistics.median(res[n]["tokens"] / res[n]["wall"] for res in results)
+            cpu = statistics.median(res[n]["cpu"] / res[n]["tokens"] * 1000 for res in results)
+            first = runs.get((model, variants[0][0]))
+            ratio = ""
+            if first is not None and name != variants[0][0]:
+                base_rate = statistics.median(res[n]["tokens"] / res[n]["wall"] for res in first)
+                ratio = f" **{rate / base_rate:.1f}x**"
+            cells.append(f"{rate:.1f}{ratio} ({cpu:.0f})")
+        print(f"| {model} | {name} | " + " | ".join(cells) + " |")
+
+
+# -- the older figures: startup, in-process vs HTTP ---------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -41,6 +147,8 @@ def start_server(port: int) -> tuple[subprocess.Popen[str], float]:
 
 
 async def http_decode(url: str, concurrency: int) -> float:
+    import aiohttp
+
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": TOKENS, "seed": 0,
             "logprobs": True, "return_token_ids": True}
     async with aiohttp.ClientSession() as s:
@@ -53,6 +161,8 @@ async def http_decode(url: str, concurrency: int) -> float:
 
 
 async def http_prefill(url: str) -> tuple[int, float]:
+    import aiohttp
+
     body = {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 1, "return_token_ids": True}
     async with aiohttp.ClientSession() as s:
         start = time.perf_counter()
@@ -61,7 +171,10 @@ async def http_prefill(url: str) -> tuple[int, float]:
         return len(data["prompt_token_ids"]), (time.perf_counter() - start) * 1000
 
 
-def main() -> None:
+def http_figures() -> None:
+    from polar_env.engines.embedded.engine import EmbeddedEngine
+    from polar_env.records import ChatRequest
+
     engine = EmbeddedEngine()
     req = ChatRequest(messages=[{"role": "user", "content": "go"}], max_tokens=TOKENS, seed=0)
     engine.complete(req)
@@ -85,6 +198,27 @@ def main() -> None:
     print(f"decode, HTTP, 1 stream                       : {single:6.0f} tok/s  ({single / in_process:.2f}x baseline)")
     print(f"decode, HTTP, 4 concurrent (aggregate)       : {four:6.0f} tok/s  ({four / in_process:.2f}x baseline)")
     print(f"prefill {prompt_len} prompt tokens + 1 token (HTTP) : {prefill_ms:6.0f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="tiny,smollm2", help="tiny (the seeded default) and/or smollm2")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32, help="sampled tokens per request (tiny model)")
+    ap.add_argument("--smollm2-tokens", type=int, default=16, help="sampled tokens per request (SmolLM2)")
+    ap.add_argument("--baseline-rev", default="HEAD", help="the git tree to compare against (git archive)")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--baseline-threads", type=int, help="also run the baseline with this many torch threads")
+    ap.add_argument("--http", action="store_true", help="startup, in-process vs HTTP decode, prefill (this tree)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, [int(n) for n in args.concurrency.split(",")], args.tokens)
+    elif args.http:
+        http_figures()
+    else:
+        compare(args)
 
 
 if __name__ == "__main__":

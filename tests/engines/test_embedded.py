@@ -188,49 +188,45 @@ def test_weight_reload_from_state_dict_and_directory(tmp_path) -> None:
 
 
 async def test_a_cancelled_generation_stops_decoding(engine: EmbeddedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An abandoned call (aborted, or the engine closing) stops its decode at the next token instead
+    """An abandoned call (aborted, or the engine closing) leaves the batch at its next token instead
     of sampling to max_tokens for nobody, and frees the model for the next call; so does aclose."""
     import asyncio
 
-    from polar_env.engines.embedded import engine as engine_module
-    from polar_env.engines.embedded.model import DecodeCancelled, decode
+    from polar_env.engines.embedded.model import DecodeCancelled
     from tests.waits import until
 
-    outcomes: list[str] = []
-    started = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def recording_decode(*args, **kwargs):  # the real decode, noting how it ended
-        cancelled = args[5] if len(args) > 5 else kwargs.get("cancelled")
-
-        def asked() -> bool:
-            loop.call_soon_threadsafe(started.set)
-            return bool(cancelled and cancelled())
-
-        args = (*args[:5], asked)
-        try:
-            result = decode(*args, **{k: v for k, v in kwargs.items() if k != "cancelled"})
-        except DecodeCancelled:
-            outcomes.append("cancelled")
-            raise
-        outcomes.append(f"finished {len(result.ids)}")
-        return result
-
-    monkeypatch.setattr(engine_module, "decode", recording_decode)
+    scheduler = engine.scheduler
     monkeypatch.setattr(engine, "max_tokens", 100_000)
     request = chat(max_tokens=100_000, temperature=1.0)  # random weights: EOS practically never comes
-    for n, stop in enumerate(("cancel", "aclose"), start=1):
+    for stop in ("cancel", "aclose"):
+        steps, cancelled = scheduler.steps, scheduler.cancelled
         call = asyncio.ensure_future(engine.generate(request))
-        await asyncio.wait_for(started.wait(), 60)
+        await until(lambda steps=steps: scheduler.steps > steps + 2, "the decode to start", timeout_s=60)
         if stop == "cancel":
             call.cancel()
         else:
             await engine.aclose()
         with pytest.raises((asyncio.CancelledError, DecodeCancelled)):
             await call
-        await until(lambda n=n: len(outcomes) == n, f"the decode thread ended after {stop}")
-        assert outcomes[-1] == "cancelled", outcomes
-        started.clear()
-    assert not engine._lock.locked()
+        await until(lambda cancelled=cancelled: scheduler.cancelled == cancelled + 1 and not scheduler.running,
+                    f"the request to leave the batch after {stop}")
+    assert not scheduler.model_lock.locked()
     ok = await engine.generate(chat(max_tokens=3))  # the engine is still usable
     assert len(ok.response_ids) <= 3
+
+
+def test_models_built_in_threads_at_once_are_the_seeds_weights() -> None:
+    """Nodes in one process build their engines in threads at the same time: each seeded build gets
+    the seed's weights (torch's RNG is process-wide) and transformers' lazy import holds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from polar_env.engines.embedded.model import build_model
+
+    with ThreadPoolExecutor(3) as pool:
+        models = list(pool.map(lambda _: build_model(), range(3)))
+    alone = build_model().state_dict()
+    for model in models:
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, alone[name]), name

@@ -1,8 +1,9 @@
 """``EmbeddedEngine``: the CPU engine as an in-process EngineClient.
 
-One model, one lock: generation runs in a worker thread so the event loop stays free, and a
-weight reload waits for the running generation and bumps ``weight_version``. The HTTP server
-(``server.py``) wraps the same object, so in-process and over-the-wire answers are identical.
+One model, decoded by a scheduler thread that batches concurrent requests (``batcher.py``: one
+forward pass per step for all of them), so the event loop stays free; a weight reload waits for
+the running requests and bumps ``weight_version``. The HTTP server (``server.py``) wraps the same
+object, so in-process and over-the-wire answers are identical.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 import torch
 
 from polar_env.chat import ChatFormat, chat_format
+from polar_env.engines.embedded.batcher import DECODE_THREADS, MAX_BATCH, Finished, Scheduler
 from polar_env.engines.embedded.model import (
     Decoded,
     DecodeParams,
     ModelSpec,
     PrefixCache,
     build_model,
-    decode,
     load_model,
 )
 from polar_env.engines.embedded.policy import ScriptedPolicy
@@ -45,10 +46,24 @@ class SamplingExtras:
 
 
 @dataclass(slots=True)
+class Prepared:
+    """A request checked and tokenized, ready for the scheduler."""
+
+    prompt_ids: list[int]
+    prompt_text: str | None
+    params: DecodeParams
+    forced_ids: list[int] | None
+
+
+@dataclass(slots=True)
 class Completion:
     generation: Generation
     decoded: Decoded
     prompt_text: str | None
+
+
+def _never() -> bool:
+    return False
 
 
 class EmbeddedEngine:
@@ -67,6 +82,8 @@ class EmbeddedEngine:
         max_tokens: int = 1024,  # the cap on tokens sampled per call (sampling.max_tokens)
         model_name: str = DEFAULT_MODEL_NAME,
         prefix_cache_slots: int | None = None,  # KV caches kept for prompts that extend them; None: 4 for loaded weights
+        max_batch: int = MAX_BATCH,  # requests decoded together; more wait their turn
+        decode_threads: int | None = DECODE_THREADS,  # torch threads while decoding; None: torch's own setting
     ) -> None:
         self.chat = chat or chat_format("qwen3.5")
         self.tokenizer = self.chat.tokenizer
@@ -84,18 +101,24 @@ class EmbeddedEngine:
         self.model_name = model_name
         self.weight_version = 0
         self.version_label: str | None = None  # the trainer's name for the weights (gateway resume)
-        self._lock = threading.Lock()
+        self.scheduler = Scheduler(self.model, self.chat, self._prefix, self._version, max_batch, decode_threads)
         self._in_flight: set[threading.Event] = set()  # one stop flag per generate() running (loop thread only)
 
     # -- EngineClient -------------------------------------------------------------------------
     async def generate(self, request: ChatRequest) -> Generation:
-        """The completion, decoded on a worker thread. Cancelling the caller (an aborted call, a
-        client gone with nothing to record) stops the decode at its next token: a thread left
-        decoding for nobody would hold the model lock and keep the process alive at exit."""
+        """The completion, decoded by the scheduler with the other requests in flight."""
+        return (await self.complete_async(request)).generation
+
+    async def complete_async(self, request: ChatRequest, extras: SamplingExtras | None = None) -> Completion:
+        """``complete`` without holding a thread while it decodes (a thread pool's few workers
+        would cap the batch). Cancelling the caller (an aborted call, a client gone with nothing
+        to record) takes the request out of the batch at its next token."""
         stop = threading.Event()
         self._in_flight.add(stop)
         try:
-            return (await asyncio.to_thread(self.complete, request, None, stop)).generation
+            prepared = await asyncio.to_thread(self.prepare, request, extras)
+            future = self.scheduler.submit(prepared.prompt_ids, prepared.params, prepared.forced_ids, stop.is_set)
+            return self._completion(request, prepared, await asyncio.wrap_future(future))
         except asyncio.CancelledError:
             stop.set()
             raise
@@ -116,7 +139,15 @@ class EmbeddedEngine:
 
     def complete(self, request: ChatRequest, extras: SamplingExtras | None = None,
                  stop: threading.Event | None = None) -> Completion:
-        """``stop``: set by another thread to abandon the decode (DecodeCancelled)."""
+        """Blocking: decodes with whatever else is in flight. ``stop``: set by another thread to
+        abandon the decode (DecodeCancelled)."""
+        prepared = self.prepare(request, extras)
+        cancelled = stop.is_set if stop is not None else _never
+        future = self.scheduler.submit(prepared.prompt_ids, prepared.params, prepared.forced_ids, cancelled)
+        return self._completion(request, prepared, future.result())
+
+    def prepare(self, request: ChatRequest, extras: SamplingExtras | None = None) -> Prepared:
+        """The prompt ids and sampling parameters, or RequestError for a request that cannot run."""
         extras = extras or SamplingExtras()
         prompt_ids, prompt_text = self.prompt_ids(request)
         if not prompt_ids:
@@ -145,12 +176,10 @@ class EmbeddedEngine:
             logprobs_mode=self.logprobs_mode,
         )
         forced = self._scripted_ids(request) if self.policy is not None else None
-        with self._lock:
-            if stop is None:
-                decoded = decode(self.model, self.chat, prompt_ids, params, forced, prefix=self._prefix)
-            else:
-                decoded = decode(self.model, self.chat, prompt_ids, params, forced, stop.is_set, prefix=self._prefix)
-            version = self.version_label or str(self.weight_version)
+        return Prepared(prompt_ids, prompt_text, params, forced)
+
+    def _completion(self, request: ChatRequest, prepared: Prepared, finished: Finished) -> Completion:
+        decoded, prompt_ids = finished.decoded, prepared.prompt_ids
         if not all(map(math.isfinite, decoded.logprobs)):
             raise RequestError("sampling produced non-finite logprobs (check logit_bias and temperature)")
         message = self.chat.parse(decoded.text, tools=request.tools, thinking=self.chat.opens_thinking(prompt_ids))
@@ -166,10 +195,13 @@ class EmbeddedEngine:
             stop_reason=decoded.stop_reason,
             model=self.model_name,
             engine=self.name,
-            weight_version=version,
+            weight_version=finished.weight_version,
             logprobs_mode=self.logprobs_mode,
         )
-        return Completion(generation, decoded, prompt_text)
+        return Completion(generation, decoded, prepared.prompt_text)
+
+    def _version(self) -> str:
+        return self.version_label or str(self.weight_version)
 
     def _thinking(self, request: ChatRequest) -> bool:
         return request.chat_template_kwargs.get("enable_thinking", True) is not False
@@ -200,7 +232,7 @@ class EmbeddedEngine:
                 state.update(load_file(str(f)))
         else:
             state = source
-        with self._lock:
+        with self.scheduler.exclusive():  # after the running requests, before the queued ones
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             # Tied embeddings: lm_head.weight is legitimately absent from saved checkpoints.
             missing = [k for k in missing if k != "lm_head.weight"]

@@ -14,6 +14,7 @@ outside it, and its logprob must stay finite and equal to what a teacher-forced 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,26 +60,35 @@ def _config(spec: ModelSpec, chat: ChatFormat) -> Qwen3Config:
     )
 
 
+# Nodes in one process build their engines in threads at once: transformers' lazy imports are not
+# thread-safe (an ImportError of Qwen3ForCausalLM was seen with --nodes 2), and a seeded build uses
+# torch's process-wide RNG, which two builds would interleave (different weights from one seed).
+_BUILD_LOCK = threading.Lock()
+
+
 def build_model(spec: ModelSpec = ModelSpec(), chat: ChatFormat | None = None) -> PreTrainedModel:
     """A randomly initialised Qwen3 model over ``chat``'s vocabulary (default Qwen3.5's); the same
     seed gives the same weights."""
-    from transformers import Qwen3ForCausalLM
+    with _BUILD_LOCK:
+        from transformers import Qwen3ForCausalLM
 
-    with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
-        model = Qwen3ForCausalLM(_config(spec, chat or chat_format("qwen3.5")))
+        with torch.random.fork_rng():
+            torch.manual_seed(spec.seed)
+            model = Qwen3ForCausalLM(_config(spec, chat or chat_format("qwen3.5")))
     model.eval()
     return model
 
 
 def load_model(path: Path) -> PreTrainedModel:
     """A HF model folder, or a ``.gguf`` file (de-quantized to fp32 once, cached: polar_env/weights.py), in fp32."""
-    from transformers import AutoModelForCausalLM
-
     from polar_env.weights import model_folder
 
-    folder = model_folder(Path(path)) if Path(path).suffix == ".gguf" else path
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
+    with _BUILD_LOCK:
+        from transformers import AutoModelForCausalLM
+
+        folder = model_folder(Path(path)) if Path(path).suffix == ".gguf" else path
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
+                                                                      dtype=torch.float32)
     model.eval()
     return model
 
@@ -196,6 +206,71 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+class RowSampler:
+    """One request's sampling state, fed one position's logits at a time: the same arithmetic
+    whether the logits came from a lone decode or one row of a batched step, so batching cannot
+    change what a request samples or the logprobs it reports."""
+
+    def __init__(self, chat: ChatFormat, params: DecodeParams, forced_ids: list[int] | None = None) -> None:
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.params, self.forced_ids = params, forced_ids
+        self.tokenizer, self.end_of_turn = chat.tokenizer, chat.end_of_turn_id
+        self.eos = set() if params.ignore_eos else set(chat.eos_ids)
+        self.stop_ids = set(params.stop_token_ids)
+        self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        self.bias_vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+        self.greedy = params.temperature < GREEDY_BELOW
+        self.limit = params.max_tokens if forced_ids is None else min(params.max_tokens, len(forced_ids))
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[list[tuple[int, float]]] = []
+        self.done: Decoded | None = None if self.limit > 0 else Decoded([], [], [], "", "length", None)
+
+    def take(self, next_logits: torch.Tensor) -> Decoded | None:
+        """Choose the next token from ``next_logits`` (one position, [vocab]); the result once the
+        request is finished (a stop, EOS, or its token limit), else None."""
+        params = self.params
+        logits = next_logits.float()
+        if len(self.bias_ids):
+            logits = logits.index_add(0, self.bias_ids, self.bias_vals)
+        scaled = logits if self.greedy else logits / params.temperature
+        processed = torch.log_softmax(scaled, dim=-1)
+        if self.forced_ids is not None:
+            token = self.forced_ids[len(self.ids)]
+        else:
+            if params.top_p < 1.0 and not self.greedy:
+                processed = _nucleus(processed, params.top_p)
+            if self.greedy:
+                token = int(torch.argmax(processed))
+            else:
+                token = int(torch.multinomial(processed.exp(), 1, generator=self.generator))
+        # raw: the unbiased temperature-1 distribution (only computed when it is the one reported)
+        reported = torch.log_softmax(next_logits.float(), dim=-1) if params.logprobs_mode == "raw" else processed
+        ids = self.ids
+        ids.append(token)
+        self.logprobs.append(float(reported[token]))
+        if params.top_logprobs:
+            values, indices = torch.topk(reported, params.top_logprobs)
+            self.top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
+        if token in self.eos:
+            return self._finish("stop", None if token == self.end_of_turn else token, self.tokenizer.decode(ids[:-1]))
+        if token in self.stop_ids:
+            return self._finish("stop", token, self.tokenizer.decode(ids[:-1]))
+        if params.stop:
+            text = self.tokenizer.decode(ids)
+            hit = next((s for s in params.stop if s in text), None)
+            if hit is not None:
+                return self._finish("stop", hit, text[: text.index(hit)])
+        if len(ids) >= self.limit:
+            return self._finish("length", None, self.tokenizer.decode(ids))
+        return None
+
+    def _finish(self, reason: str, stop_reason: int | str | None, text: str) -> Decoded:
+        self.done = Decoded(self.ids, self.logprobs, self.top, text, reason, stop_reason)
+        return self.done
+
+
 def decode(
     model: torch.nn.Module,
     chat: ChatFormat,
@@ -205,73 +280,28 @@ def decode(
     cancelled: Callable[[], bool] = _never,
     prefix: PrefixCache | None = None,
 ) -> Decoded:
-    """Generate (or force) up to ``params.max_tokens`` tokens after ``prompt_ids`` with a KV cache.
-    ``cancelled`` is asked before the prefill and before every token: True raises DecodeCancelled,
-    so a call nobody waits for stops costing CPU within one forward pass. ``prefix``: reuse the
-    KV of an earlier decode this prompt extends, and keep this one's for the next."""
+    """Generate (or force) up to ``params.max_tokens`` tokens after ``prompt_ids`` with a KV cache,
+    alone (the engine batches concurrent requests: batcher.py). ``cancelled`` is asked before the
+    prefill and before every token: True raises DecodeCancelled. ``prefix``: reuse the KV of an
+    earlier decode this prompt extends, and keep this one's for the next."""
     from transformers import DynamicCache
 
-    generator = torch.Generator().manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-    tokenizer, end_of_turn = chat.tokenizer, chat.end_of_turn_id
-    eos = set() if params.ignore_eos else set(chat.eos_ids)
-    stop_ids = set(params.stop_token_ids)
-    bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-    bias_vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
-    greedy = params.temperature < GREEDY_BELOW
-    limit = params.max_tokens if forced_ids is None else min(params.max_tokens, len(forced_ids))
-
-    ids: list[int] = []
-    logprobs: list[float] = []
-    top: list[list[tuple[int, float]]] = []
-    finish, stop_reason = "length", None
+    row = RowSampler(chat, params, forced_ids)
     cache, reused = prefix.take(prompt_ids) if prefix is not None else (DynamicCache(), 0)
     with torch.inference_mode():
         if cancelled():
             raise DecodeCancelled("cancelled before the prefill")
         out = model(input_ids=torch.tensor([prompt_ids[reused:]]), cache=cache, use_cache=True, logits_to_keep=1)
-        for step in range(limit):
+        done = row.done
+        while done is None:
             if cancelled():
-                raise DecodeCancelled(f"cancelled after {step} token(s)")
-            logits = out.logits[0, -1].float()
-            raw = torch.log_softmax(logits, dim=-1)
-            if len(bias_ids):
-                logits = logits.index_add(0, bias_ids, bias_vals)
-            scaled = logits if greedy else logits / params.temperature
-            processed = torch.log_softmax(scaled, dim=-1)
-            if forced_ids is not None:
-                token = forced_ids[step]
-            else:
-                if params.top_p < 1.0 and not greedy:
-                    processed = _nucleus(processed, params.top_p)
-                if greedy:
-                    token = int(torch.argmax(processed))
-                else:
-                    token = int(torch.multinomial(processed.exp(), 1, generator=generator))
-            reported = raw if params.logprobs_mode == "raw" else processed
-            ids.append(token)
-            logprobs.append(float(reported[token]))
-            if params.top_logprobs:
-                values, indices = torch.topk(reported, params.top_logprobs)
-                top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
-            if token in eos:
-                finish, stop_reason = "stop", (None if token == end_of_turn else token)
-                break
-            if token in stop_ids:
-                finish, stop_reason = "stop", token
-                break
-            if params.stop:
-                text = tokenizer.decode(ids)
-                hit = next((s for s in params.stop if s in text), None)
-                if hit is not None:
-                    if prefix is not None:
-                        prefix.put(prompt_ids + ids[:-1], cache)
-                    return Decoded(ids, logprobs, top, text[: text.index(hit)], "stop", hit)
-            if step + 1 < limit:
-                out = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+                raise DecodeCancelled(f"cancelled after {len(row.ids)} token(s)")
+            done = row.take(out.logits[0, -1])
+            if done is None:
+                out = model(input_ids=torch.tensor([[row.ids[-1]]]), cache=cache, use_cache=True)
     if prefix is not None:
-        prefix.put(prompt_ids + ids[:-1], cache)  # every id but the last was run
-    text_ids = ids[:-1] if finish == "stop" else ids
-    return Decoded(ids, logprobs, top, tokenizer.decode(text_ids), finish, stop_reason)
+        prefix.put(prompt_ids + done.ids[:-1], cache)  # every id but the last was run
+    return done
 
 
 def response_logprobs(

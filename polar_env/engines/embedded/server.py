@@ -184,7 +184,7 @@ async def chat_completions(request: web.Request) -> web.Response:
     chat, extras = _chat_request(body, engine)  # body validation first, as vLLM does
     if body.get("model") not in (None, "", engine.model_name):
         raise RequestError(f"The model `{body['model']}` does not exist. Valid aliases: {engine.model_name}.", status=404)
-    done = await asyncio.to_thread(engine.complete, chat, extras)
+    done = await engine.complete_async(chat, extras)
     return _json(chat_response(engine, body, done))
 
 
