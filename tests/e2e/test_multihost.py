@@ -282,6 +282,8 @@ def test_a_host_powered_off_mid_run_comes_back_node_lost_and_resumes(cluster: Cl
     by_sample = {(t["group_id"], t["sample_index"]): t for t in final}
     assert len(final) == len(by_sample) == 4, [(t["sample_index"], t["status"]) for t in final]
     assert all(t["reward"] == 1.0 for t in final), [(node_of(t), t["status"]) for t in final]
-    # two nodes on the one host left that offers the resource: refused in one line, not left waiting
-    code, printed = cluster.polar(*rollout_args(cluster, cluster.runs / "d", 1, 0.05), log="d.log")
+    # two nodes on the one host left that offers the resource: waited for (a progress line per poll) up to
+    # --ray-wait-s, then refused in one line, not left waiting
+    code, printed = cluster.polar(*rollout_args(cluster, cluster.runs / "d", 1, 0.05, "--ray-wait-s", "3"), log="d.log")
     assert code == 2 and "offer 1 unit(s), 2 node(s) need 2; pass --nodes 1" in printed, printed
+    assert "waiting for Ray hosts: 1 of 2 unit(s)" in printed and "after 3 s" in printed, printed
