@@ -160,10 +160,9 @@ def test_closing_the_postrun_pool_kills_a_busy_worker_at_the_deadline() -> None:
     future = pool._executor().submit(time.sleep, 60)
     until_sync(future.running, "the worker's job under way")
     processes = list(pool._executor()._processes.values())
-    began = time.monotonic()
     pool.close(Deadline(0.5))
-    assert time.monotonic() - began < 5
     assert processes and not any(p.is_alive() for p in processes)
+    assert not future.done() or future.exception() is not None  # killed mid-job, not joined to its end
 
 
 async def test_a_signal_during_start_up_cancels_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,9 +182,8 @@ async def test_a_signal_during_start_up_cancels_it(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(job, "start_cluster", slow_start)
     signals = StopSignals("a test run")
     asyncio.get_running_loop().call_later(0.2, signals.stop.set)
-    began = time.monotonic()
     assert await job._start_unless_stopped(object(), None, signals) is None
-    assert cancelled.is_set() and time.monotonic() - began < 5
+    assert cancelled.is_set()  # the hour-long start-up was cancelled, not waited for
 
 
 def test_killing_the_descendants_takes_their_process_groups_too(tmp_path: Path) -> None:
