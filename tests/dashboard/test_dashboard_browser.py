@@ -11,6 +11,7 @@ compared. ``POLAR_DASHBOARD_SHOTS=DIR`` also saves the README's screenshots ther
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -75,9 +76,10 @@ def run_a(root: Path) -> Path:
     return root / "runs" / "base"
 
 
-@pytest.fixture(scope="module")
-def dashboard(root: Path) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "dashboard", str(root / "runs"), "--port", "0"],
+@contextlib.contextmanager
+def served_dashboard(*args: str) -> Iterator[str]:
+    """A ``polar-env dashboard ARGS --port 0`` subprocess; yields its URL, stops it on exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "dashboard", *args, "--port", "0"],
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -87,6 +89,12 @@ def dashboard(root: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)  # also closes the pipes
+
+
+@pytest.fixture(scope="module")
+def dashboard(root: Path) -> Iterator[str]:
+    with served_dashboard(str(root / "runs")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

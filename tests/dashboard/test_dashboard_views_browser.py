@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.dashboard.test_dashboard_browser import CHROMIUM, TASKS, env, require_browser, shot, wait_ready
+from tests.dashboard.test_dashboard_browser import CHROMIUM, TASKS, env, require_browser, served_dashboard, shot, wait_ready
 from tests.dashboard.test_dashboard_live_browser import rollout
 from tests.dashboard.test_dashboard_views_api import big_store
 from tests.waits import until_sync
@@ -77,16 +77,8 @@ def stores(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dashboard(root: Path, stores: Path) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "dashboard", str(root / "runs"), "--port", "0"],
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("dashboard: http://127.0.0.1:"), line
-        yield line.split(" ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
+    with served_dashboard(str(root / "runs")) as url:
+        yield url
 
 
 @pytest.fixture
