@@ -146,7 +146,7 @@ def curves(run: Run) -> dict[str, Any]:
     walls = [float(r["wall_s"]) for r in done if r.get("wall_s") is not None]
     steps = [{"step": s.get("step"), "reward_mean": s.get("reward_mean"), "rollouts": s.get("rollouts"),
               "sampled_tokens": s.get("sampled_tokens"), "rollout_s": s.get("rollout_s"), "train_s": s.get("train_s"),
-              "tokens_per_s": round(s["sampled_tokens"] / s["rollout_s"], 2) if s.get("rollout_s") else None,
+              "tokens_per_s": s["sampled_tokens"] / s["rollout_s"] if s.get("rollout_s") else None,
               "loss": s.get("loss")} for s in _read_lines(run.path / "steps.jsonl")]
     return {"run": run.name, "live": run.is_live(), "points": points, "steps": steps, "trackers": trackers(run.path),
             "per_rollout": per_rollout(done),

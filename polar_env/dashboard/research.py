@@ -116,7 +116,7 @@ def train_view(run: Run) -> dict[str, Any]:
         steps.append({"step": s.get("step"), "reward_mean": s.get("reward_mean"),
                       "rollouts": s.get("rollouts"), "sampled_tokens": s.get("sampled_tokens"), "rollout_s": s.get("rollout_s"),
                       "train_s": s.get("train_s"), "loss": s.get("loss"), "versions": s.get("weight_versions"),
-                      "tokens_per_s": round(s["sampled_tokens"] / s["rollout_s"], 2) if s.get("rollout_s") else None})
+                      "tokens_per_s": s["sampled_tokens"] / s["rollout_s"] if s.get("rollout_s") else None})
     summary = _json_file(run.path / "summary.json") or {}
     held = summary.get("held_out")
     table = pass_table([r for r in run.rows() if r["status"] in FINISHED])

@@ -86,7 +86,9 @@ async def test_a_train_run_is_recognised_with_its_curves_and_held_out(tmp_path: 
         (row,) = (await (await client.get("/api/runs")).json())["runs"]
         assert (row["kind"], row["state"]) == ("train", "done")  # was a bare "store"
         train = await (await client.get("/api/runs/train/train")).json()
-        assert [s["tokens_per_s"] for s in train["steps"]] == [2.0, 2.22, 2.44]  # sampled tokens / rollout s
+        # sampled tokens / rollout s, unrounded: the page rounds once (9.952 rounded to 9.95, then
+        # to one decimal by the page, showed 9.9)
+        assert [s["tokens_per_s"] for s in train["steps"]] == [9 / 4.5, 10 / 4.5, 11 / 4.5]
         assert [s["reward_mean"] for s in train["steps"]] == pytest.approx([0.0, 1 / 3, 1.0])
         assert train["held_out"]["before"] == 0.5 and train["held_out"]["after"] == 1.0
         assert train["held_out"]["per_task"] == [{"task_id": "h", "before": 0.5, "after": 1.0}]
