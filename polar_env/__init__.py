@@ -47,7 +47,7 @@ _LAZY = {
     "RuntimeSpec": "polar_env.runtimes.base",
     "rollout": "polar_env.staging.job",
     "RolloutJob": "polar_env.staging.job",
-    "build_trajectories": "polar_env.trajectory.reader",
+    "build_trajectories": "polar_env.env",
     "run_evaluator": "polar_env.evaluators",
 }
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +33,7 @@ from polar_env.staging.config import PolarEnvConfig, task_request
 from polar_env.staging.models import SessionResult, TaskRequest, TaskStatus
 from polar_env.tasks.swe import SweTask
 
-__all__ = ["PolarEnv", "PolarEnvConfig", "RolloutGroup", "task_request"]  # the config's home is staging.config
+__all__ = ["PolarEnv", "PolarEnvConfig", "RolloutGroup", "build_trajectories", "task_request"]  # the config's home is staging.config
 
 T = TypeVar("T")
 
@@ -162,3 +162,19 @@ class PolarEnv:
             self._thread.join(timeout=10)
         self._loop.close()
         self._loop = None
+
+
+def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
+                       sessions: Sequence[str] | None = None) -> list[Trajectory]:
+    """The trajectories of a capture store folder (all sessions, or ``sessions``), by builder name.
+    The Python API's entry over a folder, so a root: it names the file store (readers below take
+    a ``JournalSource``: ``trajectory.reader.build_store``)."""
+    from polar_env.journal.store import JournalStore
+    from polar_env.trajectory.builders import BUILDERS
+    from polar_env.trajectory.reader import build_store
+
+    build = BUILDERS.get(builder)
+    root = Path(store_dir)
+    if not root.is_dir():
+        raise ConfigError(f"capture store {root} does not exist")
+    return build_store(JournalStore(root), build, sessions or None)

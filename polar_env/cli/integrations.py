@@ -42,6 +42,7 @@ def cmd_slime_args(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     """Roll tasks out, keep the evaluator-accepted sessions, export SFT rows, print the table."""
     from polar_env.integrations.sft import export_job
+    from polar_env.journal.store import JournalStore
     from polar_env.preflight import check_job, check_job_options
     from polar_env.staging.job import interrupt_line, run_job
     from polar_env.staging.progress import LiveProgress
@@ -64,7 +65,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         print(line, flush=True)
         return int(report["interrupted"]["exit_code"])
     repo_of = {r.task_id: str(r.task.get("repo") or r.task_id) for r in Plan.read(run_dir).requests}
-    summary = export_job(run_dir, repo_of, min_reward=args.min_reward)
+    summary = export_job(run_dir, repo_of, open_journal=JournalStore, min_reward=args.min_reward)
     print(summary.table())
     print(f"wrote {run_dir}/: {', '.join(summary.files)}")
     return 0 if summary.rows else 1

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from polar_env.journal.store import JournalStore
     from polar_env.staging.runs import store_roots
-    from polar_env.trajectory.reader import all_session_ids, build_trajectories
+    from polar_env.trajectory.builders import BUILDERS
+    from polar_env.trajectory.reader import all_session_ids, build_store
 
     hint = "pass a run folder (OUT/<run id>, OUT/latest) or the folder polar-env gateway --store wrote"
     roots = store_roots(existing_dir(args.store, "--store", hint))
@@ -28,7 +29,8 @@ def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if note:
         print(f"polar-env {args.command}: note: {note}", file=sys.stderr)
     # journals, and rollout sessions that ended before their first call (an outcome file only)
-    where = {sid: root for root in roots for sid in all_session_ids(JournalStore(root))}
+    stores = {root: JournalStore(root) for root in roots}
+    where = {sid: root for root in roots for sid in all_session_ids(stores[root])}
     known = sorted(where)
     if not known:
         raise ConfigError(f"--store {args.store} holds no session journals (*.jsonl); {hint}")
@@ -38,7 +40,8 @@ def _trajectories(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                           + (" …" if len(known) > 10 else ""))
     wanted = args.session or known
     per_root = [(root, [s for s in wanted if where[s] == root]) for root in roots]
-    return [t for root, sids in per_root if sids for t in build_trajectories(root, args.builder, sids)]
+    build = BUILDERS.get(args.builder)
+    return [t for root, sids in per_root if sids for t in build_store(stores[root], build, sids)]
 
 
 def run_note(store: Path) -> str | None:

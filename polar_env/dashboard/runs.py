@@ -3,7 +3,7 @@
 A *run* is a folder ``polar-env rollout``/``eval`` wrote (``OUT/<run id>/``: ``plan.json``,
 ``report.json``, ``sessions.jsonl``, ``live.json`` while it runs, ``capture/<node>/`` journals) or a
 bare capture store (what ``polar-env gateway --store`` wrote). Sessions are listed from the stores' public API
-(``JournalStore.session_metas``/``session_ids``, ``read_outcome``), overlaid with the finished
+(``JournalSource.session_metas``/``session_ids``, ``read_outcome``), overlaid with the finished
 run's ``sessions.jsonl`` and report rows; nothing here parses a journal line. The index is cached
 and rebuilt when a folder changes (a new journal, outcome or report), so a page of a 1,000-session
 run is a slice of a list in memory, not a scan.
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from polar_env.journal.protocols import JournalSource
-from polar_env.journal.store import RESULT_SUFFIX, JournalStore
+from polar_env.journal.protocols import JournalOpener, JournalSource
+from polar_env.journal.store import RESULT_SUFFIX
 from polar_env.observe.live import read_live
 from polar_env.observe.liveness import RunState, run_state
 from polar_env.staging.job import pass_at_k
@@ -108,14 +108,18 @@ def wall_of(stage_times: dict[str, float]) -> float | None:
 
 
 class Run:
-    def __init__(self, path: Path, name: str) -> None:
+    """One run's sessions and figures; its stores are opened with ``open_journal`` (the dashboard
+    server, the root, names the store)."""
+
+    def __init__(self, path: Path, name: str, open_journal: JournalOpener) -> None:
         self.path = Path(path)
         self.name = name
+        self.open_journal = open_journal
         self._rows: list[dict[str, Any]] = []
         self._where: dict[str, JournalSource] = {}
         self._signature: tuple[Any, ...] | None = None
         self._built_at = 0.0
-        self._stores: dict[Path, JournalStore] = {}
+        self._stores: dict[Path, JournalSource] = {}
         self._history: tuple[tuple[Any, ...] | None, list[list[Any]]] = (None, [])
         self._summary: tuple[tuple[Any, ...] | None, dict[str, Any]] = (None, {})
         self._plan: tuple[tuple[int, int] | None, dict[str, Any]] = (None, {})
@@ -132,9 +136,9 @@ class Run:
             dirs += sorted(d for d in root.iterdir() if d.is_dir() and d.name != "sessions" and _is_store(d))
         return dirs
 
-    def store(self, folder: Path) -> JournalStore:
+    def store(self, folder: Path) -> JournalSource:
         if folder not in self._stores:
-            self._stores[folder] = JournalStore(folder)
+            self._stores[folder] = self.open_journal(folder)
         return self._stores[folder]
 
     def _signature_now(self) -> tuple[Any, ...]:
@@ -461,7 +465,7 @@ def counts(rows: Sequence[dict[str, Any]], key: str, top: int = 15) -> dict[str,
             "other_sessions": sum(n for _, n in ranked[top:])}
 
 
-def sort_slice(rows: list[dict[str, Any]], key: str, *, desc: bool = False, offset: int = 0,
+def sort_slice(rows: Sequence[Mapping[str, Any]], key: str, *, desc: bool = False, offset: int = 0,
                limit: int = 50) -> dict[str, Any]:
     """One page of ``rows`` sorted on ``key``, blanks last whichever the direction, ties in their
     given order; at most 500 rows (the browser only ever holds a page)."""

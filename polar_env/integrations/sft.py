@@ -28,6 +28,7 @@ import orjson
 from polar_env.chat.content import content_text
 from polar_env.errors import ConfigError
 from polar_env.integrations.credit import CreditScheme, trace_weights
+from polar_env.journal.protocols import JournalOpener, JournalSource
 from polar_env.records import AssistantMessage, CompletionRecord, FailureKind, Status, Trajectory
 from polar_env.trajectory.outcome import failure_kind_of
 
@@ -198,21 +199,21 @@ def export(results: Iterable[tuple[FailureKind | None, float, Mapping[str, Any],
     return summary
 
 
-def export_job(out_dir: Path, repo_of: Mapping[str, str], *, min_reward: float = 1.0,
+def export_job(out_dir: Path, repo_of: Mapping[str, str], *, open_journal: JournalOpener, min_reward: float = 1.0,
                credit: CreditScheme = CreditScheme.SESSION) -> SftSummary:
     """``export`` over what ``polar-env rollout``'s job wrote to ``out_dir``: ``sessions.jsonl``
-    (every attempt), ``trajectories.jsonl`` and the capture journals under ``capture/<node>/``."""
-    from polar_env.journal.store import JournalStore
+    (every attempt), ``trajectories.jsonl`` and the capture journals under ``capture/<node>/``
+    (each opened with ``open_journal``, which the caller names)."""
     from polar_env.trajectory.export import read_jsonl
 
     sessions = [orjson.loads(line) for line in (out_dir / "sessions.jsonl").read_bytes().splitlines() if line.strip()]
     trajs = {t.session_id: t for t in read_jsonl(out_dir / "trajectories.jsonl")}
-    stores: dict[str, JournalStore] = {}
+    stores: dict[str, JournalSource] = {}
 
     def records_of(traj: Trajectory) -> list[CompletionRecord]:
         node = str(traj.metadata.get("node_id") or "")
         if node not in stores:
-            stores[node] = JournalStore(out_dir / "capture" / node)
+            stores[node] = open_journal(out_dir / "capture" / node)
         return stores[node].read(traj.session_id)
 
     rows = ((failure_kind_of(s, Status(s["status"])), float(s.get("reward", 0.0)), s.get("evaluation") or {},

@@ -45,12 +45,18 @@ class _RefDecoder(Decoder):
 def read_with_refs(path: Path) -> tuple[list[CompletionRecord], PromptRefs]:
     """All complete records of one journal file (client-gone events folded into their notes) and
     their prompt references."""
-    decoder = _RefDecoder()
     if not path.exists():
-        return [], decoder.refs
-    events: list[dict[str, Any]] = []
+        return [], {}
     with open(path, "rb") as f:
-        records = list(iter_journal(f, path, events=events, decoder=decoder))
+        return read_lines_with_refs(f, path)
+
+
+def read_lines_with_refs(lines: Iterable[bytes], path: Path) -> tuple[list[CompletionRecord], PromptRefs]:
+    """``read_with_refs`` over journal lines from anywhere (a file, a list in memory); ``path``
+    names them in errors."""
+    decoder = _RefDecoder()
+    events: list[dict[str, Any]] = []
+    records = list(iter_journal(lines, path, events=events, decoder=decoder))
     return apply_events(records, events), decoder.refs
 
 

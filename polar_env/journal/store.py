@@ -26,10 +26,8 @@ that keeps appending pays nothing, where open-append-close pays the reopen on ev
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -37,10 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from polar_env.errors import ConfigError, PolarError
+from polar_env.errors import ConfigError
 from polar_env.journal.format import Encoder, PromptRef, apply_events
+from polar_env.journal.protocols import CaptureError as CaptureError  # these four re-exported for callers
+from polar_env.journal.protocols import Journal
+from polar_env.journal.protocols import SessionMeta as SessionMeta
+from polar_env.journal.protocols import check_session_id as check_session_id
+from polar_env.journal.protocols import key_digest as key_digest
 from polar_env.journal.reader import JournalError, PromptRefs, iter_journal, read_with_refs
 from polar_env.records import CompletionRecord
 from polar_env.safetext import escape_surrogates, json_safe
@@ -48,38 +51,8 @@ from polar_env.stagecpu import stage
 
 log = logging.getLogger("polar_env.gateway")
 
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _TAIL_CHUNK = 64 * 1024
 RESULT_SUFFIX = ".result.json"  # a session's outcome, next to its journal
-
-
-class CaptureError(PolarError):
-    """A record could not be written whole; nothing of it is left in the journal."""
-
-
-def check_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-        raise ValueError(f"invalid session id {session_id!r}: use [A-Za-z0-9][A-Za-z0-9_.-]{{0,127}}")
-    return session_id
-
-
-def key_digest(key: str) -> bytes:
-    """What is stored and indexed instead of a session key: its SHA-256."""
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
-
-
-class SessionMeta(BaseModel):
-    """A session's persisted state (never the key in clear); the journal holds its sequence."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    session_id: str
-    key_sha256: str
-    created_at: float
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    continuation: bool = False
-    closed: bool = False
-    sampling: dict[str, Any] | None = None  # the session's own trainer sampling (proxy.config.Sampling)
 
 
 class JournalStore:
@@ -319,6 +292,11 @@ class JournalStore:
         with self._lock:
             for session_id in list(self._fds):
                 self.close_session(session_id)
+
+
+def _conforms(store: JournalStore) -> Journal:
+    """Never called: mypy checks here that the file store implements both seams."""
+    return store
 
 
 def repair_tail(fd: int, path: Path) -> None:

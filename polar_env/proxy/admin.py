@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 
 from polar_env.errors import ConfigError
-from polar_env.journal.store import key_digest
+from polar_env.journal.protocols import key_digest
 
 TOKEN_FILE = "admin_token"
 METRICS_TOKEN_FILE = "metrics_token"  # a node's read-only scrape credential, next to its journals

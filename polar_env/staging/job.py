@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env import eventloop
 from polar_env.errors import ConfigError
+from polar_env.journal.store import JournalStore  # a job is a root: its run folder's store is named here
 from polar_env.observe.live import JobObserver
 from polar_env.records import FailureKind
 from polar_env.staging.cluster import Cluster, start_cluster
@@ -162,7 +163,7 @@ async def run_job(job: RolloutJob, progress: Progress | None = None, *, engine: 
     planned = set(plan.session_ids())
     kept = {sid: r for sid, r in finished(previous).items() if sid in planned}
     if resume is not None:
-        kept |= recover(run_dir, plan, kept)  # finished in an attempt that was killed before writing its outputs
+        kept |= recover(run_dir, plan, kept, JournalStore)  # finished in an attempt that was killed before writing its outputs
     todo, skipped = _todo(plan, kept)
     attempt = next_attempt(run_dir) if resume is not None else 0
     if resume is not None:  # the interrupted attempt's journals and report move to attempts/<n>/
@@ -366,7 +367,7 @@ def _complete(plan: Plan, by_id: dict[str, SessionResult], signal_name: str | No
 
 def _write_outputs(run_dir: Path, job: RolloutJob, plan: Plan, results: list[SessionResult],
                    node_stats: list[dict[str, Any]], wall: float, observer: JobObserver) -> dict[str, Any]:
-    mark_outcome_files(run_dir, results)
+    mark_outcome_files(run_dir, results, JournalStore)
     trajectories = [r.trajectory for r in results]
     write_jsonl(trajectories, run_dir / "trajectories.jsonl.tmp")  # each file replaced whole: a kill mid-write
     (run_dir / "trajectories.jsonl.tmp").replace(run_dir / "trajectories.jsonl")  # leaves the previous one

@@ -4,7 +4,8 @@ processes, so a finishing session never holds the GIL of the loop that serves th
 A 100-call session's read and prefix merge is ~1 s of Python; in a thread it still stalls every
 live session's replies (the GIL), so it runs in a ``ProcessPoolExecutor`` (forkserver: the node
 process has threads, which ``fork`` must not copy) with ``max_postrun`` workers. The worker reads
-the journal itself (by path), so only the small result crosses back: the trajectory plus the few
+the journal itself (it gets the node's opener, ``functools.partial(store class, folder)``, which
+pickles), so only the small result crosses back: the trajectory plus the few
 facts POSTRUN needs (record count, final answer, weight versions); the journal's prompt
 references go to the builder (``journal/reader.py``). A journal of a few calls
 (``INLINE_JOURNAL_BYTES``) is built in the node: ~1 ms, as the journal writer writes small records
@@ -15,12 +16,12 @@ from pre-warm to verdict, which a pool cannot promise.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
-from polar_env.journal.store import JournalStore
+from polar_env.journal.protocols import JournalSource
 from polar_env.records import Status, Trajectory
 from polar_env.staging.deadline import Deadline, current
 from polar_env.staging.deathsig import launch_forkserver, lower_priority, run_with_deathsig
@@ -38,12 +39,11 @@ class Built:
     journal_ok: bool = True  # False: the journal itself could not be read
 
 
-def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
+def read_and_build(open_journal: Callable[[], JournalSource], session_id: str, builder: str) -> Built:
     """Runs in a worker process (or inline): read the journal, build the trajectory."""
-    from polar_env.journal.store import JournalStore
     from polar_env.trajectory.builders import BUILDERS, build
 
-    store = JournalStore(Path(store_root))
+    store = open_journal()
     try:
         records, refs = store.read_with_refs(session_id)
     except PolarError as exc:  # a journal line that is not a record: nothing trustworthy to build
@@ -67,10 +67,11 @@ def read_and_build(store_root: str, session_id: str, builder: str) -> Built:
     return Built(trajectory, len(records), final, versions)
 
 
-def journal_bytes(store_root: Path, session_id: str) -> int:
-    """The session's journal size on disk (0: none yet)."""
+def journal_bytes(store: JournalSource, session_id: str) -> int:
+    """The session's journal size on disk (0: none yet, or a store that keeps no files: it is read
+    in the node, as it cannot be reopened in a worker)."""
     try:
-        return JournalStore(store_root).path(session_id).stat().st_size
+        return store.path(session_id).stat().st_size
     except FileNotFoundError:
         return 0
 
@@ -107,14 +108,15 @@ class PostrunPool:
                                              initargs=(_warm,))
         return self._pool
 
-    async def build(self, store_root: Path, session_id: str, builder: str) -> Built:
-        if journal_bytes(store_root, session_id) <= INLINE_JOURNAL_BYTES:
-            return read_and_build(str(store_root), session_id, builder)
+    async def build(self, open_journal: Callable[[], JournalSource], session_id: str, builder: str) -> Built:
+        """``open_journal`` opens the node's journal again; it must pickle (it crosses to a worker)."""
+        if journal_bytes(open_journal(), session_id) <= INLINE_JOURNAL_BYTES:
+            return read_and_build(open_journal, session_id, builder)
         # Submitted from a thread, never the loop: a submit that finds no idle worker starts one,
         # and that waits on the forkserver (until its preload is done, and for the fork) — on a
         # loaded machine, seconds in which no running session was answered (bench_staging.py).
         pool = self._executor()
-        future = await asyncio.to_thread(pool.submit, read_and_build, str(store_root), session_id, builder)
+        future = await asyncio.to_thread(pool.submit, read_and_build, open_journal, session_id, builder)
         return await asyncio.wrap_future(future)
 
     def close(self, deadline: Deadline | None = None) -> None:

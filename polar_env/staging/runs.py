@@ -29,6 +29,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.errors import ConfigError
+from polar_env.journal.protocols import JournalOpener, JournalSource
 from polar_env.records import FailureKind, Trajectory
 from polar_env.staging.models import SessionResult, SessionStatus, TaskRequest
 
@@ -225,23 +226,23 @@ def read_results(run_dir: Path) -> list[SessionResult]:
     return results
 
 
-def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, SessionResult]:
+def recover(run_dir: Path, plan: Plan, known: Iterable[str], open_journal: JournalOpener) -> dict[str, SessionResult]:
     """Sessions of the plan not in ``known`` whose POSTRUN finished although the job's own outputs
     were never written (the process was killed: a second signal, SIGKILL, the OOM killer): their
     outcome files and journals give the same result and rewarded trajectory ``polar-env build``
-    rebuilds. Cancelled ones, and those ``RERUN_KINDS`` name, are left to run again."""
-    from polar_env.journal.store import JournalStore
+    rebuilds. Cancelled ones, and those ``RERUN_KINDS`` name, are left to run again.
+    ``open_journal`` opens each ``capture/<node>/`` store (the job names it)."""
     from polar_env.trajectory.builders import BUILDERS
     from polar_env.trajectory.reader import build_session
 
     skip, out = set(known), {}
     capture = run_dir / "capture"
-    nodes = [JournalStore(p) for p in sorted(capture.iterdir()) if p.is_dir()] if capture.is_dir() else []
+    nodes = [(p.name, open_journal(p)) for p in sorted(capture.iterdir()) if p.is_dir()] if capture.is_dir() else []
     for req, group in zip(plan.requests, plan.groups, strict=True):
         for index, sid in enumerate(group.session_ids):
             if sid in skip:
                 continue
-            for store in nodes:
+            for node_id, store in nodes:
                 outcome = store.read_outcome(sid)
                 if outcome is None or outcome.get("status") in (None, SessionStatus.CANCELLED.value) \
                         or outcome.get("failure_kind") in RERUN_KINDS:
@@ -256,12 +257,12 @@ def recover(run_dir: Path, plan: Plan, known: Iterable[str]) -> dict[str, Sessio
                           if outcome.get(k) is not None}
                 out[sid] = SessionResult.model_validate({
                     **fields, "session_id": sid, "task_id": req.task_id, "group_id": group.group_id,
-                    "sample_index": index, "node_id": store.root.name, "records": _records(store, sid), "trajectory": trajectory})
+                    "sample_index": index, "node_id": node_id, "records": _records(store, sid), "trajectory": trajectory})
                 break
     return out
 
 
-def _records(store: Any, sid: str) -> int:
+def _records(store: JournalSource, sid: str) -> int:
     from polar_env.errors import PolarError
 
     try:
@@ -338,15 +339,13 @@ def not_started(req: TaskRequest, session_id: str, sample_index: int, signal_nam
     return interrupted(result, signal_name)
 
 
-def mark_outcome_files(run_dir: Path, results: Iterable[SessionResult]) -> None:
+def mark_outcome_files(run_dir: Path, results: Iterable[SessionResult], open_journal: JournalOpener) -> None:
     """Carry the interruption marks into the outcome files, so a later ``polar-env build`` agrees."""
-    from polar_env.journal.store import JournalStore
-
     for r in results:
         root = run_dir / "capture" / (r.node_id or "")
         if r.failure_kind is not FailureKind.INTERRUPTED or not r.node_id or not root.is_dir():
             continue
-        store = JournalStore(root)
+        store = open_journal(root)
         outcome = store.read_outcome(r.session_id)
         if outcome is not None:
             store.write_outcome(r.session_id, {**outcome, "failure_kind": FailureKind.INTERRUPTED.value,

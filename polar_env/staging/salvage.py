@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from polar_env.errors import ConfigError, PolarError
+from polar_env.journal.protocols import JournalOpener
 from polar_env.records import FailureKind, Trajectory
 from polar_env.staging.lifecycle import session_metadata
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus
@@ -24,13 +25,11 @@ from polar_env.trajectory.outcome import with_outcome
 log = logging.getLogger(__name__)
 
 
-def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> SessionResult:
+def salvage(store_root: Path, spec: SessionSpec, result: SessionResult, open_journal: JournalOpener) -> SessionResult:
     """``result`` (the ERROR the server made) as ``node_lost``, with the partial trajectory and an
-    outcome on disk."""
-    from polar_env.journal.store import JournalStore
-
+    outcome on disk. ``open_journal`` opens the shard's store (the server names it)."""
     try:
-        records = JournalStore(store_root).read(spec.session_id) if store_root.is_dir() else []
+        records = open_journal(store_root).read(spec.session_id) if store_root.is_dir() else []
     except (PolarError, OSError) as exc:
         log.warning("session %s: its journal is unreadable after its node died: %s", spec.session_id, exc)
         records = []
@@ -52,7 +51,7 @@ def salvage(store_root: Path, spec: SessionSpec, result: SessionResult) -> Sessi
             log.warning("session %s: building its partial trajectory failed: %s", spec.session_id, exc)
     trajectory = with_outcome(built, outcome)
     try:
-        JournalStore(store_root).write_outcome(spec.session_id, outcome)
+        open_journal(store_root).write_outcome(spec.session_id, outcome)
     except (OSError, ConfigError) as exc:
         log.warning("session %s: cannot write its outcome: %s", spec.session_id, exc)
     return result.model_copy(update={"status": SessionStatus.ERROR, "failure_kind": FailureKind.NODE_LOST,

@@ -276,9 +276,10 @@ class RolloutServer:
             store = getattr(node, "store", None)
             if store is None:
                 return result
+            from polar_env.journal.store import JournalStore  # the server is a root: it names the store
             from polar_env.staging.salvage import salvage
 
-            return await asyncio.to_thread(salvage, Path(store), spec, result)
+            return await asyncio.to_thread(salvage, Path(store), spec, result, JournalStore)
         except Exception as exc:  # noqa: BLE001 - a node bug must not lose the group
             return self._error_result(spec, node.node_id, f"node {node.node_id} failed: {type(exc).__name__}: {exc}")
         finally:

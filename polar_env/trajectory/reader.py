@@ -7,14 +7,12 @@ gives the same rewarded trajectories the pipeline returned."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable
 
-from polar_env.errors import ConfigError, PolarError
+from polar_env.errors import PolarError
 from polar_env.journal.protocols import JournalSource
-from polar_env.journal.store import JournalStore
 from polar_env.records import FailureKind, Status, Trajectory
-from polar_env.trajectory.builders import BUILDERS, Builder
+from polar_env.trajectory.builders import Builder
 from polar_env.trajectory.checks import error_trajectory
 from polar_env.trajectory.outcome import with_outcome
 
@@ -58,13 +56,3 @@ def all_session_ids(store: JournalSource) -> list[str]:
 
 def build_store(store: JournalSource, build: Builder, session_ids: Iterable[str] | None = None) -> list[Trajectory]:
     return [build_session(store, sid, build) for sid in (all_session_ids(store) if session_ids is None else session_ids)]
-
-
-def build_trajectories(store_dir: str | Path, builder: str = "prefix_merge",
-                       sessions: Sequence[str] | None = None) -> list[Trajectory]:
-    """The trajectories of a capture store folder (all sessions, or ``sessions``), by builder name."""
-    build = BUILDERS.get(builder)
-    root = Path(store_dir)
-    if not root.is_dir():
-        raise ConfigError(f"capture store {root} does not exist")
-    return build_store(JournalStore(root), build, sessions or None)

@@ -55,7 +55,7 @@ async def test_a_conflicting_row_is_refused_before_any_session(tmp_path: Path) -
 
     env = PolarEnv({"harness": "loop", "engine": {"kind": "simulated"}, "sampling": {"temperature": 1.0},
                     "store": str(tmp_path / "store")})
-    agent = PolarGymAgent(env)
+    agent = PolarGymAgent(env, open_journal=JournalStore)
     with pytest.raises(ConfigError, match=r"contradicts the environment's \(sampling: temperature=1.0\): "
                                           r"temperature 0.7 != 1.0"):
         await agent.run(gym_row("Fix it.", temperature=0.7))
@@ -76,7 +76,7 @@ async def test_gym_row_temperature_reaches_every_engine_call(tmp_path: Path) -> 
     engine = RecordingEngine(SimulatedEngine(latency_s=0.0, policy=policy))
     config = env_config(tmp_path, calc)
     env = PolarEnv(config, engine=engine)
-    agent = PolarGymAgent(env, model="polar-tiny-qwen3")
+    agent = PolarGymAgent(env, open_journal=JournalStore, model="polar-tiny-qwen3")
     try:
         out = await agent.run(gym_row(calc.problem_statement, temperature=0.7, top_p=1.0, max_output_tokens=300))
     finally:

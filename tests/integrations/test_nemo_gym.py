@@ -15,6 +15,7 @@ from polar_env.env import task_request as polar_task_request
 from polar_env.integrations.nemo_gym import GYM_ROOT
 from polar_env.integrations.nemo_gym.agent import PolarGymAgent, gym_ids, task_request
 from polar_env.integrations.nemo_gym.convert import check_contiguous, generation_spans, output_items
+from polar_env.journal.store import JournalStore
 from polar_env.records import FailureKind
 
 pytestmark = pytest.mark.slow  # real Polar sessions
@@ -91,7 +92,7 @@ async def test_agent_run_multi_chain_session() -> None:
     side = trace([1, 5], [([20], [])])
     traj = trajectory([side, multi_turn_trace()], reward=1.0)
     env = FakePolarEnv({"toy__calc-1": [("completed", 1.0, traj)]})
-    agent = PolarGymAgent(env, model="policy")
+    agent = PolarGymAgent(env, open_journal=JournalStore, model="policy")
     out = await agent.run(ROW)
     assert out["reward"] == 1.0 and out["mask_sample"] is False
     assert out["instance_id"] == "toy__calc-1" and "_ng_rollout_id" not in out  # task fields pass through
@@ -121,14 +122,14 @@ async def test_agent_run_multi_chain_session() -> None:
 async def test_agent_failures(status: str, traj: Any, failure: FailureKind | None, kind: str | None, masked: bool) -> None:
     """mask_sample and failure_kind come from the session's typed outcome, not from its status text."""
     env = FakePolarEnv({"toy__calc-1": [(status, 0.0, traj, failure)]})
-    out = await PolarGymAgent(env).run(ROW)
+    out = await PolarGymAgent(env, open_journal=JournalStore).run(ROW)
     assert out["mask_sample"] is masked and out["reward"] == 0.0
     assert out.get("failure_kind") == kind
     nemo_rl_message_log(out)
 
 
 async def test_agent_turns_an_env_crash_into_a_masked_sample() -> None:
-    out = await PolarGymAgent(FakePolarEnv(raises=RuntimeError("node lost"))).run(ROW)
+    out = await PolarGymAgent(FakePolarEnv(raises=RuntimeError("node lost")), open_journal=JournalStore).run(ROW)
     assert out["mask_sample"] and "node lost" in out["failure_reason"] and out["response"]["output"] == []
 
 
@@ -161,7 +162,7 @@ async def test_agent_runs_a_real_polar_session(tmp_path: Any) -> None:
 
     require_sandbox()
     (calc,) = toy_tasks(ids=["toy__calc-1"])
-    agent = PolarGymAgent(PolarEnv(env_config(tmp_path, calc)), model="polar-tiny-qwen3")
+    agent = PolarGymAgent(PolarEnv(env_config(tmp_path, calc)), open_journal=JournalStore, model="polar-tiny-qwen3")
     row = {"responses_create_params": {"input": [{"role": "user", "content": calc.problem_statement}]},
            "toy_task": "toy__calc-1", "_ng_rollout_id": "r-1", "_ng_task_index": 0}
     try:

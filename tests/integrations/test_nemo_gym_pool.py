@@ -22,6 +22,7 @@ import yaml
 
 from polar_env.integrations.nemo_gym import GYM_ROOT
 from polar_env.integrations.nemo_gym.agent import PolarGymAgent, polar_env_config
+from polar_env.journal.store import JournalStore
 
 pytestmark = pytest.mark.slow  # two engines and real sessions
 
@@ -96,7 +97,7 @@ async def test_two_engines_one_killed_mid_run_loses_no_session(tmp_path: Path) -
         polar = block["polar_swegym_agent"]["responses_api_agents"]["polar_agent"]["polar"]
         assert isinstance(polar["engine"]["url"], list)  # NeMo RL's list reaches the engine config
         config = polar_env_config({**polar, "harness": "loop", "store": str(tmp_path / "store")})
-        agent = PolarGymAgent(PolarEnv(config), model="polar-tiny-qwen3")
+        agent = PolarGymAgent(PolarEnv(config), open_journal=JournalStore, model="polar-tiny-qwen3")
         rows = [{"responses_create_params": {"input": [{"role": "user", "content": calc.problem_statement}]},
                  "toy_task": "toy__calc-1", "_ng_rollout_id": f"r-{i}", "_ng_task_index": i} for i in range(SESSIONS)]
         runs = [asyncio.ensure_future(agent.run(row)) for row in rows]

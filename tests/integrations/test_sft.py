@@ -14,6 +14,7 @@ import pytest
 from integration_doubles import multi_turn_trace, trace, trajectory
 
 from polar_env.integrations.sft import SFT_JSONL, SFT_PARQUET, accepted, export, export_job, sft_rows
+from polar_env.journal.store import JournalStore
 from polar_env.records import (
     AssistantMessage,
     ChatRequest,
@@ -152,6 +153,6 @@ def test_export_job_reads_typed_rows_and_old_ones(tmp_path: Path) -> None:
             {"session_id": "old", "task_id": "t", "status": "error", "reward": 1.0, "error": "INIT failed: boom",
              "evaluation": {"status": "completed"}}]
     (tmp_path / "sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = export_job(tmp_path, {})
+    summary = export_job(tmp_path, {}, open_journal=JournalStore)
     assert summary.per_repo == {"t": [3, 1]}
     assert {r["session_id"] for r in map(orjson.loads, (tmp_path / SFT_JSONL).read_bytes().splitlines())} == {"ok"}

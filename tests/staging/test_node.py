@@ -186,7 +186,7 @@ async def test_two_hundred_concurrent_sessions_on_one_node(node_config) -> None:
 
 
 async def test_the_store_is_self_describing(node_config) -> None:  # type: ignore[no-untyped-def]
-    from polar_env.trajectory.reader import build_trajectories
+    from polar_env.env import build_trajectories
 
     node = await started(FakeRuntimeNode(node_config()))
     server = RolloutServer([LocalNode(node)])

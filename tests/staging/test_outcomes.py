@@ -6,19 +6,19 @@ Runtimes are the FakeRuntime test double, the engine the simulated one (see conf
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from polar_env.engines.simulated import SimulatedEngine
+from polar_env.env import build_trajectories
 from polar_env.errors import EngineUnavailable
 from polar_env.evaluators import EvalContext, EvalResult, register_evaluator
 from polar_env.evaluators.base import EvaluatorSpec
+from polar_env.journal.store import JournalStore
 from polar_env.records import ChatRequest, FailureKind, Generation, Status, Trajectory
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
 from polar_env.staging.postrun_pool import Built
 from polar_env.staging.salvage import salvage
 from polar_env.staging.server import LocalNode, RolloutServer
-from polar_env.trajectory.reader import build_trajectories
 from tests.staging.conftest import FakeRuntime, FakeRuntimeNode
 from tests.staging.test_node import loop_task, started
 from tests.waits import until
@@ -153,8 +153,8 @@ async def test_a_build_failure_is_a_build_error_row(node_config) -> None:  # typ
     node = await started(FakeRuntimeNode(node_config()))
     real = node.postrun.build
 
-    async def broken(store_root: Path, session_id: str, builder: str) -> Built:
-        built = await real(store_root, session_id, builder)
+    async def broken(open_journal: object, session_id: str, builder: str) -> Built:
+        built = await real(open_journal, session_id, builder)
         return Built(None, built.records, built.final_answer, built.weight_versions, "builder prefix_merge failed: boom")
 
     node.postrun.build = broken  # type: ignore[method-assign]
@@ -189,7 +189,7 @@ async def test_a_dead_nodes_sessions_are_node_lost_rows(node_config) -> None:  #
     spec = SessionSpec(session_id=r.session_id, sample_index=0, group_id=r.group_id, request=loop_task(2))
     lost = SessionSpec(session_id=f"{r.group_id}-1", sample_index=1, group_id=r.group_id, request=loop_task(2))
     died = "node node-0 died: the actor process exited"
-    rows = [salvage(root, s, RolloutServer._error_result(s, "node-0", died)) for s in (spec, lost)]
+    rows = [salvage(root, s, RolloutServer._error_result(s, "node-0", died), JournalStore) for s in (spec, lost)]
     check_row(rows[0], FailureKind.NODE_LOST, masked=True, traces=True)  # its calls kept, never trained
     check_row(rows[1], FailureKind.NODE_LOST, masked=True, traces=False)  # no journal: still its row
     assert all(x.status is SessionStatus.ERROR and x.failure_detail == died for x in rows)
@@ -204,7 +204,7 @@ async def test_a_dead_nodes_session_with_an_import_path_builder_keeps_its_calls(
     r = await run_one(node)
     request = loop_task(2).model_copy(update={"builder": "polar_env.trajectory.per_request:build_per_request"})
     spec = SessionSpec(session_id=r.session_id, sample_index=0, group_id=r.group_id, request=request)
-    row = salvage(node.store.root, spec, RolloutServer._error_result(spec, "node-0", "node node-0 died"))
+    row = salvage(node.store.root, spec, RolloutServer._error_result(spec, "node-0", "node node-0 died"), JournalStore)
     check_row(row, FailureKind.NODE_LOST, masked=True, traces=True)
 
 

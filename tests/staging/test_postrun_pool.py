@@ -5,6 +5,7 @@ one builds in a worker process, with the same result as building inline."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 from polar_env.journal.store import JournalStore
@@ -25,26 +26,26 @@ def _journal(root: Path, calls: int, pad: int) -> None:
 
 async def test_a_small_journal_builds_in_the_node(tmp_path: Path) -> None:
     _journal(tmp_path, 2, 0)
-    assert journal_bytes(tmp_path, "s") <= INLINE_JOURNAL_BYTES
+    assert journal_bytes(JournalStore(tmp_path), "s") <= INLINE_JOURNAL_BYTES
     pool = PostrunPool(1)
-    built = await pool.build(tmp_path, "s", "prefix_merge")
+    built = await pool.build(partial(JournalStore, tmp_path), "s", "prefix_merge")
     assert built.error is None and built.records == 2 and built.trajectory is not None
     assert pool._pool is None  # no worker process was started
 
 
 async def test_a_larger_journal_builds_in_a_worker_process(tmp_path: Path) -> None:
     _journal(tmp_path, 3, INLINE_JOURNAL_BYTES // 2)
-    assert journal_bytes(tmp_path, "s") > INLINE_JOURNAL_BYTES
+    assert journal_bytes(JournalStore(tmp_path), "s") > INLINE_JOURNAL_BYTES
     pool = PostrunPool(1)
     try:
-        built = await pool.build(tmp_path, "s", "prefix_merge")
+        built = await pool.build(partial(JournalStore, tmp_path), "s", "prefix_merge")
         assert pool._pool is not None  # it went to the pool
     finally:
         await asyncio.to_thread(pool.close)
     assert built.error is None and built.records == 3
-    assert built == read_and_build(str(tmp_path), "s", "prefix_merge")
+    assert built == read_and_build(partial(JournalStore, tmp_path), "s", "prefix_merge")
 
 
 def test_no_journal_is_no_records(tmp_path: Path) -> None:
-    assert journal_bytes(tmp_path, "absent") == 0
-    assert read_and_build(str(tmp_path), "absent", "prefix_merge").records == 0
+    assert journal_bytes(JournalStore(tmp_path), "absent") == 0
+    assert read_and_build(partial(JournalStore, tmp_path), "absent", "prefix_merge").records == 0

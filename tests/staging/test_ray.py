@@ -99,7 +99,7 @@ async def test_a_killed_node_reports_its_sessions_as_errors(ray_local: None, tmp
             assert r.trajectory.status.value == "error" and r.trajectory.reward == 0.0
             assert r.trajectory.failure_kind is FailureKind.NODE_LOST and r.trajectory.mask
             assert (tmp_path / "store" / "node-0" / f"{r.session_id}.result.json").exists()
-        from polar_env.trajectory.reader import build_trajectories
+        from polar_env.env import build_trajectories
 
         rebuilt = {t.session_id: t for t in build_trajectories(tmp_path / "store" / "node-0")}
         assert set(rebuilt) == {r.session_id for r in dead}  # every lost session has its row, calls or not

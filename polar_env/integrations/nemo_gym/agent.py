@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from polar_env.integrations.delivery import DeliveryTally, choose_delivered
 from polar_env.integrations.lazy_env import LazyEnv
 from polar_env.integrations.nemo_gym.convert import output_items, response_object
+from polar_env.journal.protocols import JournalOpener
 from polar_env.proxy.config import Sampling
 from polar_env.records import CompletionRecord, FailureKind, Trajectory
 
@@ -170,11 +171,13 @@ def build_result(row: Mapping[str, Any], result: SessionOutcome, *, model: str,
 
 class PolarGymAgent:
     """Runs ``/run`` rows through one ``PolarEnv`` (anything with its ``rollout`` coroutine and
-    async context), started on first use."""
+    async context), started on first use. ``open_journal`` opens a node's capture folder (Gym's
+    ``app.py``, the root, names the store)."""
 
-    def __init__(self, env: Any, *, model: str = "policy") -> None:
+    def __init__(self, env: Any, *, open_journal: JournalOpener, model: str = "policy") -> None:
         self.env = env
         self.model = model
+        self.open_journal = open_journal
         self._lazy = LazyEnv(env)
         self.delivery = DeliveryTally()  # the run's dropped share so far (``delivery.line()``)
 
@@ -217,10 +220,9 @@ class PolarGymAgent:
         if not session_id or folder is None or not folder.is_dir():
             return []
         from polar_env.errors import PolarError
-        from polar_env.journal.store import JournalStore
 
         try:
-            return JournalStore(folder).read(session_id)
+            return self.open_journal(folder).read(session_id)
         except (PolarError, OSError, ValueError):
             return []
 

@@ -52,8 +52,10 @@ class PolarAgent(SimpleResponsesAPIAgent):
     def _agent(self) -> PolarGymAgent:
         if self._polar is None:
             from polar_env import PolarEnv
+            from polar_env.journal.store import JournalStore  # Gym's server is the root: it names the store
 
-            self._polar = PolarGymAgent(PolarEnv(polar_env_config(self.config.polar)), model=self.config.model)
+            self._polar = PolarGymAgent(PolarEnv(polar_env_config(self.config.polar)), open_journal=JournalStore,
+                                        model=self.config.model)
         return self._polar
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
