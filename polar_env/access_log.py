@@ -10,7 +10,6 @@ string, because Gemini clients send their session key as ``?key=``.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -20,7 +19,7 @@ LOGGER = logging.getLogger("polar_env.access")
 _MESSAGE_LIMIT = 300
 
 
-def error_text(body: Any) -> str:
+def error_text(body: object) -> str:
     """The human message in an error body (OpenAI/Anthropic/Gemini/vLLM shapes), or its first bytes."""
     if not isinstance(body, bytes | bytearray) or not body:
         return ""

@@ -14,7 +14,7 @@ import hmac
 import json
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from polar_env.dashboard.compare import compare, compare_page
+from polar_env.dashboard.compare import Comparison, compare, compare_page
 from polar_env.dashboard.health import curves, topology
 from polar_env.dashboard.research import (
     group_view,
@@ -36,7 +36,10 @@ from polar_env.dashboard.research import (
 )
 from polar_env.dashboard.runs import FINISHED, PLANNED, STOPPED, Run, discover, page
 from polar_env.dashboard.session import (
+    JournalPage,
     SessionCache,
+    TracePage,
+    TranscriptPage,
     journal_page,
     tokenizer,
     trace_page,
@@ -44,6 +47,7 @@ from polar_env.dashboard.session import (
     transcript_page,
 )
 from polar_env.journal.protocols import JournalSource
+from polar_env.journal.store import JournalStore  # the dashboard server is a root: it names the store
 from polar_env.observe.liveness import RunState, run_state
 from polar_env.records import Trajectory
 
@@ -67,7 +71,7 @@ class Dashboard:
         self.live_interval_s = live_interval_s
         self.runs: dict[str, Run] = {}
         self.cache = SessionCache()
-        self.compared: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}  # Compare answers, per pair
+        self.compared: dict[tuple[str, str], tuple[object, Comparison]] = {}  # Compare answers (and the runs' versions), per pair
         self.refresh()
 
     def refresh(self) -> dict[str, Run]:
@@ -80,7 +84,7 @@ class Dashboard:
             name = path.name or str(path)
             while name in runs:
                 name += "'"
-            runs[name] = known.get(path.resolve()) or Run(path, name)
+            runs[name] = known.get(path.resolve()) or Run(path, name, JournalStore)
         if served is not None:
             runs["server"] = served
         self.runs = runs
@@ -103,7 +107,7 @@ class ServerRun(Run):
 
     def __init__(self, url: str, token: str | None, paths: list[Path]) -> None:
         store = next((p for p in paths if (Path(p) / "capture").is_dir()), Path("/nonexistent-polar-store"))
-        super().__init__(store, "server")
+        super().__init__(store, "server", JournalStore)
         self.url = url
         self.token = token
         self._t0: float | None = None
@@ -142,7 +146,7 @@ class ServerRun(Run):
         return {"state": "running", "session_stages": dict(self._stages), "nodes": nodes,
                 "dead_nodes": [n.get("node_id") for n in nodes if "dead" in n]}
 
-    def live_version(self) -> Any:
+    def live_version(self) -> int:
         return self._stages_version
 
     def _planned_rows(self, seen: set[str]) -> list[dict[str, Any]]:
@@ -346,14 +350,14 @@ def _load(request: web.Request) -> tuple[Run, dict[str, Any], dict[str, Any], li
     return run, row, outcome, records, trajectory
 
 
-def in_flight(run: Run, row: dict[str, Any]) -> bool:
+def in_flight(run: Run, row: Mapping[str, object]) -> bool:
     """Still on a live node (queued, being set up, run or graded): no outcome yet is no failure.
     Live is measured (the job's heartbeat, the server's answer), not what a file last said."""
     dead = (run.live_snapshot() or {}).get("dead_nodes") or []
     return run.is_live() and row["status"] not in FINISHED and row.get("node_id") not in dead
 
 
-def stopped_note(run: Run, row: dict[str, Any]) -> str | None:
+def stopped_note(run: Run, row: Mapping[str, object]) -> str | None:
     """Why a session of a crashed or interrupted job has no outcome: the job, not its node, went."""
     state = run.state()
     if state.state not in STOPPED or row["status"] in FINISHED:
@@ -391,7 +395,7 @@ async def _session_detail(request: web.Request) -> web.Response:
 
 
 async def _trace(request: web.Request) -> web.Response:
-    def one() -> dict[str, Any]:
+    def one() -> TracePage:
         run, _row, _outcome, _records, trajectory = _load(request)
         index = int(request.match_info["index"])
         if not 0 <= index < len(trajectory.traces):
@@ -403,7 +407,7 @@ async def _trace(request: web.Request) -> web.Response:
 
 
 async def _transcript(request: web.Request) -> web.Response:
-    def one() -> dict[str, Any]:
+    def one() -> TranscriptPage:
         records = _load(request)[3]
         return transcript_page(records, _int(request, "offset", 0), _int(request, "limit", 20))
 
@@ -411,7 +415,7 @@ async def _transcript(request: web.Request) -> web.Response:
 
 
 async def _journal(request: web.Request) -> web.Response:
-    def one() -> dict[str, Any]:
+    def one() -> JournalPage:
         records = _load(request)[3]
         return journal_page(records, _int(request, "offset", 0), _int(request, "limit", 5))
 
@@ -422,7 +426,7 @@ async def _compare(request: web.Request) -> web.Response:
     dash = request.app[DASHBOARD]
     a, b = dash.run(request.query.get("a", "")), dash.run(request.query.get("b", ""))
 
-    def cached() -> dict[str, Any]:  # recomputed only when either run's rows change
+    def cached() -> Comparison:  # recomputed only when either run's rows change
         key = (a.version(), b.version())
         hit = dash.compared.get((a.name, b.name))
         if hit is None or hit[0] != key:

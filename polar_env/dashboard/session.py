@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from polar_env.chat import Tokenizer, chat_format
 from polar_env.journal.protocols import JournalSource
@@ -65,8 +66,69 @@ class SessionCache:
         return records, trajectory
 
 
-def trace_summaries(trajectory: Trajectory) -> list[dict[str, Any]]:
-    out = []
+class TraceSummary(TypedDict):
+    index: int
+    prompt_tokens: int
+    response_tokens: int
+    sampled_tokens: int
+    calls: int | None
+    seqs: object
+    drift: int
+    cut: object
+    start: object
+    status: str
+    trainable: bool
+    role: str
+    finish_reason: object
+
+
+class CallStart(TypedDict):
+    at: int  # position in prompt + response
+    seq: int | None
+
+
+class TracePage(TypedDict):
+    index: int
+    offset: int
+    limit: int
+    total: int
+    prompt_tokens: int
+    tokens: list[list[object]]  # [id, text, mask (None in the prompt), logprob]
+    calls: list[CallStart]
+    drift: list[dict[str, int]]
+    all_calls: int
+
+
+class TranscriptCall(TypedDict):
+    seq: int
+    new_chain: bool
+    provider_api: str
+    messages: Sequence[Mapping[str, object]]
+    tools: list[object]
+    reply: dict[str, object]
+    finish_reason: str
+    prompt_tokens: int
+    sampled_tokens: int
+    engine_ms: float
+    total_ms: float
+    weight_version: str | None
+    notes: list[str]
+
+
+class TranscriptPage(TypedDict):
+    offset: int
+    total: int
+    calls: list[TranscriptCall]
+
+
+class JournalPage(TypedDict):
+    offset: int
+    total: int
+    records: list[dict[str, object]]
+
+
+def trace_summaries(trajectory: Trajectory) -> list[TraceSummary]:
+    out: list[TraceSummary] = []
     for i, t in enumerate(trajectory.traces):
         out.append({"index": i, "prompt_tokens": len(t.prompt_ids), "response_tokens": len(t.response_ids),
                     "sampled_tokens": sum(t.loss_mask), "calls": len(t.metadata.get("seqs", [])) or None,
@@ -77,7 +139,7 @@ def trace_summaries(trajectory: Trajectory) -> list[dict[str, Any]]:
     return out
 
 
-def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int, tokenizer: Tokenizer) -> dict[str, Any]:
+def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int, tokenizer: Tokenizer) -> TracePage:
     """Tokens ``[offset, offset + limit)`` of trace ``index`` over prompt + response: id, text,
     region, mask (None in the prompt), logprob; plus where calls start and drift begins."""
     trace = trajectory.traces[index]
@@ -87,7 +149,7 @@ def trace_page(trajectory: Trajectory, index: int, offset: int, limit: int, toke
     end = min(total, offset + max(1, min(limit, 5000)))
     ids = [trace.prompt_ids[i] if i < n_prompt else trace.response_ids[i - n_prompt] for i in range(offset, end)]
     texts = tokenizer.token_texts(ids)
-    tokens = []
+    tokens: list[list[object]] = []
     for j, pos in enumerate(range(offset, end)):
         if pos < n_prompt:
             tokens.append([ids[j], texts[j], None, None])
@@ -113,12 +175,12 @@ def _assistant_echo(message: dict[str, Any]) -> bool:
     return message.get("role") == "assistant"
 
 
-def transcript_page(records: list[CompletionRecord], offset: int, limit: int) -> dict[str, Any]:
+def transcript_page(records: list[CompletionRecord], offset: int, limit: int) -> TranscriptPage:
     """Calls ``[offset, offset + limit)``: the messages each call added to the conversation (all of
     them when it does not extend the previous call's: a new chain — sub-agent, compaction), then
     the model's reply (reasoning, text, tool calls), finish reason and timings."""
     ordered = sorted(records, key=lambda r: r.seq)
-    out = []
+    out: list[TranscriptCall] = []
     for i in range(max(0, offset), min(len(ordered), offset + max(1, min(limit, 50)))):
         record = ordered[i]
         messages = record.chat_request.messages
@@ -138,7 +200,7 @@ def transcript_page(records: list[CompletionRecord], offset: int, limit: int) ->
     return {"offset": offset, "total": len(ordered), "calls": out}
 
 
-def journal_page(records: list[CompletionRecord], offset: int, limit: int) -> dict[str, Any]:
+def journal_page(records: list[CompletionRecord], offset: int, limit: int) -> JournalPage:
     """Raw journal records ``[offset, offset + limit)`` as stored (at most 20 per page)."""
     ordered = sorted(records, key=lambda r: r.seq)
     chosen = ordered[max(0, offset): max(0, offset) + max(1, min(limit, 20))]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from polar_env.evaluators.base import (
     EVALUATORS,
@@ -22,8 +21,11 @@ from polar_env.evaluators.base import (
     EvalResult,
     Evaluator,
     EvaluatorSpec,
+    FreshRuntimeEvaluator,
     FunctionEvaluator,
+    PrewarmingEvaluator,
     error_report,
+    needs_module,
 )
 from polar_env.evaluators.completion import SessionCompletion
 from polar_env.evaluators.grading import NothingToGrade, fresh_graded_runtime, graded_runtime
@@ -39,6 +41,7 @@ from polar_env.evaluators.integrity import (
     resolve_policy,
 )
 from polar_env.evaluators.output import OutputEvaluator
+from polar_env.evaluators.report import BeforeLimit, EvalReport
 from polar_env.evaluators.swebench import SweBenchEvaluator
 from polar_env.evaluators.workspace import Changes, WorkspaceBroken
 from polar_env.records import Status
@@ -54,11 +57,13 @@ __all__ = [
     "EvalResult",
     "Evaluator",
     "EvaluatorSpec",
+    "FreshRuntimeEvaluator",
     "FunctionEvaluator",
     "Graded",
     "IntegrityParams",
     "IntegrityPolicy",
     "NothingToGrade",
+    "PrewarmingEvaluator",
     "WorkspaceBroken",
     "admit",
     "fresh_graded_runtime",
@@ -75,8 +80,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+_PREFLIGHT = {"swebench": needs_module("swebench", extra="swebench")}  # the others need the core install only
 for _evaluator in (SessionCompletion(), OutputEvaluator(), SweBenchEvaluator(), HarborEvaluator()):
-    EVALUATORS.register(_evaluator.name, _evaluator)
+    EVALUATORS.register(_evaluator.name, _evaluator, preflight=_PREFLIGHT.get(_evaluator.name))
 
 register_evaluator = EVALUATORS.register  # the decorator: @register_evaluator("name", params=MyParams)
 
@@ -90,8 +96,8 @@ def wants_fresh_runtime(evaluator: str | Evaluator, ctx: EvalContext) -> bool:
     """Whether the evaluator grades in a fresh runtime for this context (so needs the agent's change
     set and the pristine base). False for a bad spec too: its evaluation reports it."""
     try:
-        wants = getattr(get_evaluator(evaluator), "wants_fresh_runtime", None)
-        return bool(wants is not None and wants(ctx))
+        ev = get_evaluator(evaluator)
+        return isinstance(ev, FreshRuntimeEvaluator) and bool(ev.wants_fresh_runtime(ctx))
     except Exception:  # noqa: BLE001 - evaluate() reports the bad spec
         return False
 
@@ -104,9 +110,9 @@ async def prewarm(evaluator: str | Evaluator, ctx: EvalContext) -> Runtime | Non
     if not wants_fresh_runtime(evaluator, ctx):
         return None
     try:
-        warm = getattr(get_evaluator(evaluator), "prewarm", None)
-        if warm is not None:
-            await warm(ctx)
+        ev = get_evaluator(evaluator)
+        if isinstance(ev, PrewarmingEvaluator):
+            await ev.prewarm(ctx)
         return await ctx.fresh_runtime()
     except Exception as exc:  # noqa: BLE001 - remembered in ctx; evaluate() reports it
         _log.warning("pre-warming evaluator %r failed: %s", evaluator, exc)
@@ -146,10 +152,10 @@ async def run_evaluator(evaluator: str | Evaluator, ctx: EvalContext, *, timeout
         raise
     hit = ctx.fresh_limit_hit()
     if hit is not None:
-        before = {"status": result.status.value, "reward": result.reward, "reason": result.report.get("reason")}
+        before: BeforeLimit = {"status": result.status.value, "reward": result.reward, "reason": result.report.get("reason")}
         result = EvalResult(reward=0.0, report={**result.report, "limit": hit.split("=", 1)[0], "verdict_before_limit": before,
                                                 "reason": f"the grading runtime went over a limit: {hit}"})
-    extra: dict[str, Any] = {"evaluator": name}
+    extra: EvalReport = {"evaluator": name}
     try:
         await ctx.aclose()
     except Exception as exc:  # noqa: BLE001 - the verdict stands; the failed stop is reported
@@ -162,7 +168,7 @@ def _agents_breakage(exc: NothingToGrade | WorkspaceBroken | LimitExceeded) -> E
     """Reward 0 for what the agent's change did to the grader (a custom evaluator let it escape)."""
     if isinstance(exc, NothingToGrade):
         return EvalResult(reward=0.0, report=exc.report)
-    report: dict[str, Any] = {"resolved": False, "reason": str(exc)}
+    report: EvalReport = {"resolved": False, "reason": str(exc)}
     if isinstance(exc, LimitExceeded):
         report["limit"] = exc.limit
     return EvalResult(reward=0.0, report=report)

@@ -11,20 +11,22 @@ exception (never a silent 0) and stops the fresh runtime. The name → evaluator
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import math
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Annotated, Any, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from polar_env.errors import ConfigError
+from polar_env.evaluators.report import EvalReport, PlainJSONObject
 from polar_env.evaluators.workspace import Changes, Manifest
 from polar_env.records import Status
 from polar_env.registry import Registry
-from polar_env.runtimes.base import Runtime, prepared
+from polar_env.runtimes.base import Runtime, limit_hit_of, prepared
 
 EVAL_STATUSES = (Status.COMPLETED, Status.TIMEOUT, Status.ERROR)
 
@@ -33,13 +35,14 @@ RuntimeFactory = Callable[[], "Runtime | Awaitable[Runtime]"]
 
 
 class EvalResult(BaseModel):
-    """The verdict on one rollout. Only a COMPLETED evaluation may carry a nonzero reward."""
+    """The verdict on one rollout. Only a COMPLETED evaluation may carry a nonzero reward. ``report``:
+    its keys are ``report.EvalReport``'s, plus any a custom evaluator adds."""
 
     model_config = ConfigDict(extra="forbid")
 
     reward: float = 0.0
     status: Status = Status.COMPLETED
-    report: dict[str, Any] = Field(default_factory=dict)
+    report: Annotated[EvalReport, PlainJSONObject] = Field(default_factory=lambda: EvalReport())
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -140,8 +143,7 @@ class EvalContext:
         fresh = self._fresh
         if fresh is None or not fresh.done() or fresh.cancelled() or fresh.exception() is not None:
             return None
-        hit = getattr(fresh.result(), "limit_hit", None)
-        return hit if isinstance(hit, str) and hit else None
+        return limit_hit_of(fresh.result())
 
     @staticmethod
     async def _build_fresh(factory: RuntimeFactory) -> Runtime:
@@ -168,13 +170,27 @@ class EvalContext:
 
 @runtime_checkable
 class Evaluator(Protocol):
-    """``wants_fresh_runtime(ctx) -> bool`` and ``prewarm(ctx)`` (extra warm-up, such as a slow
-    import) are optional; without them the evaluator is graded on the live runtime only."""
+    """Grades on the live runtime only, unless it is also a ``FreshRuntimeEvaluator``."""
 
     @property
     def name(self) -> str: ...
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult: ...
+
+
+@runtime_checkable
+class FreshRuntimeEvaluator(Evaluator, Protocol):
+    """An evaluator that may grade in a fresh runtime: ``wants_fresh_runtime(ctx)`` says whether it
+    does for this context (then the node hands it the agent's change set and the pristine base)."""
+
+    def wants_fresh_runtime(self, ctx: EvalContext) -> bool: ...
+
+
+@runtime_checkable
+class PrewarmingEvaluator(FreshRuntimeEvaluator, Protocol):
+    """One with extra warm-up (such as a slow import), run while the agent still works."""
+
+    async def prewarm(self, ctx: EvalContext) -> None: ...
 
 
 EvalFunction = Callable[[EvalContext], Awaitable[EvalResult]]
@@ -195,7 +211,7 @@ class FunctionEvaluator:
         return self.fresh_runtime
 
 
-def as_evaluator(obj: Any, name: str) -> Evaluator:
+def as_evaluator(obj: object, name: str) -> Evaluator:
     """An evaluator instance from an instance, a class (built without arguments) or a coroutine function."""
     if inspect.isclass(obj):
         obj = obj()
@@ -205,13 +221,13 @@ def as_evaluator(obj: Any, name: str) -> Evaluator:
         raise ConfigError(f"{name!r} is not an evaluator: it needs an async evaluate(ctx) method")
     if not isinstance(getattr(obj, "name", None), str):
         try:
-            obj.name = name
+            setattr(obj, "name", name)  # noqa: B010 - obj is whatever the table was given
         except AttributeError as exc:
             raise ConfigError(f"evaluator {obj!r} has no name attribute") from exc
-    return obj  # type: ignore[no-any-return]
+    return obj  # type: ignore[return-value]  # checked above: an evaluate method and a name
 
 
-def error_report(exc: BaseException) -> dict[str, Any]:
+def error_report(exc: BaseException) -> EvalReport:
     return {
         "error": f"{type(exc).__name__}: {exc}",
         "exception_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
@@ -219,8 +235,33 @@ def error_report(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def needs_module(module: str, extra: str = "") -> Callable[[str, str], None]:
+    """An evaluator's preflight check: ``module`` imports, else one line naming the evaluator,
+    ``where`` it is used and the extra that provides the module."""
+
+    def check(name: str, where: str) -> None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            fix = f"pip install -e '.[{extra}]'" if extra else f"install the package that provides {module}"
+            raise ConfigError(f"evaluator {name} needs the Python module {module}, which does not import, {where}; {fix}")
+
+    return check
+
+
+def check_importable(name: str, where: str) -> None:
+    """The preflight check of an evaluator that declares none: one named by import path needs its
+    module; one registered by name was imported already."""
+    if ":" in name:
+        needs_module(name.partition(":")[0])(name, where)
+
+
 # The table (filled by ``polar_env/evaluators/__init__.py``): an evaluator class (built without
 # arguments), instance, or ``async def (ctx)``; its params model is ``params=`` or the evaluator's
-# own ``params_model`` attribute (None: params are not checked). Declared here, below the package,
-# so the spec's validators read it without importing the package that imports them.
-EVALUATORS: Registry[Evaluator] = Registry("evaluator", load=as_evaluator, coerce=as_evaluator, dotted=True)
+# own ``params_model`` attribute (None: params are not checked); its preflight check (called with
+# its name and where it is used) ``preflight=``, else ``check_importable``. Declared here, below the
+# package, so the spec's validators read it without importing the package that imports them.
+EVALUATORS: Registry[Evaluator] = Registry("evaluator", load=as_evaluator, coerce=as_evaluator, dotted=True,
+                                           preflight=check_importable)

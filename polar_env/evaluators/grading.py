@@ -18,7 +18,6 @@ import posixpath
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
@@ -34,6 +33,7 @@ from polar_env.evaluators.integrity import (
     prepare_grading_home,
     resolve_policy,
 )
+from polar_env.evaluators.report import ApplyLog, EvalReport
 from polar_env.evaluators.results import (
     ERROR,
     FAILED,
@@ -67,13 +67,13 @@ class NothingToGrade(ConfigError):
     """``fresh_graded_runtime``: the agent left nothing the grader can take or write (``report``: the
     reward-0 report). ``run_evaluator`` grades one that escapes a custom evaluator 0, unmasked."""
 
-    def __init__(self, report: dict[str, Any]) -> None:
+    def __init__(self, report: EvalReport) -> None:
         super().__init__(f"nothing to grade: {report.get('reason')}")
         self.report = report
 
 
 async def changes_from_patch(runtime: Runtime, patch: str, base: Manifest, *,
-                             timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]]]:
+                             timeout_s: float = 120.0) -> tuple[Changes, list[ApplyLog]]:
     """The change a text patch makes, read off the files: applied with SWE-bench's fallback chain in
     a scratch copy of the fresh runtime's pristine workspace (the grader's own ``.git``), then the
     copy is compared with ``base``, that workspace's manifest. ``Changes.source`` is ``"patch (does
@@ -83,7 +83,7 @@ async def changes_from_patch(runtime: Runtime, patch: str, base: Manifest, *,
         raise LimitExceeded("patch_mb", f"the patch is {len(patch) / 2**20:.1f} MiB, over patch_mb={cap:g}")
     workdir = runtime.spec.workdir
     scratch = f"/tmp/polar-patch-{secrets.token_hex(8)}"
-    logs: list[dict[str, Any]] = []
+    logs: list[ApplyLog] = []
     copy = await runtime.exec(f"cp -a {shlex.quote(workdir)} {scratch}", cwd="/", timeout_s=timeout_s)
     if copy.exit_code != 0:
         raise RuntimeError(f"cannot copy the grading workspace: {copy.output[-2000:]}")
@@ -112,7 +112,7 @@ async def changes_from_patch(runtime: Runtime, patch: str, base: Manifest, *,
 
 
 async def context_changes(ctx: EvalContext, runtime: Runtime, *,
-                          timeout_s: float = 120.0) -> tuple[Changes, list[dict[str, Any]], Manifest | None]:
+                          timeout_s: float = 120.0) -> tuple[Changes, list[ApplyLog], Manifest | None]:
     """The change set to grade (the node's, a text patch's, or the agent runtime's now), the apply
     logs, and the fresh ``runtime``'s manifest when it took one (admission reuses it)."""
     if ctx.changes is not None:
@@ -183,7 +183,7 @@ def failing_tests(found: Verdict | None) -> list[str]:
     return [n for n, s in found.statuses.items() if s in (FAILED, ERROR)]
 
 
-def pytest_gate(found: Verdict | None, report: dict[str, Any], *, refuse: bool = True) -> EvalResult | None:
+def pytest_gate(found: Verdict | None, report: EvalReport, *, refuse: bool = True) -> EvalResult | None:
     """The result a pytest run under the plugin forces, or None when the check decides (and the
     report has the plugin's fields). Tampering is 0; the grader's own fault is an ERROR (masked,
     never the agent's); a session that never finished (``os._exit`` from project code, a killed
@@ -207,7 +207,7 @@ def pytest_gate(found: Verdict | None, report: dict[str, Any], *, refuse: bool =
     return None
 
 
-def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:
+def broken_result(graded: Graded, report: EvalReport) -> EvalResult | None:
     """Reward 0, unmasked, when the agent left nothing the grader can take or apply; ``tampered`` when
     the static scan found what the change adds to reach into the test process."""
     if graded.broken is not None:
@@ -224,7 +224,7 @@ def broken_result(graded: Graded, report: dict[str, Any]) -> EvalResult | None:
 
 
 async def fresh_graded_runtime(
-    ctx: EvalContext, *, integrity: IntegrityParams | Mapping[str, Any] | str | None = None,
+    ctx: EvalContext, *, integrity: IntegrityParams | Mapping[str, object] | str | None = None,
     test_files: Sequence[str] = (), timeout_s: float = 120.0, default_policy: str = "allowlist",
 ) -> tuple[Runtime, Graded, dict[str, str]]:
     """For custom evaluators: the context's fresh runtime holding the admitted change, the

@@ -34,6 +34,7 @@ from polar_env.evaluators.grading import (
     pytest_verdict,
 )
 from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, resolve_policy
+from polar_env.evaluators.report import EvalReport
 from polar_env.records import Status
 from polar_env.runtimes.base import Runtime
 
@@ -69,12 +70,12 @@ def _task_dir(task: Any) -> Path:
     return path
 
 
-def parse_reward(text_file: bytes | None, json_file: bytes | None) -> tuple[float, dict[str, Any]]:
+def parse_reward(text_file: bytes | None, json_file: bytes | None) -> tuple[float, dict[str, float]]:
     """Harbor's reward files: ``reward.txt`` holds one number; ``reward.json`` an object of
     numbers (``reward`` is used, else the only value) or one number. Raises ValueError."""
     if text_file is not None and text_file.strip():
         value = float(text_file.decode("utf-8", "replace").strip())
-        rewards: dict[str, Any] = {"reward": value}
+        rewards: dict[str, float] = {"reward": value}
     elif json_file is not None and json_file.strip():
         data = json.loads(json_file)
         rewards = data if isinstance(data, dict) else {"reward": data}
@@ -117,7 +118,7 @@ class HarborEvaluator:
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         params = self.params_of(ctx)
         task_dir = _task_dir(ctx.task)
-        report: dict[str, Any] = {"task_dir": str(task_dir)}
+        report: EvalReport = {"task_dir": str(task_dir)}
         started = time.monotonic()
         policy = resolve_policy(params.integrity, default=WORKSPACE_POLICY)
         runtime, graded = await graded_runtime(ctx, policy, timeout_s=params.apply_timeout_s)
@@ -135,8 +136,8 @@ class HarborEvaluator:
         env, reporter = await check_env(runtime, policy)
         run = await runtime.exec(VERIFY_SCRIPT, env={**env, **params.env}, cwd=workdir,
                                 timeout_s=params.timeout_s)
-        report.update(verifier_exit_code=run.exit_code, log_tail=run.output[-params.log_tail_chars:],
-                      verify_s=round(time.monotonic() - started, 3))
+        report.update({"verifier_exit_code": run.exit_code, "log_tail": run.output[-params.log_tail_chars:],
+                       "verify_s": round(time.monotonic() - started, 3)})
         if run.timed_out:
             report["reason"] = f"verifier exceeded {params.timeout_s} s"
             return EvalResult(status=Status.TIMEOUT, report=report)

@@ -42,9 +42,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_env.errors import ConfigError
+from polar_env.evaluators.report import ApplyLog, EvalReport
 from polar_env.evaluators.scan import PY_SUFFIXES, RULES, Finding, scan_change
 from polar_env.evaluators.workspace import Change, Changes, Manifest, WorkspaceBroken, is_text, read, snapshot, unified
-from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.base import Runtime, limit_hit_of
 from polar_env.runtimes.limits import LimitExceeded
 from polar_env.safetext import bad_name, shown
 
@@ -124,7 +125,7 @@ def register_policy(policy: IntegrityPolicy, *, replace: bool = False) -> Integr
     return policy
 
 
-def resolve_policy(spec: IntegrityParams | Mapping[str, Any] | str | None = None, *,
+def resolve_policy(spec: IntegrityParams | Mapping[str, object] | str | None = None, *,
                    default: str = DEFAULT_POLICY) -> IntegrityPolicy:
     """The policy a task grades under: a registered name (``default`` when the task names none),
     widened or narrowed by the task."""
@@ -362,8 +363,8 @@ async def agent_fault(runtime: Runtime, exc: Exception) -> AgentFault | None:
             await runtime.exec(["true"], cwd="/", timeout_s=60.0)
         except Exception:  # noqa: BLE001 - a runtime that cannot run `true` failed itself
             return None
-    hit = getattr(runtime, "limit_hit", None)
-    if isinstance(hit, str) and hit:
+    hit = limit_hit_of(runtime)
+    if hit is not None:
         return AgentFault(f"the grading runtime went over a limit while the agent's change was written: {hit}", _limit_name(hit))
     if isinstance(exc, LimitExceeded):
         return AgentFault(str(exc), exc.limit)
@@ -403,7 +404,7 @@ class Graded:
     kept: list[Change] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
     patch: str = ""  # the admitted change as a unified diff, for people
-    apply_logs: list[dict[str, Any]] = field(default_factory=list)
+    apply_logs: list[ApplyLog] = field(default_factory=list)
     fault: AgentFault | None = None  # the change could not be taken or written: the agent's doing
     findings: list[Finding] = field(default_factory=list)  # scan.py: what the admitted Python adds that tampers
 
@@ -416,10 +417,10 @@ class Graded:
     def empty(self) -> bool:
         return not self.kept
 
-    def as_report(self) -> dict[str, Any]:
+    def as_report(self) -> EvalReport:
         """The report fields; ``limit`` (read by the session as ``limit_exceeded``) only when the
         change went over one."""
-        report = {"policy": self.policy.name if self.policy.enabled else "off", "change_source": self.changes.source,
+        report: EvalReport = {"policy": self.policy.name if self.policy.enabled else "off", "change_source": self.changes.source,
                   "graded_paths": [c.path for c in self.kept], "dropped_paths": [d.as_dict() for d in self.dropped],
                   "graded_patch": self.patch}
         if self.fault is not None and self.fault.limit is not None:

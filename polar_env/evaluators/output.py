@@ -25,6 +25,7 @@ from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
 from polar_env.evaluators.grading import broken_result, check_env, failing_tests, graded_runtime, pytest_gate, pytest_verdict
 from polar_env.evaluators.integrity import WORKSPACE_POLICY, IntegrityParams, grading_env, resolve_policy
+from polar_env.evaluators.report import EvalReport
 from polar_env.records import Status
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
@@ -105,7 +106,7 @@ class OutputEvaluator:
         check = self.check_of(ctx)
         if check.command is not None:
             return await self._command(ctx, check)
-        report: dict[str, Any] = {"mode": check.mode}
+        report: EvalReport = {"mode": check.mode}
         if check.file is not None:
             runtime = await ctx.fresh_runtime() if check.fresh else ctx.agent_runtime()
             path = posixpath.join(runtime.spec.workdir, check.file)
@@ -138,7 +139,7 @@ class OutputEvaluator:
     async def _command(self, ctx: EvalContext, check: OutputCheck) -> EvalResult:
         assert check.command is not None
         policy = resolve_policy(check.integrity, default=WORKSPACE_POLICY)
-        report: dict[str, Any] = {"mode": "command"}
+        report: EvalReport = {"mode": "command"}
         if check.fresh:
             runtime, graded = await graded_runtime(ctx, policy)
             report |= {"runtime": "fresh", **graded.as_report()}
@@ -172,7 +173,7 @@ class OutputEvaluator:
         return _verdict(ok, f"command exited {res.exit_code}, expected {check.exit_code}", report)
 
 
-def _verdict(ok: bool, reason: str, report: dict[str, Any]) -> EvalResult:
+def _verdict(ok: bool, reason: str, report: EvalReport) -> EvalResult:
     return EvalResult(reward=1.0 if ok else 0.0, report={**report, "passed": ok, "reason": reason})
 
 
@@ -208,7 +209,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _json_verdict(text: str, check: JsonCheck, report: dict[str, Any]) -> EvalResult:
+def _json_verdict(text: str, check: JsonCheck, report: EvalReport) -> EvalResult:
     report["path"] = check.path
     try:
         doc = _parse_json(text)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.errors import ConfigError
+from polar_env.evaluators.report import CanaryOutcome, EvalReport, RefusedOutcome
 from polar_env.runtimes.base import Runtime
 
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_grader.py")
@@ -83,9 +84,9 @@ class Verdict:
     kinds kept apart: ``problems`` (tampering: the agent's doing) and ``faults`` (the grader's own)."""
 
     statuses: dict[str, str] = field(default_factory=dict)
-    canaries: list[dict[str, Any]] = field(default_factory=list)
-    refused: list[dict[str, Any]] = field(default_factory=list)
-    loaded: dict[str, Any] | None = None
+    canaries: list[CanaryOutcome] = field(default_factory=list)
+    refused: list[RefusedOutcome] = field(default_factory=list)
+    loaded: dict[str, object] | None = None  # the plugin's "loaded" record
     finished: bool = False
     forged_lines: int = 0
     problems: list[str] = field(default_factory=list)
@@ -109,7 +110,7 @@ class Verdict:
             return UNSUPPORTED
         return FINISHED if self.finished else UNFINISHED
 
-    def as_report(self) -> dict[str, Any]:
+    def as_report(self) -> EvalReport:
         loaded = self.loaded or {}
         return {"results_from": "grader plugin (authenticated report)", "grader_state": self.state,
                 "runner": {"pytest": loaded.get("pytest"), "python": loaded.get("python")},
@@ -121,7 +122,7 @@ def _ratchet(key: bytes) -> bytes:
     return hashlib.sha256(b"polar-ratchet" + key).digest()
 
 
-def _line_ok(line: bytes, key: bytes, seq: int) -> dict[str, Any] | None:
+def _line_ok(line: bytes, key: bytes, seq: int) -> dict[str, object] | None:
     body, _, mac = line.rpartition(b"\t")
     want = hmac.new(key, body, hashlib.sha256).hexdigest().encode()
     if not body or not hmac.compare_digest(mac.strip(), want):
@@ -133,11 +134,11 @@ def _line_ok(line: bytes, key: bytes, seq: int) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("seq") == seq else None
 
 
-def read_report(raw: bytes | None, key: bytes) -> tuple[list[dict[str, Any]], int]:
+def read_report(raw: bytes | None, key: bytes) -> tuple[list[dict[str, object]], int]:
     """(verified records in order, number of lines that did not verify). Line ``i`` must carry
     ``seq`` i under the ``i``-th key of the ratchet: a line rewritten, removed or added out of turn
     breaks the chain, and a later key cannot sign an earlier line."""
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, object]] = []
     bad = 0
     for line in (raw or b"").splitlines():
         record = _line_ok(line, key, len(records))
@@ -172,16 +173,16 @@ def _passes(status: str | None) -> bool:
     return status in (PASSED, XFAIL)
 
 
-def verdict(records: list[dict[str, Any]], forged: int, reporter: Reporter | None = None, *,
+def verdict(records: list[dict[str, object]], forged: int, reporter: Reporter | None = None, *,
             editable: Callable[[str], bool] = lambda _path: False, beacon: bool = False,
             report_missing: bool = False) -> Verdict:
     """The verdict of one run's verified records. ``editable(path)``: whether a repo path is one a
     fix may change (an XFAIL or SKIP raised from there is refused); ``beacon``: the first line was
     seen on stderr; ``report_missing``: the report file the grader created is gone."""
     out = Verdict(forged_lines=forged)
-    phases: dict[str, list[dict[str, Any]]] = {}
+    phases: dict[str, list[dict[str, object]]] = {}
     plan: dict[str, Any] = {}
-    finish: dict[str, Any] | None = None
+    finish: dict[str, object] | None = None
     for r in records:
         event = r.get("event")
         if event == "loaded":
@@ -217,12 +218,13 @@ def verdict(records: list[dict[str, Any]], forged: int, reporter: Reporter | Non
     return out
 
 
-def _unseal(record: dict[str, Any], reporter: Reporter | None) -> dict[str, Any]:
-    if reporter is None or not isinstance(record.get("sealed"), str):
+def _unseal(record: dict[str, object], reporter: Reporter | None) -> dict[str, Any]:
+    sealed = record.get("sealed")
+    if reporter is None or not isinstance(sealed, str):
         return {}
     key = hmac.new(reporter.key, b"polar-plan", hashlib.sha256).digest()
     try:
-        plan = json.loads(seal(key, bytes.fromhex(record["sealed"])))
+        plan = json.loads(seal(key, bytes.fromhex(sealed)))
     except ValueError:
         return {}
     return plan if isinstance(plan, dict) else {}

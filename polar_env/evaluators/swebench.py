@@ -32,6 +32,7 @@ from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvalContext, EvalResult
 from polar_env.evaluators.grading import broken_result, check_env, graded_runtime, pytest_gate, pytest_verdict
 from polar_env.evaluators.integrity import IntegrityParams, resolve_policy
+from polar_env.evaluators.report import EvalReport
 from polar_env.evaluators.results import (
     FAILED,
     FINISHED,
@@ -98,8 +99,8 @@ class SweBenchEvaluator:
         task = SweTask.from_row(ctx.task)
         spec, source = await asyncio.to_thread(_test_spec, task, params)
         timings: dict[str, float] = {}
-        report: dict[str, Any] = {"instance_id": task.instance_id, "resolved": False, "timings_s": timings,
-                                  "eval_script_source": source}
+        report: EvalReport = {"instance_id": task.instance_id, "resolved": False, "timings_s": timings,
+                              "eval_script_source": source}
         policy = resolve_policy(params.integrity)
         started = time.monotonic()
         runtime, graded = await graded_runtime(ctx, policy, test_files=list(task.test_files()),
@@ -204,7 +205,7 @@ def _reason(graded: dict[str, Any]) -> str:
     return "; ".join(parts) or "not resolved"
 
 
-def _unresolved(report: dict[str, Any], reason: str) -> EvalResult:
+def _unresolved(report: EvalReport, reason: str) -> EvalResult:
     return EvalResult(reward=0.0, report={**report, "resolved": False, "reason": reason})
 
 

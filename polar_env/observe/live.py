@@ -107,16 +107,17 @@ class JobObserver:
     def close(self) -> None:
         """Close the tracker and record how the job ended: called from the job's ``finally``, so an
         exception on its way out is the crash it records (with its one-line error)."""
-        from polar_env.observe.liveness import current_exception, read_json
+        from polar_env.observe.liveness import current_exception, json_object, read_json
 
         exc = current_exception()
         try:
             self.tracker.close()
         finally:
-            stopped = (read_json(self.out / "report.json") or {}).get("interrupted") or {}
+            stopped = json_object((read_json(self.out / "report.json") or {}).get("interrupted"))
             if exc is None and not self.finished:
                 self.heartbeat.stop("crashed", error="the job ended without writing its report")
             elif exc is None and stopped:
-                self.heartbeat.stop("interrupted", signal=stopped.get("signal"))
+                signal = stopped.get("signal")
+                self.heartbeat.stop("interrupted", signal=signal if isinstance(signal, str) else None)
             else:
                 self.heartbeat.stop_for(exc)

@@ -41,12 +41,22 @@ ENDS = ("done", "interrupted", "crashed")
 INTERRUPTING = (KeyboardInterrupt, SystemExit)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, object] | None:
+    """The JSON object in ``path``; None when it is missing, unreadable or not an object."""
     try:
         data = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def json_object(value: object) -> dict[str, object]:
+    """``value`` if it is a JSON object (a field of one read back), else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(value: object, default: float) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
 def boot_id() -> str | None:
@@ -197,10 +207,10 @@ class RunState(BaseModel):
         return self.state == "running"
 
 
-def _alive(beat: dict[str, Any], now: float) -> tuple[bool, str]:
+def _alive(beat: dict[str, object], now: float) -> tuple[bool, str]:
     """Is the beating process still there, and the evidence."""
-    pid, interval = beat.get("pid"), float(beat.get("interval_s") or 2.0)
-    age = now - float(beat.get("beat_at") or beat.get("started_at") or 0.0)
+    pid, interval = beat.get("pid"), _seconds(beat.get("interval_s") or 2.0, 2.0)
+    age = now - _seconds(beat.get("beat_at") or beat.get("started_at") or 0.0, 0.0)
     here = beat.get("host") == socket.gethostname() and beat.get("boot_id") == boot_id() and boot_id() is not None
     if here and isinstance(pid, int):
         started = proc_start(pid)
@@ -227,48 +237,53 @@ def run_state(folder: Path, now: float | None = None) -> RunState:
     folder, now = Path(folder), time.time() if now is None else now
     beat = read_json(folder / HEARTBEAT_FILE)
     report = read_json(folder / "report.json")
-    stopped = (report or {}).get("interrupted") or {}
+    stopped = json_object((report or {}).get("interrupted"))
     resume = _resume(folder)
     if beat is not None:
         info = {k: beat.get(k) for k in ("kind", "pid", "host", "started_at", "beat_at", "ended_at", "error", "signal")}
         recorded = beat.get("state")
+        # the beat's fields as it wrote them: RunState validates them
         if recorded == "done" and stopped:
-            return RunState(state="interrupted", reason=f"stopped by {stopped.get('signal')}; every output written",
-                            source=HEARTBEAT_FILE, resume=resume, **{**info, "signal": stopped.get("signal")})
+            return RunState.model_validate({
+                "state": "interrupted", "reason": f"stopped by {stopped.get('signal')}; every output written",
+                "source": HEARTBEAT_FILE, "resume": resume, **info, "signal": stopped.get("signal")})
         if recorded in ENDS:
             why = {"done": "finished", "crashed": "ended by an error",
-                   "interrupted": f"stopped by {beat.get('signal') or 'an interruption'} before the end"}[recorded]
-            return RunState(state=recorded, reason=f"{why}{': ' + str(beat['error']) if beat.get('error') else ''}",
-                            source=HEARTBEAT_FILE, resume=None if recorded == "done" else resume, **info)
+                   "interrupted": f"stopped by {beat.get('signal') or 'an interruption'} before the end"}[str(recorded)]
+            return RunState.model_validate({
+                "state": recorded, "reason": f"{why}{': ' + str(beat['error']) if beat.get('error') else ''}",
+                "source": HEARTBEAT_FILE, "resume": None if recorded == "done" else resume, **info})
         alive, evidence = _alive(beat, now)
         if alive:
-            return RunState(state="running", reason=evidence, source=HEARTBEAT_FILE, **info)
+            return RunState.model_validate({"state": "running", "reason": evidence, "source": HEARTBEAT_FILE, **info})
         if report is not None:  # it wrote its report, then died before its last beat
             state: JobState = "interrupted" if stopped else "done"
-            return RunState(state=state, reason=f"report.json written; {evidence}", source="report.json",
-                            resume=resume if stopped else None, **info)
-        return RunState(state="crashed", reason=f"ended without recording its end: {evidence} (killed: SIGKILL, the "
-                        "OOM killer, a second Ctrl-C, or its host went)", source=HEARTBEAT_FILE, resume=resume, **info)
+            return RunState.model_validate({"state": state, "reason": f"report.json written; {evidence}",
+                                            "source": "report.json", "resume": resume if stopped else None, **info})
+        return RunState.model_validate({
+            "state": "crashed", "reason": f"ended without recording its end: {evidence} (killed: SIGKILL, the OOM "
+            "killer, a second Ctrl-C, or its host went)", "source": HEARTBEAT_FILE, "resume": resume, **info})
     return _legacy(folder, now, report, stopped, resume)
 
 
-def _legacy(folder: Path, now: float, report: dict[str, Any] | None, stopped: dict[str, Any],
+def _legacy(folder: Path, now: float, report: dict[str, object] | None, stopped: dict[str, object],
             resume: str | None) -> RunState:
     """A folder without a heartbeat (written before heartbeats, or a bare store): the files' word."""
     if report is not None:
         if stopped:
-            return RunState(state="interrupted", reason=f"stopped by {stopped.get('signal')} (report.json)",
-                            source="report.json", signal=stopped.get("signal"), resume=resume)
+            return RunState.model_validate({"state": "interrupted", "reason": f"stopped by {stopped.get('signal')} (report.json)",
+                                            "source": "report.json", "signal": stopped.get("signal"), "resume": resume})
         return RunState(state="done", reason="report.json written", source="report.json")
     live = read_json(folder / "live.json")
     if live is not None:
-        age = now - float(live.get("updated_at") or 0.0)
+        age = now - _seconds(live.get("updated_at") or 0.0, 0.0)
         if live.get("state") in ("running", "starting") and age <= LEGACY_STALE_S:
-            return RunState(state="running", reason=f"live.json updated {age:.0f} s ago (no heartbeat: an older job)",
-                            source="live.json", started_at=live.get("started_at"))
-        return RunState(state="crashed", reason=f"no report.json; live.json last said {live.get('state')!r} {age:.0f} s "
-                        "ago (no heartbeat: an older job)", source="live.json", started_at=live.get("started_at"),
-                        resume=resume)
+            return RunState.model_validate({
+                "state": "running", "reason": f"live.json updated {age:.0f} s ago (no heartbeat: an older job)",
+                "source": "live.json", "started_at": live.get("started_at")})
+        return RunState.model_validate({
+            "state": "crashed", "reason": f"no report.json; live.json last said {live.get('state')!r} {age:.0f} s ago "
+            "(no heartbeat: an older job)", "source": "live.json", "started_at": live.get("started_at"), "resume": resume})
     if (folder / "plan.json").exists():  # killed before its first progress tick, or a folder from before live.json
         return RunState(state="unknown", reason="no heartbeat, report or progress: the job never got going",
                         source="plan.json", resume=resume)

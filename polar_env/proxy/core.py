@@ -6,8 +6,9 @@ control plane (``control.py``) are built over it, the route tables (``app.py``) 
 ``Gateway`` (``gateway.py``) serves them.
 
 Events: ``gateway.events.subscribe(fn)`` calls ``fn(event)`` on the event loop for every
-``GatewayEvent`` (see ``EVENT_KINDS``). Subscribers must be cheap and must not block (count,
-enqueue); one that raises is logged and never affects the request. Counters are typed
+``GatewayEvent`` (one typed record per kind, declared in ``polar_env/observe/events.py``).
+Subscribers must be cheap and must not block (count, enqueue); one that raises is logged and never
+affects the request. Counters are typed
 (``GatewayStats``): a renamed counter is a type error, not a silent zero on a dashboard.
 """
 
@@ -16,18 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Coroutine, Mapping
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from polar_env import stagecpu
 from polar_env.chat import ChatFormat, chat_format
-from polar_env.engines.base import EngineClient
+from polar_env.engines.base import EngineClient, WeightVersioned
 from polar_env.journal.format import PromptRef
-from polar_env.journal.protocols import JournalSink
-from polar_env.journal.store import CaptureError
+from polar_env.journal.protocols import CaptureError, JournalSink
 from polar_env.journal.writer import JournalWriter
+from polar_env.observe.events import GatewayEvents
 from polar_env.proxy.admin import new_admin_token
 from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Continuation
@@ -42,45 +42,6 @@ log = logging.getLogger("polar_env.gateway")
 
 INLINE_BODY_BYTES = 64 * 1024  # records up to these sizes are written on the loop when the writer is idle
 INLINE_TOKENS = 16_384
-
-EVENT_KINDS = ("session_opened", "session_closed", "call_recorded", "call_failed", "calls_aborted", "paused", "resumed")
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayEvent:
-    """``kind`` is one of ``EVENT_KINDS``. ``data`` by kind — call_recorded: seq, provider, journal_bytes,
-    prompt_tokens, response_tokens, engine_ms, total_ms, finish_reason, notes; call_failed:
-    provider, error (class name), status; session_closed: reason; calls_aborted: calls, reason;
-    paused: drained;
-    resumed: weight_version."""
-
-    kind: str
-    session_id: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    at: float = field(default_factory=time.time)
-
-
-class GatewayEvents:
-    """Synchronous fan-out of ``GatewayEvent`` to subscribers (metrics, the dashboard)."""
-
-    def __init__(self) -> None:
-        self._subscribers: list[Callable[[GatewayEvent], None]] = []
-
-    def subscribe(self, fn: Callable[[GatewayEvent], None]) -> Callable[[], None]:
-        """Register ``fn``; returns the function that unsubscribes it."""
-        self._subscribers.append(fn)
-        return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
-
-    def emit(self, kind: str, session_id: str | None = None, **data: Any) -> None:
-        if not self._subscribers:
-            return
-        event = GatewayEvent(kind, session_id, data)
-        for fn in list(self._subscribers):
-            try:
-                fn(event)
-            except Exception:  # noqa: BLE001 - a subscriber's bug never fails a request
-                log.exception("gateway event subscriber %r failed on %s", fn, kind)
-
 
 @dataclass(slots=True)
 class GatewayStats:
@@ -150,7 +111,7 @@ class GatewayCore:
         return not still
 
     # -- engine calls -------------------------------------------------------------------------
-    def start_engine_call(self, session_id: str, call: Any) -> asyncio.Task[Generation]:
+    def start_engine_call(self, session_id: str, call: Coroutine[object, object, Generation]) -> asyncio.Task[Generation]:
         """Run one engine call as its own task, so ``abort_session`` can stop it."""
         task: asyncio.Task[Generation] = asyncio.ensure_future(call)
         calls = self._engine_calls.setdefault(session_id, set())
@@ -178,11 +139,11 @@ class GatewayCore:
             self.events.emit("calls_aborted", session_id, calls=len(tasks), reason=reason)
         return len(tasks)
 
-    async def mark_aborted(self, session_id: str, mark: dict[str, Any]) -> None:
+    async def mark_aborted(self, session_id: str, mark: Mapping[str, object]) -> None:
         """Journal that a call was aborted (no tokens to record), in order with the records."""
         await self.journal_event(session_id, {"event": "aborted", **mark})
 
-    async def journal_event(self, session_id: str, event: dict[str, Any]) -> None:
+    async def journal_event(self, session_id: str, event: dict[str, object]) -> None:
         """Journal an event line (``{"event": ...}``), in order with the records."""
         if self._writer is None:
             self._writer = JournalWriter(self.store.append)
@@ -278,13 +239,12 @@ class GatewayCore:
 
     async def resume(self, weight_version: str | None = None) -> None:
         """Let calls through again; records sampled from now on carry ``weight_version``."""
-        set_version = getattr(self.engine, "set_weight_version", None)
-        if weight_version is not None and callable(set_version):
-            set_version(weight_version)  # engines that stamp their own version (embedded) carry the trainer's
+        if weight_version is not None and isinstance(self.engine, WeightVersioned):
+            self.engine.set_weight_version(weight_version)  # engines that stamp their own version (embedded) carry the trainer's
         await self.gate.resume(weight_version)
         self.events.emit("resumed", None, weight_version=self.gate.weight_version)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {**self.gate.status(), "sessions": len(self.sessions), "open_sessions": self.sessions.open_count(),
                 "open_journals": self.store.open_fds(), "in_flight_captures": len(self.in_flight), **asdict(self.stats),
                 "stage_cpu": stagecpu.snapshot()}

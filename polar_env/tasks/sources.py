@@ -38,7 +38,7 @@ def unknown_ids_message(unknown: Iterable[str], known: Iterable[str], where: str
             if names else f"unknown {what} {', '.join(map(repr, unknown))}: {where} has no tasks")
 
 
-def missing_columns(row: Mapping[str, Any]) -> list[str]:
+def missing_columns(row: Mapping[str, object]) -> list[str]:
     """The required columns ``row`` lacks (looking inside SkyRL's ``instance`` struct)."""
     inner = row.get("instance")
     if isinstance(inner, str):

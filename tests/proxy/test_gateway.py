@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestServer
 
 from polar_env.engines.sglang import SGLangClient
 from polar_env.journal.store import JournalStore
+from polar_env.observe.events import GatewayEvent
 from polar_env.proxy.config import GatewayConfig
-from polar_env.proxy.core import GatewayEvent
 from polar_env.proxy.gateway import Gateway
 from tests.conftest import SHELL_TOOL
 from tests.proxy.conftest import FakeEngine
