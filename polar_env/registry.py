@@ -8,6 +8,13 @@ the bad value and the closest valid names. Registries that allow it (``load=``) 
 import path ``pkg.module:attr``. Adding one more entry is one ``register`` call (or decorator)
 next to the table.
 
+A registry of things that need this host (engines, harnesses, runtimes, evaluators) is built with
+``preflight=``: each entry then carries its own preflight check (``Entry.preflight``, a function
+raising ``ConfigError`` in one line when the host cannot run it), which ``polar_env/preflight.py``
+runs for every name a job uses. With ``preflight=True`` an entry registered without one is refused
+in one line, so a new kind cannot be skipped by the preflight; a function is the check of entries
+that declare none (and of those loaded by import path).
+
 ``validation_line`` turns a pydantic ``ValidationError`` into the same kind of one line.
 """
 
@@ -26,6 +33,10 @@ from polar_env.errors import ConfigError
 T = TypeVar("T")
 V = TypeVar("V")
 
+Preflight = Callable[..., None]
+"""A preflight check: raises ``ConfigError`` (one line: what, where, how to fix) when this host
+cannot run the entry; each registry documents what its checks are called with."""
+
 NAMES_CHECKED = {"names_checked": True}
 """Validation context for a model that was already checked where it was built: a node
 deserializing a ``SessionSpec`` in another process (where a name registered only in the
@@ -43,6 +54,7 @@ class Entry(Generic[T]):
     name: str
     value: T
     params: type[BaseModel] | None = None  # None: the value takes no params model (anything goes)
+    preflight: Preflight | None = None  # its preflight check, where the registry has them
 
 
 def is_import_path(ref: str, *, dotted: bool = False) -> bool:
@@ -70,12 +82,16 @@ class Registry(Generic[T]):
 
     ``load``: turns an imported object into a ``T`` (and enables ``pkg.module:attr`` names);
     ``coerce``: turns what ``register`` is given into a ``T`` (e.g. a class into an instance);
-    ``extra``: words added to the unknown-name message for other accepted forms."""
+    ``extra``: words added to the unknown-name message for other accepted forms;
+    ``preflight``: True, every entry must bring its own preflight check; a function, the check of
+    entries that bring none; False (default), the entries need no host (builders, providers)."""
 
     def __init__(self, kind: str, *, load: Callable[[Any, str], T] | None = None,
-                 coerce: Callable[[Any, str], T] | None = None, extra: str = "", dotted: bool = False) -> None:
+                 coerce: Callable[[Any, str], T] | None = None, extra: str = "", dotted: bool = False,
+                 preflight: Preflight | bool = False) -> None:
         self.kind = kind
         self._dotted = dotted
+        self._preflight = preflight
         self._entries: dict[str, Entry[T]] = {}
         self._load = load
         self._coerce = coerce
@@ -84,20 +100,28 @@ class Registry(Generic[T]):
     # -- registering --------------------------------------------------------------------------
     @overload
     def register(self, name: str, value: None = None, *, params: type[BaseModel] | None = None,
-                 replace: bool = False) -> Callable[[V], V]: ...
+                 preflight: Preflight | None = None, replace: bool = False) -> Callable[[V], V]: ...
 
     @overload
-    def register(self, name: str, value: V, *, params: type[BaseModel] | None = None, replace: bool = False) -> V: ...
+    def register(self, name: str, value: V, *, params: type[BaseModel] | None = None,
+                 preflight: Preflight | None = None, replace: bool = False) -> V: ...
 
     def register(self, name: str, value: Any = None, *, params: type[BaseModel] | None = None,
-                 replace: bool = False) -> Any:
-        """Add ``name``; with no ``value``, a decorator. Refuses a taken name unless ``replace``."""
+                 preflight: Preflight | None = None, replace: bool = False) -> Any:
+        """Add ``name``; with no ``value``, a decorator. Refuses a taken name unless ``replace``, and,
+        in a registry whose entries must bring a preflight check, an entry without one."""
+        if preflight is None and self._preflight is True:
+            raise ConfigError(f"{self.kind} {name!r} has no preflight check; register it with preflight=<a function "
+                              f"that raises ConfigError when this host cannot run the {self.kind}>")
+        if preflight is not None and self._preflight is False:
+            raise ConfigError(f"{self.kind} {name!r}: {self.kind}s have no preflight checks; register it without one")
 
         def add(obj: V) -> V:
             if name in self._entries and not replace:
                 raise ConfigError(f"{self.kind} {name!r} is already registered (pass replace=True to override)")
             made: T = self._coerce(obj, name) if self._coerce is not None else obj  # type: ignore[assignment]
-            self._entries[name] = Entry(name, made, params if params is not None else _params_of(made))
+            self._entries[name] = Entry(name, made, params if params is not None else _params_of(made),
+                                        preflight if preflight is not None else self._default_preflight())
             return obj
 
         return add if value is None else add(value)
@@ -136,8 +160,19 @@ class Registry(Generic[T]):
         if self._load is not None and is_import_path(name, dotted=self._dotted):
             obj = self._import(name)
             value = self._load(obj, name)
-            return Entry(name, value, _params_of(obj) or _params_of(value))
+            return Entry(name, value, _params_of(obj) or _params_of(value), self._default_preflight())
         raise self.unknown(name)
+
+    def preflight(self, name: str) -> Preflight:
+        """The preflight check of ``name`` (its entry's, else this registry's default); ConfigError
+        for an unknown name or a registry without checks."""
+        check = self.entry(name).preflight
+        if check is None:
+            raise ConfigError(f"{self.kind} {name!r} has no preflight check ({self.kind}s need no host)")
+        return check
+
+    def _default_preflight(self) -> Preflight | None:
+        return None if isinstance(self._preflight, bool) else self._preflight
 
     def get(self, name: str) -> T:
         return self.entry(name).value
@@ -160,7 +195,7 @@ class Registry(Generic[T]):
             raise ValueError(str(exc)) from None
         return name
 
-    def check_params(self, name: str, params: Mapping[str, Any]) -> BaseModel | None:
+    def check_params(self, name: str, params: Mapping[str, object]) -> BaseModel | None:
         """``params`` validated by ``name``'s params model (None when it has none); one-line ConfigError."""
         model = self.entry(name).params
         if model is None:

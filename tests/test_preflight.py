@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_vllm import MODEL
+from fake_engines import MODEL
 
 from polar_env import preflight
 from polar_env.cli import main
@@ -87,11 +87,9 @@ def test_engine_serving_another_model(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_engine_check_passes_for_a_serving_engine(fake_vllm: str) -> None:
-    import asyncio
-
     from polar_env.engines.config import VLLMEngineConfig
 
-    asyncio.run(preflight.check_engine(VLLMEngineConfig(url=fake_vllm, model=MODEL)))
+    preflight.check_engine(VLLMEngineConfig(url=fake_vllm, model=MODEL))
 
 
 def test_not_an_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_vllm: str) -> None:

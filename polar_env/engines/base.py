@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 import orjson
@@ -25,6 +25,15 @@ class EngineClient(Protocol):
     async def generate(self, request: ChatRequest) -> Generation: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WeightVersioned(Protocol):
+    """An engine that stamps its records with its own weight version (the embedded engine): told
+    the trainer's label when the gateway resumes after an update. A served engine's version comes
+    from the gateway's pause gate instead."""
+
+    def set_weight_version(self, label: str) -> None: ...
 
 
 def new_session() -> aiohttp.ClientSession:

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from polar_env.engines import engine_base_url, engine_urls_of
 from polar_env.engines.base import EngineClient
+from polar_env.engines.ready import check_embedded, check_local, check_served
+from polar_env.engines.urls import engine_base_url, engine_urls_of
 from polar_env.errors import ConfigError
 from polar_env.records import LogprobsMode
-from polar_env.registry import Registry
+from polar_env.registry import Preflight, Registry
 
 if TYPE_CHECKING:
     from polar_env.chat import ChatFormat
@@ -249,9 +250,11 @@ def _detected(key: tuple[str, ...]) -> Detection:
 
 
 AnyEngineConfig = EmbeddedEngineConfig | VLLMEngineConfig | SGLangEngineConfig | SimulatedEngineConfig  # the table
-ENGINES: Registry[type[_Engine]] = Registry("engine")
+# preflight: each kind's check (engines/ready.py), called with the config and the seconds a served engine gets
+ENGINES: Registry[type[_Engine]] = Registry("engine", preflight=True)
+_PREFLIGHT: dict[str, Preflight] = {"embedded": check_embedded, "simulated": check_local, "vllm": check_served, "sglang": check_served}
 for _cls in get_args(AnyEngineConfig):
-    ENGINES.register(_cls.model_fields["kind"].default, _cls, params=_cls)
+    ENGINES.register(_cls.model_fields["kind"].default, _cls, params=_cls, preflight=_PREFLIGHT.get(_cls.model_fields["kind"].default))
 
 
 def _default_kind(data: Any) -> Any:

@@ -36,7 +36,14 @@ from typing import Any
 
 from polar_env.errors import ConfigError
 from polar_env.harnesses import claude_code, codex, gemini_cli, mini_swe_agent, opencode, pi, qwen_code
-from polar_env.harnesses.install import binary_path, default_cache_dir, ensure_installed, install_hint, is_installed
+from polar_env.harnesses.install import (
+    binary_path,
+    check_installable,
+    default_cache_dir,
+    ensure_installed,
+    install_hint,
+    is_installed,
+)
 from polar_env.harnesses.spec import (
     KEY_ENV,
     PROMPT_WORDS,
@@ -87,8 +94,8 @@ def _from_import(obj: Any, ref: str) -> HarnessSpec:
     return obj
 
 
-HARNESSES: Registry[HarnessSpec] = Registry(
-    "harness", load=_from_import,
+HARNESSES: Registry[HarnessSpec] = Registry(  # preflight: a spec's install and needs are data, one check for all
+    "harness", load=_from_import, preflight=check_installable,
     extra=f"'{LOOP}' (the built-in agent loop), a harness file ({'/'.join(HARNESS_FILE_SUFFIXES)}) or a pkg.module:attr import path")
 for _spec in (codex.SPEC, claude_code.SPEC, gemini_cli.SPEC, qwen_code.SPEC, opencode.SPEC, pi.SPEC, mini_swe_agent.SPEC):
     HARNESSES.register(_spec.name, _spec)
@@ -179,8 +186,8 @@ def harness_from_dict(data: Mapping[str, Any], *, source: str = "harness") -> Ha
     try:
         default_api = ProviderAPI(data.get("api") or ProviderAPI.OPENAI_CHAT.value)
         apis = [ProviderAPI(a) for a in (data.get("apis") or [default_api.value])]
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}; known APIs: {', '.join(a.value for a in ProviderAPI)}") from exc
+    except ValueError as exc:  # a registered name is checked where the harness is chosen (staging.models)
+        raise ConfigError(f"{where}: {exc}") from exc
     env = _str_map(data, "env", where)
     env.setdefault("HOME", "{home}")
     files = _str_map(data, "files", where)

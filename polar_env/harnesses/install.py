@@ -10,6 +10,7 @@ Concurrent callers are serialised by an ``flock`` on ``<cache>/<dir>.lock``.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -121,3 +122,23 @@ def _run(argv: list[str], install: Install) -> None:
     if proc.returncode != 0:
         raise ConfigError(f"installing {install.requirement}: {' '.join(argv)} exited {proc.returncode}: "
                           f"{(proc.stderr or proc.stdout)[-2000:].strip()}")
+
+
+def check_installable(spec: HarnessSpec, cache_dir: Path | None = None) -> None:
+    """Every harness's preflight check (``HARNESSES``' default; a preset's install and needs are
+    data): its binary is in the shared cache, or what installs it (npm / a python that makes venvs)
+    is here; an npm harness also needs node to run. One ConfigError line naming the fix."""
+    where = f"harness {spec.name}"
+    if spec.needs == "node" and shutil.which("node") is None:
+        raise ConfigError(f"node is not on PATH, needed by {where}; install Node.js (apt-get install -y nodejs npm)")
+    if is_installed(spec, cache_dir):
+        return
+    install = spec.install
+    if install.kind == "path":
+        raise ConfigError(f"{install.binary} is not an executable on PATH, {where}; {install_hint(spec)}")
+    if install.kind == "npm" and shutil.which("npm") is None:
+        raise ConfigError(f"{where} is not installed and npm is not on PATH to install it; install npm "
+                          f"(apt-get install -y npm) or run {install_hint(spec)} where npm is")
+    if install.kind == "pip" and importlib.util.find_spec("ensurepip") is None:
+        raise ConfigError(f"{where} is not installed and {sys.executable} cannot make the venv it goes in "
+                          f"(no ensurepip); apt-get install -y python3-venv, or run {install_hint(spec)}")

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from polar_env.runtimes.base import Runtime
+from polar_env.runtimes.base import Runtime, limit_hit_of
 
 NAME = "loop"
 BASH_TOOL = {
@@ -98,7 +98,7 @@ async def run_loop_agent(runtime: Runtime | None, *, socket: Path | None, base_u
                 output = await _run_tool(runtime, call, settings)
                 log.append(f"turn {turn}: {call['function']['name']} -> {output[:200]!r}")
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": output})
-                hit = getattr(runtime, "limit_hit", None)
+                hit = limit_hit_of(runtime)
                 if hit is not None:  # the runtime killed the session's processes: stop here
                     log.append(f"turn {turn}: session limit: {hit}")
                     return LoopOutcome(3, turn, None, "\n".join(log), time.monotonic() - started)

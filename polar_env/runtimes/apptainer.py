@@ -115,10 +115,10 @@ from polar_env.runtimes.hostworkspace import (
     HOME,
     SANDBOX_UID_BASE,
     HostWorkspaceRuntime,
-    _inside,
-    _killpg,
     chown_tree,
     drops_privileges,
+    inside_path,
+    killpg,
 )
 from polar_env.runtimes.imagestore import URI_SCHEMES, extract_stream, image_workdir, local_image
 from polar_env.runtimes.limits import MIB, CappedBuffer
@@ -361,7 +361,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         return apptainer_argv(
             binary=binary,
             image=image,
-            workdir=_inside(self.spec.workdir),
+            workdir=inside_path(self.spec.workdir),
             workspace=Path(st(self.workspace)) if workspace else None,
             tmp=Path(st(self.tmp_dir)),
             home=Path(st(self.home_dir)),
@@ -441,7 +441,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
             out = f"no instance after {PROBE_TIMEOUT_S:g} s".encode()
         finally:
             if proc.returncode is None:
-                _killpg(proc)
+                killpg(proc)
                 await proc.wait()
             self._procs.discard(proc)
         text = out.decode("utf-8", "replace")
@@ -481,7 +481,7 @@ class ApptainerRuntime(HostWorkspaceRuntime):
         with tarfile's checks (``imagestore.extract_stream``)."""
         if self._image is not None or self.spec.image is None:
             return False
-        workdir = _inside(self.spec.workdir)
+        workdir = inside_path(self.spec.workdir)
         script = '[ -d "$1" ] || exit 0; cd "$1" && exec tar -cf - .'
         full = [*(self.limits.prefix() if self.limits else []), *self._privileged_prefix(),
                 *self._apptainer_argv(["/bin/sh", "-c", script, "sh", workdir], "/", workspace=False)]
@@ -506,13 +506,13 @@ class ApptainerRuntime(HostWorkspaceRuntime):
                     count, why = -1, f"no end after {EXPORT_TIMEOUT_S:g} s"
                 finally:
                     if not extract.done():  # the writer dies first, so the reading thread sees the end
-                        _killpg(proc)
+                        killpg(proc)
                         await asyncio.gather(extract, return_exceptions=True)
             err = await proc.stderr.read() if proc.stderr is not None else b""
             code = await proc.wait()
         finally:
             if proc.returncode is None:
-                _killpg(proc)
+                killpg(proc)
                 await proc.wait()
             self._procs.discard(proc)
         if code != 0 or count < 0:

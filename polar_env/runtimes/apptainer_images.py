@@ -40,7 +40,7 @@ from typing import Any, TextIO
 from polar_env.errors import ConfigError
 from polar_env.runtimes import diskfs
 from polar_env.runtimes.bundle import images_root, store_name
-from polar_env.runtimes.hostworkspace import _killpg
+from polar_env.runtimes.hostworkspace import killpg
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ async def _build(uri: str, binary: str, store: Path, target: Path) -> Converted:
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), BUILD_TIMEOUT_S)
         except TimeoutError:
-            _killpg(proc)
+            killpg(proc)
             await proc.wait()
             out = f"no end after {BUILD_TIMEOUT_S:g} s".encode()
         text = out.decode("utf-8", "replace")
@@ -211,7 +211,7 @@ async def _build(uri: str, binary: str, store: Path, target: Path) -> Converted:
         done = True
     finally:
         if proc.returncode is None:  # timed out or cancelled: the build's whole group goes
-            _killpg(proc)
+            killpg(proc)
             with contextlib.suppress(ProcessLookupError):
                 await proc.wait()
         if not done:

@@ -4,7 +4,8 @@ Every runtime gives the harness a writable workspace (``spec.workdir``, default 
 and a network that reaches the gateway and nothing else: the gateway's unix socket is bound into
 the runtime and a relay inside listens on ``127.0.0.1:<gateway_port>``, so harness base URLs stay
 plain ``http://127.0.0.1:<port>``. Start-up and teardown times are recorded in ``timings``.
-To add a runtime: one module implementing ``Runtime`` plus one ``RUNTIMES.register`` line in ``__init__``.
+To add a runtime: one module implementing ``Runtime`` (and its preflight check) plus one ``RUNTIMES.register``
+line in ``kinds.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -116,6 +117,58 @@ class Runtime(Protocol):
     async def stop(self) -> None: ...
 
 
+@runtime_checkable
+class Limited(Protocol):
+    """A runtime that enforces the spec's limits (every registered kind; a test double may not):
+    ``limit_hit``, the limit the session hit (sticky: the watchdog killed what was left)."""
+
+    @property
+    def limit_hit(self) -> str | None: ...
+
+
+@runtime_checkable
+class ReportsLimits(Protocol):
+    """A runtime that says how each limit is enforced on this host (every registered kind): the
+    session outcome's ``limits``."""
+
+    def limits_report(self) -> dict[str, object]: ...
+
+
+def limit_hit_of(runtime: object) -> str | None:
+    """The limit ``runtime`` hit, or None: none hit, or it enforces none (``Limited``)."""
+    hit = runtime.limit_hit if isinstance(runtime, Limited) else None
+    return hit or None
+
+
+def limits_report_of(runtime: object) -> dict[str, object]:
+    """``runtime``'s limits report, or {} for one that reports none (``ReportsLimits``)."""
+    return runtime.limits_report() if isinstance(runtime, ReportsLimits) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeNeeds:
+    """What a job's sessions ask of one runtime kind, for its preflight check (``RUNTIMES`` entries'
+    ``preflight``, called with one of these). ``image``: one the sessions use; ``agent_root``: the
+    strictest any asks (Docker); ``images``: every image they need present, all missing ones named
+    in one line; ``pulled``: those a session pulls at prepare itself; ``unbounded_ok``: no session
+    needs memory/pids bounded (none asks, or all allow_unbounded)."""
+
+    image: str | None = None
+    agent_root: str = "auto"
+    images: tuple[str, ...] = ()
+    pulled: frozenset[str] = frozenset()
+    unbounded_ok: bool = False
+
+    @classmethod
+    def of(cls, specs: list[RuntimeSpec]) -> RuntimeNeeds:
+        roots = {s.agent_root for s in specs}
+        return cls(image=next((s.image for s in specs if s.image), None),
+                   agent_root=next((a for a in ("require", "auto") if a in roots), "off"),
+                   images=tuple(s.image for s in specs if s.image),
+                   pulled=frozenset(s.image for s in specs if s.image and s.pull),
+                   unbounded_ok=all(s.allow_unbounded or (s.memory_mb is None and s.pids_limit is None) for s in specs))
+
+
 async def prepared(runtime: Runtime) -> Runtime:
     """``runtime`` prepared; a failed or cancelled preparation stops what it started first."""
     try:
@@ -126,7 +179,7 @@ async def prepared(runtime: Runtime) -> Runtime:
     return runtime
 
 
-# The table of runtime classes (each built as ``cls(spec, **options)``; params: RuntimeSpec), filled
-# by ``polar_env/runtimes/__init__.py``; declared here so ``RuntimeSpec`` checks kinds without
-# importing the package that imports it.
-RUNTIMES: Registry[type[Any]] = Registry("runtime")
+# The table of runtime classes (each built as ``cls(spec, **options)``; params: RuntimeSpec; preflight:
+# a function of ``RuntimeNeeds``, required), filled by ``polar_env/runtimes/kinds.py``; declared here
+# so ``RuntimeSpec`` checks kinds without importing the modules that import it.
+RUNTIMES: Registry[type[Any]] = Registry("runtime", preflight=True)

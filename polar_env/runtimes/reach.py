@@ -93,3 +93,8 @@ def start_error(name: str, output: str, uid: int | None, relay: bool) -> str | N
     if relay and "python3" in output:
         return f"{name}: the gateway relay does not start inside the runtime (needs python3): {output.strip()}"
     return None
+
+
+def default_base() -> Path:
+    """Where runtime folders live when a node names no ``runtime_root``: ``$TMPDIR/polar-runtimes``."""
+    return Path(tempfile.gettempdir()) / "polar-runtimes"

@@ -35,13 +35,15 @@ from polar_env.evaluators import (
     run_evaluator,
     wants_fresh_runtime,
 )
+from polar_env.evaluators.report import EvalReport
 from polar_env.evaluators.workspace import agent_changes, base_manifest
 from polar_env.harnesses import loop
 from polar_env.harnesses.spec import HarnessSpec
-from polar_env.journal.store import JournalStore
+from polar_env.journal.protocols import Journal, JournalSource
 from polar_env.proxy.sessions import Session
 from polar_env.records import FailureKind, Status, Trajectory
 from polar_env.runtimes import Runtime, RuntimeSpec, make_runtime
+from polar_env.runtimes.base import limit_hit_of, limits_report_of
 from polar_env.runtimes.limits import LimitExceeded
 from polar_env.staging.eval_worker import NEEDS_AGENT_RUNTIME, EvalJob, EvalWorkers, offloadable
 from polar_env.staging.models import SessionResult, SessionSpec, SessionStatus, Stage
@@ -180,7 +182,10 @@ class NodeServices(Protocol):
     def evaluations(self) -> EvalWorkers: ...
 
     @property
-    def store(self) -> JournalStore: ...
+    def store(self) -> Journal: ...
+
+    @property
+    def journal_opener(self) -> Callable[[], JournalSource]: ...
 
     async def open_session(self, spec: SessionSpec, metadata: dict[str, Any]) -> None: ...
 
@@ -347,7 +352,7 @@ class SessionRunner:
     def _explain_failure(self, run: Run) -> None:
         """At the end of RUNNING: a limit the runtime enforced explains whatever else happened; a harness
         that failed or timed out while the gateway was answering it errors failed because of the engine."""
-        hit = getattr(run.runtime, "limit_hit", None)
+        hit = limit_hit_of(run.runtime)
         if hit is not None:
             run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
             return
@@ -427,20 +432,21 @@ class SessionRunner:
             self._enter(run, Stage.POSTRUN)
         async with self.node.pools.postrun:  # bounds the build/evaluate/cleanup work, not the waiting
             # read + build in a worker process (postrun_pool.py): never on the gateway's GIL
-            built = await self.node.postrun.build(self.node.store.root, spec.session_id, req.builder)
+            built = await self.node.postrun.build(self.node.journal_opener, spec.session_id, req.builder)
             if built.error is not None:
                 run.fail(SessionStatus.ERROR, FailureKind.BUILD_ERROR, built.error)
             elif built.records == 0:
                 self._explain_no_calls(run)  # before grading: such a session is not evaluated
             if run.final_answer is None and built.records:
                 run.final_answer = built.final_answer
-            reward, evaluation = 0.0, {}
+            reward, evaluation = 0.0, EvalReport()
             if run.status is SessionStatus.COMPLETED and run.eval_ctx is not None and req.evaluator is not None:
                 result = await self._evaluate(run, req.evaluator)
-                evaluation = {k: v for k, v in result.report.items() if k != "traceback"}
+                evaluation = result.report.copy()
+                evaluation.pop("traceback", None)
                 evaluation["status"] = result.status.value
                 reward = result.reward
-                hit = getattr(run.runtime, "limit_hit", None) or result.report.get("limit") and result.report["reason"]
+                hit = limit_hit_of(run.runtime) or result.report.get("limit") and result.report["reason"]
                 if hit:  # the agent's change ran past patch_mb: the policy's doing, not the grader's
                     run.fail(SessionStatus.ERROR, FailureKind.LIMIT_EXCEEDED, f"limit exceeded: {hit}")
                     reward = 0.0
@@ -466,11 +472,10 @@ class SessionRunner:
             limits=outcome["limits"], failure_kind=run.failure_kind, failure_detail=run.failure_detail,
             mask=trajectory.mask)
 
-    def _outcome(self, run: Run, reward: float, evaluation: dict[str, Any], weight_versions: list[str]) -> dict[str, Any]:
-        limits = getattr(run.runtime, "limits_report", None)
+    def _outcome(self, run: Run, reward: float, evaluation: EvalReport, weight_versions: list[str]) -> dict[str, Any]:
         return {"session_id": run.spec.session_id, "metadata": session_metadata(run.spec, self.node.node_id),
                 "status": run.status.value, "reward": reward, "evaluation": evaluation,
-                "limits": limits() if limits is not None else {},
+                "limits": limits_report_of(run.runtime),
                 "weight_versions": weight_versions,
                 "stage_times": run.stage_times, "harness_exit_code": run.exit_code, "engine_s": round(run.engine_s, 3),
                 "failure_kind": run.failure_kind.value if run.failure_kind is not None else None,

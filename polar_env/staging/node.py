@@ -11,6 +11,7 @@ crosses the process line.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import socket
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_env.engines.base import EngineClient
+from polar_env.engines.base import EngineClient, WeightVersioned
 from polar_env.engines.config import EmbeddedEngineConfig, EngineConfig
 from polar_env.errors import ConfigError
 from polar_env.harnesses import HarnessSpec, get_harness, loop
+from polar_env.journal.protocols import JournalSource
 from polar_env.journal.store import JournalStore
 from polar_env.proxy.admin import METRICS_TOKEN_FILE, load_or_create_admin_token
 from polar_env.proxy.config import GatewayConfig, Sampling
@@ -36,6 +38,7 @@ from polar_env.records import ChatRequest, Generation
 from polar_env.registry import NAMES_CHECKED
 from polar_env.runtimes import Runtime, make_runtime
 from polar_env.runtimes.base import prepared
+from polar_env.runtimes.reach import default_base
 from polar_env.staging.deadline import POSTRUN_SHARE, current
 from polar_env.staging.eval_worker import EvalWorkers
 from polar_env.staging.lifecycle import SessionRunner
@@ -166,7 +169,7 @@ class MeteredEngine:
 
 def runtime_base(config: NodeConfig) -> Path:
     """Where this node's runtime folders live: ``<runtime_root or $TMPDIR/polar-runtimes>/<node_id>/<pid-…>``."""
-    return Path(config.runtime_root) if config.runtime_root is not None else Path(tempfile.gettempdir()) / "polar-runtimes"
+    return Path(config.runtime_root) if config.runtime_root is not None else default_base()
 
 
 class GatewayNode:
@@ -186,6 +189,7 @@ class GatewayNode:
         self.socket: Path | None = None
         self.port: int | None = None
         self.gateway: Gateway | None = None
+        self._journal: JournalStore | None = None  # built at start: the gateway's sink, POSTRUN's source
         self._sock_dir: Path | None = None
         self._harnesses: dict[str, HarnessSpec] = {}
         self._install_locks: dict[str, asyncio.Lock] = {}
@@ -214,7 +218,7 @@ class GatewayNode:
         if isinstance(model, str) and model:
             self.model = model
         self.meter = MeteredEngine(self.engine)
-        store = JournalStore(self.shard_root(), fsync=self.config.fsync)
+        store = self._journal = JournalStore(self.shard_root(), fsync=self.config.fsync)
         metrics_token, self._metrics_token_file = await asyncio.to_thread(
             load_or_create_admin_token, store.root, None, METRICS_TOKEN_FILE, "metrics")
         config = self.config.gateway_config(self.model, own_engine=own_engine)
@@ -291,9 +295,15 @@ class GatewayNode:
 
     @property
     def store(self) -> JournalStore:
-        store = self._gateway().store
-        assert isinstance(store, JournalStore)  # a node journals to its own folder
-        return store
+        """The journal this node built at start (node start is where a node's store is named)."""
+        if self._journal is None:
+            raise ConfigError("the node is not started (await node.start() first)")
+        return self._journal
+
+    @property
+    def journal_opener(self) -> Callable[[], JournalSource]:
+        """Opens this node's journal again, in any process: POSTRUN workers read it (it pickles)."""
+        return functools.partial(JournalStore, self.store.root)
 
     def _gateway(self) -> Gateway:
         if self.gateway is None:
@@ -386,9 +396,8 @@ class GatewayNode:
         return await self._gateway().pause(timeout_s)
 
     async def resume(self, weight_version: str | None = None) -> None:
-        set_version = getattr(self.engine, "set_weight_version", None)
-        if weight_version is not None and callable(set_version):
-            set_version(weight_version)  # the gateway holds the meter; the engine itself stamps records
+        if weight_version is not None and isinstance(self.engine, WeightVersioned):
+            self.engine.set_weight_version(weight_version)  # the gateway holds the meter; the engine itself stamps records
         await self._gateway().resume(weight_version)
 
     async def update_weights(self, source: Any, version: str | None = None, timeout_s: float = 600.0) -> str:
