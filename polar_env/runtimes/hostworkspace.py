@@ -69,7 +69,8 @@ BASELINE_SCRIPT = (
 DIFF_SCRIPT = f"{_GIT} add -A && {_GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv"
 
 
-def _inside(path: str) -> str:
+def inside_path(path: str) -> str:
+    """A path inside the runtime, normalised; a relative one is refused in one line."""
     if not path.startswith("/"):
         raise ConfigError(f"runtime paths must be absolute, got {path!r}")
     return posixpath.normpath(path)
@@ -104,22 +105,34 @@ def drops_privileges() -> bool:
     return os.geteuid() == 0 and shutil.which("setpriv") is not None and shutil.which("unshare") is not None
 
 
-def _force_rmtree(path: Path) -> str | None:
-    """Remove a tree of any shape (``diskfs.remove_tree``: no recursion, modes fixed, bounded);
-    None when gone, else what is left and why."""
-    return diskfs.remove_tree(path)
-
-
-def _killpg(proc: asyncio.subprocess.Process) -> None:
+def killpg(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``proc``'s whole process group (each exec leads its own), if it is still there."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def _drain(stream: asyncio.StreamReader | None, into: CappedBuffer) -> None:
+async def _drain(stream: asyncio.StreamReader | None, into: CappedBuffer | None) -> None:
+    """Read ``stream`` to its end into ``into`` (None: read and drop)."""
     if stream is None:
         return
     while chunk := await stream.read(65536):
-        into.add(chunk)
+        if into is not None:
+            into.add(chunk)
+
+
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Also tells when the process exits: ``Process.wait()`` waits for its pipes to close too, which a
+    background process it left holding stdout (``server &``, alive in the session's PID namespace)
+    would delay until the call's timeout."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
 def swap_timeout(code: int, timed_out: bool) -> int:
@@ -139,6 +152,7 @@ class HostWorkspaceRuntime(abc.ABC):
         self._root_parent = root_dir or os.environ.get("POLAR_RUNTIME_DIR") or None
         self._root: Path | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
+        self._leftover_readers: set[asyncio.Future[None]] = set()  # pipes held by what an exec left running
         self._stopped = False
         self.uid: int | None = None
         self.limits: SessionLimits | None = None
@@ -159,6 +173,10 @@ class HostWorkspaceRuntime(abc.ABC):
 
     def _args_payload(self, argv: list[str], cwd: str) -> bytes | None:
         return None
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        """More file descriptors an exec's argv names (kept open by the runtime)."""
+        return ()
 
     # ----- layout ------------------------------------------------------------------------------
     @property
@@ -193,16 +211,16 @@ class HostWorkspaceRuntime(abc.ABC):
     def _mounts(self) -> list[tuple[str, Path, bool]]:
         """(path inside, host path, writable), longest inside path first."""
         mounts = [
-            (_inside(self.spec.workdir), self.workspace, True),
+            (inside_path(self.spec.workdir), self.workspace, True),
             ("/tmp", self.tmp_dir, True),
             (HOME, self.home_dir, True),
-            *((_inside(dst), Path(src), False) for src, dst in self.spec.binds),
+            *((inside_path(dst), Path(src), False) for src, dst in self.spec.binds),
         ]
         return sorted(mounts, key=lambda m: len(m[0]), reverse=True)
 
     def host_path(self, path: str, *, write: bool = False) -> Path:
         """Map a path inside the runtime to the host, refusing escapes (symlinks included)."""
-        inside = _inside(path)
+        inside = inside_path(path)
         for prefix, host, writable in self._mounts():
             if not _under(inside, prefix):
                 continue
@@ -231,7 +249,7 @@ class HostWorkspaceRuntime(abc.ABC):
         if self._root is not None:
             raise ConfigError(f"{self.name} runtime already prepared")
         start = time.monotonic()
-        _inside(self.spec.workdir)
+        inside_path(self.spec.workdir)
         check_host_paths(self.spec)
         self._check()
         parent = Path(self._root_parent) if self._root_parent else None
@@ -337,15 +355,17 @@ class HostWorkspaceRuntime(abc.ABC):
 
     def _kill_all(self) -> None:
         for proc in list(self._procs):
-            _killpg(proc)
+            killpg(proc)
 
     async def _cleanup(self) -> None:
         self._stopped = True
         procs = list(self._procs)
         for proc in procs:
-            _killpg(proc)
+            killpg(proc)
         if procs:
             await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=10)
+        for task in list(self._leftover_readers):
+            task.cancel()
         if self.limits is not None:
             try:
                 await self.limits.aclose()
@@ -392,7 +412,7 @@ class HostWorkspaceRuntime(abc.ABC):
         elif not isinstance(command, str):  # via sh, so a missing program exits 127 (bwrap says 1)
             argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]
         out = CappedBuffer(int(self.spec.output_mb * MIB))
-        code, _err, timed_out, duration = await self._run(argv, _inside(cwd or self.spec.workdir), self._env(env),
+        code, _err, timed_out, duration = await self._run(argv, inside_path(cwd or self.spec.workdir), self._env(env),
                                                           timeout_s, out, None)
         self.timings.exec_s.append(duration)
         hit = self.limits.check() if self.limits is not None else None
@@ -414,39 +434,44 @@ class HostWorkspaceRuntime(abc.ABC):
             os.lseek(fd, 0, os.SEEK_SET)
             fds = (fd,)
             full = [a.replace(ARGS_FD, str(fd)) for a in full]
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitProtocol(loop),
                 *full,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT if err is None else asyncio.subprocess.PIPE,
                 env=env,
-                pass_fds=fds,
+                pass_fds=(*fds, *self._pass_fds()),
                 start_new_session=True,  # its own process group: a timeout kills all of it
             )
         finally:
             for fd in fds:
                 os.close(fd)
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._procs.add(proc)
-        readers = [asyncio.ensure_future(_drain(proc.stdout, out))]
-        if err is not None:
-            readers.append(asyncio.ensure_future(_drain(proc.stderr, err)))
+        streams = [(proc.stdout, out), *([(proc.stderr, err)] if err is not None else [])]
+        readers = [asyncio.ensure_future(_drain(stream, into)) for stream, into in streams]
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
+                await asyncio.wait_for(asyncio.shield(protocol.exited), timeout_s)
             except TimeoutError:
                 timed_out = True
-                _killpg(proc)
-                await proc.wait()
+                killpg(proc)
+                await protocol.exited
             _done, pending = await asyncio.wait(readers, timeout=READER_GRACE_S)
-            for task in pending:  # something outside the namespace still holds the pipe
-                task.cancel()
+            for (stream, _into), task in zip(streams, readers, strict=True):
+                if task in pending:  # what it left running holds the pipe: read on, dropping it, until it ends
+                    task.cancel()
+                    self._leftover_readers.add(dropper := asyncio.ensure_future(_drain(stream, None)))
+                    dropper.add_done_callback(self._leftover_readers.discard)
         finally:
             if proc.returncode is None:  # cancelled from outside
-                _killpg(proc)
+                killpg(proc)
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(proc.wait())
+                    await asyncio.shield(protocol.exited)
             for task in readers:
                 task.cancel()
             self._procs.discard(proc)
@@ -483,7 +508,7 @@ class HostWorkspaceRuntime(abc.ABC):
             raise LimitExceeded(self.limit_hit.split("=", 1)[0], self.limit_hit)
         cap = int(self.spec.patch_mb * MIB)
         out, err = CappedBuffer(cap, what="patch"), CappedBuffer(1 * MIB, what="stderr")
-        code, _, timed_out, _ = await self._run(["/bin/sh", "-c", DIFF_SCRIPT], _inside(self.spec.workdir),
+        code, _, timed_out, _ = await self._run(["/bin/sh", "-c", DIFF_SCRIPT], inside_path(self.spec.workdir),
                                                 self._env(None), 300.0, out, err)
         if out.truncated > 0:
             raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={self.spec.patch_mb:g}")

@@ -23,16 +23,16 @@ socket is bound at ``/run/polar/gw.sock`` and the stdlib relay (``relay.py``, bo
 ``/run/polar/relay.py``) listens on ``127.0.0.1:<gateway_port>`` inside: the gateway is the only
 address the sandbox can reach.
 
-Exec and relay lifetime. Every ``exec`` is its own ``bwrap`` invocation (fresh namespaces over the
-same persistent directories), so execs can run concurrently and a timeout simply kills one process
-group. The relay is started per exec, in launch mode: ``python3 /run/polar/relay.py --listen ...
---socket ... -- CMD`` binds the port, forks the relay into the background and execs CMD, so the port
-is ready before CMD starts and the relay dies with the exec's pid namespace. Cost: one python3
-start per exec (tens of ms). The environment is cleared and set explicitly (PATH, HOME, LANG, then
+Exec and relay lifetime. The session's first exec starts one bwrap *instance* (its own
+namespaces, a holder process); every exec joins it (``bwrap_instance.py``: ``nsenter`` into its
+user, net, ipc, uts and cgroup namespaces, then ``bwrap --pidns`` with the same mounts and
+``--cap-drop ALL``), so background processes live until the session stops, as under Docker and
+Apptainer, and execs can still run concurrently. The relay runs once per instance
+(``relay.py --background``). The environment is cleared and set explicitly (PATH, HOME, LANG, then
 a bundle's ``process.env`` but HOME, then ``spec.env``, then the per-exec ``env``); it is handed to
-bwrap as its process environment, never as argv (keys would show in ``ps``). stdout and stderr share one pipe, so output is merged in order.
-On timeout the whole process group is killed (the pid namespace goes with it), ``timed_out`` is set
-and ``exit_code`` is 124.
+bwrap as its process environment, never as argv (keys would show in ``ps``). stdout and stderr
+share one pipe, so output is merged in order. On timeout the exec's process group is killed,
+``timed_out`` is set and ``exit_code`` is 124.
 
 Files and diff. ``read_file``/``write_file`` work on the host side of the writable trees (paths
 under ``spec.workdir``, ``/tmp`` and ``/root``; the read-only ``spec.binds`` can be read), refusing
@@ -55,6 +55,7 @@ system directory is made creatable (see ``system_mounts``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -65,9 +66,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from polar_env.errors import ConfigError
-from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE
+from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, relay_argv
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.runtimes.bundle import ImageDir
+from polar_env.runtimes.bwrap_instance import HOLDER, INFO_TIMEOUT_S, Instance, nsenter_argv, open_namespaces, read_info
 from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the runtimes' shared names
     ARGS_FD,
     BASELINE_SCRIPT,
@@ -75,13 +77,14 @@ from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the 
     HOME,
     TIMEOUT_EXIT_CODE,
     HostWorkspaceRuntime,
-    _force_rmtree,
-    _inside,
-    _killpg,
     copy_tree,
+    inside_path,
+    killpg,
     swap_timeout,
 )
 from polar_env.runtimes.imagestore import image_workdir, local_image
+from polar_env.runtimes.limits import MIB, CappedBuffer
+from polar_env.runtimes.reach import start_error
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +140,7 @@ def system_mounts(image: str | Path | None, needed: Sequence[str] = (), etc: Pat
     else:
         root = os.path.realpath(image)
         top = sorted(n for n in os.listdir(root) if n not in ROOTFS_SKIP and not n.startswith("."))
-    missing = [_inside(p) for p in needed if not os.path.lexists(os.path.join(root, _inside(p).lstrip("/")))]
+    missing = [inside_path(p) for p in needed if not os.path.lexists(os.path.join(root, inside_path(p).lstrip("/")))]
     args: list[str] = []
 
     def mount(inside: str, names: Sequence[str]) -> None:
@@ -174,13 +177,23 @@ def bwrap_argv(
     stage: Callable[[str | Path], str] = str,
     rootfs: str | Path | None = None,
     hosts: Path | None = None,
+    pidns: int | None = None,
+    info_fd: int | None = None,
 ) -> list[str]:
-    """The full bwrap command line for one exec. Mount order matters (later mounts go on top).
-    ``stage`` maps a host source to the path this exec reaches it by (see hostworkspace.py);
-    ``rootfs``: the image's root filesystem when ``spec.image`` is a bundle or a store name;
-    ``hosts``: the /etc/hosts an image gets (``write_hosts``), as container runtimes give one."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", HOSTNAME, "--uid", "0", "--gid", "0",
-            "--cap-drop", "ALL"]
+    """The full bwrap command line for the session's instance, or with ``pidns`` (an fd on the
+    instance's PID namespace) for one exec joining it (``bwrap_instance.py``: nsenter has entered
+    its other namespaces). Mount order matters (later mounts go on top). ``stage`` maps a host
+    source to the path this exec reaches it by (see hostworkspace.py); ``rootfs``: the image's root
+    filesystem when ``spec.image`` is a bundle or a store name; ``hosts``: the /etc/hosts an image
+    gets (``write_hosts``), as container runtimes give one; ``info_fd``: where bwrap reports the
+    instance's pid and namespaces."""
+    if pidns is None:
+        argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", HOSTNAME, "--uid", "0", "--gid",
+                "0", "--cap-drop", "ALL"]
+    else:
+        argv = [bwrap, "--pidns", str(pidns), "--die-with-parent", "--cap-drop", "ALL"]
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]
     needed = [spec.workdir, *(dst for _src, dst in spec.binds), *(["/etc/hosts"] if hosts is not None else [])]
     argv += system_mounts(rootfs if rootfs is not None else spec.image, needed, etc, stage)
     if hosts is not None:
@@ -190,31 +203,41 @@ def bwrap_argv(
     argv += ["--tmpfs", "/run", "--dir", POLAR_RUN_DIR]
     if spec.network == "gateway" and spec.gateway_socket is not None:
         argv += ["--ro-bind", stage(RELAY_SOURCE), RELAY_PATH, "--bind", stage(spec.gateway_socket), GATEWAY_SOCKET]
-    argv += ["--bind", stage(workspace), _inside(spec.workdir)]
+    argv += ["--bind", stage(workspace), inside_path(spec.workdir)]
     for src, dst in spec.binds:
-        argv += ["--ro-bind", stage(src), _inside(dst)]
+        argv += ["--ro-bind", stage(src), inside_path(dst)]
     argv += ["--chdir", cwd, "--", *command]
     return argv
 
 
 class SandboxRuntime(HostWorkspaceRuntime):
-    """bubblewrap sandbox; see the module docstring."""
+    """bubblewrap sandbox, one instance per session joined by every exec; see the module docstring."""
 
     name: ClassVar[str] = "sandbox"
     drops_root: ClassVar[bool] = True
+    relay_per_exec: ClassVar[bool] = False  # one relay per instance (_start_instance)
 
     def __init__(self, spec: RuntimeSpec, *, root_dir: str | Path | None = None, bwrap: str | None = None) -> None:
         super().__init__(spec, root_dir=root_dir)
         self._bwrap_hint = bwrap
         self._bwrap: str | None = None
+        self._nsenter: str | None = None
         self._etc: Path | None = None
         self._hosts: Path | None = None
         self._image: ImageDir | None = None
+        self._instance: Instance | None = None
+        self._drain: asyncio.Future[bytes] | None = None  # the instance's output, read so its pipe never fills
+        self._starting = asyncio.Lock()
+        self.restarts = 0  # instances started again after the agent ended one (its holder killed)
 
     def _check(self) -> None:
         found = shutil.which(self._bwrap_hint or os.environ.get("POLAR_BWRAP") or "bwrap")
         if found is None:
             raise ConfigError(f"bubblewrap (bwrap) is not installed; install it with: {BWRAP_INSTALL}")
+        self._nsenter = shutil.which("nsenter")
+        if self._nsenter is None:
+            raise ConfigError("sandbox: nsenter (util-linux) is not installed; every exec joins the session's sandbox "
+                              "with it: apt-get install -y util-linux")
         self._bwrap = found
         self._image = self.image_dir
 
@@ -238,7 +261,7 @@ class SandboxRuntime(HostWorkspaceRuntime):
         image = self.image_dir
         return [image.rootfs.resolve()] if image is not None else []
 
-    def _full_argv(self, argv: list[str], cwd: str) -> list[str]:
+    def _full_argv(self, argv: Sequence[str], cwd: str, *, pidns: int | None = None, info_fd: int | None = None) -> list[str]:
         assert self._bwrap is not None
         if self._etc is None and self.spec.image is None:
             self._etc = write_etc(self.root)
@@ -247,16 +270,21 @@ class SandboxRuntime(HostWorkspaceRuntime):
         image = self.image_dir
         return bwrap_argv(self.spec, bwrap=self._bwrap, workspace=self.workspace, tmp=self.tmp_dir, home=self.home_dir,
                           command=argv, cwd=cwd, etc=Path(self.staged(self._etc)) if self._etc else None,
-                          stage=self.staged, rootfs=image.rootfs if image is not None else None, hosts=self._hosts)
+                          stage=self.staged, rootfs=image.rootfs if image is not None else None, hosts=self._hosts,
+                          pidns=pidns, info_fd=info_fd)
 
     def _wrap(self, argv: list[str], cwd: str) -> list[str]:
-        # bwrap reads its options from a file descriptor: host paths stay out of /proc/*/cmdline;
-        # the command itself (paths inside the sandbox) must stay on the real argv
-        return [self._full_argv(argv, cwd)[0], "--args", ARGS_FD, "--", *argv]
+        # join the instance (started by _run first); bwrap reads its options from a file descriptor,
+        # so host paths stay out of /proc/*/cmdline; the command itself (paths inside) stays on the argv
+        assert self._instance is not None and self._nsenter is not None and self._bwrap is not None
+        return [*nsenter_argv(self._nsenter, self._instance), self._bwrap, "--args", ARGS_FD, "--", *argv]
 
     def _args_payload(self, argv: list[str], cwd: str) -> bytes | None:
-        options = self._full_argv(argv, cwd)[1 : -(len(argv) + 1)]
-        return b"".join(a.encode() + b"\0" for a in options)
+        assert self._instance is not None
+        return _options(self._full_argv(argv, cwd, pidns=self._instance.fds["pid"]), argv)
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        return self._instance.pass_fds if self._instance is not None else ()
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {"PATH": DEFAULT_PATH, "HOME": HOME, "LANG": "C.UTF-8"}
@@ -265,3 +293,89 @@ class SandboxRuntime(HostWorkspaceRuntime):
         env.update(self.spec.env)
         env.update(extra or {})
         return env
+
+    async def _run(self, argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, out: CappedBuffer,
+                   err: CappedBuffer | None) -> tuple[int, CappedBuffer | None, bool, float]:
+        if self._instance is None or not self._instance.alive:
+            await self._start_instance()
+        return await super()._run(argv, cwd, env, timeout_s, out, err)
+
+    async def _start_instance(self) -> None:
+        """The session's instance (once; concurrent first execs wait for it; again after the agent
+        ended it), and, for the gateway, one relay in its network namespace for the session."""
+        async with self._starting:
+            if self._instance is not None and self._instance.alive:
+                return
+            if self._instance is not None:
+                self.restarts += 1
+                log.warning("sandbox: the session's sandbox ended (exit %s, its holder killed from inside); starting "
+                            "a new one: background processes are gone", self._instance.proc.returncode)
+                self._instance.close()
+                self._procs.discard(self._instance.proc)
+                self._instance = None
+            self._instance = await self._launch()
+            if self.relay_enabled:
+                relay = [*relay_argv(self.spec.gateway_port, [])[:-1], "--background"]
+                buf = CappedBuffer(1 * MIB)
+                code, _, _, _ = await super()._run(relay, "/", self._env(None), INFO_TIMEOUT_S, buf, None)
+                if code != 0:
+                    raise ConfigError(start_error(self.name, buf.text(), self.uid, relay=True)
+                                      or f"sandbox: the gateway relay does not start (exit {code}): {buf.text().strip()}")
+
+    async def _launch(self) -> Instance:
+        """Start bwrap with the holder, read its pid and namespaces from ``--info-fd``, open them."""
+        assert self._bwrap is not None
+        hold_r, hold_w = os.pipe()
+        info_r, info_w = os.pipe()
+        args = os.memfd_create("polar-args", 0)
+        try:
+            os.write(args, _options(self._full_argv(HOLDER, "/", info_fd=info_w), HOLDER))
+            os.lseek(args, 0, os.SEEK_SET)
+            full = [*(self.limits.prefix() if self.limits else []), *self._privileged_prefix(),
+                    self._bwrap, "--args", str(args), "--", *HOLDER]
+            proc = await asyncio.create_subprocess_exec(*full, stdin=hold_r, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT, env=self._env(None),
+                                                        pass_fds=(args, info_w), start_new_session=True)
+        except BaseException:
+            for fd in (hold_w, info_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (hold_r, info_w, args):
+                os.close(fd)
+        self._procs.add(proc)
+        instance = Instance(proc, hold_w)
+        info = await read_info(info_r)
+        try:
+            if info is None or "child-pid" not in info:
+                raise ProcessLookupError("no --info-fd report")
+            instance.fds = open_namespaces(info)
+        except (OSError, ValueError) as exc:
+            instance.close()
+            killpg(proc)
+            raw = b""
+            with contextlib.suppress(TimeoutError):
+                raw, _ = await asyncio.wait_for(proc.communicate(), 10)
+            self._procs.discard(proc)
+            text = raw.decode("utf-8", "replace")
+            raise ConfigError(start_error(self.name, text, self.uid, relay=False)
+                              or f"sandbox: the session's sandbox does not start (exit {proc.returncode}): "
+                                 f"{text.strip()[-500:] or exc}") from None
+        assert proc.stdout is not None
+        self._drain = asyncio.ensure_future(proc.stdout.read())  # it prints nothing once up; keep the pipe open
+        return instance
+
+    async def _cleanup(self) -> None:
+        """The holder's pipe first (the instance then ends, and everything left in its PID namespace
+        with it), then the rest."""
+        if self._instance is not None:
+            self._instance.close()
+        await super()._cleanup()
+        if self._drain is not None:
+            self._drain.cancel()
+        self._instance = self._drain = None
+
+
+def _options(full: list[str], argv: Sequence[str]) -> bytes:
+    """bwrap's options (between the binary and ``-- argv``) as its ``--args`` file: NUL-separated."""
+    return b"".join(a.encode() + b"\0" for a in full[1 : -(len(argv) + 1)])
