@@ -10,19 +10,59 @@ through orjson's shortest representation.
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal, Self
+import re
+from typing import Any, ClassVar, Literal, Self
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic_core import CoreSchema, core_schema
+
+_PROVIDER_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
-class ProviderAPI(enum.StrEnum):
-    """The wire formats the gateway speaks to harnesses."""
+class ProviderAPI(str):
+    """The name of a wire format the gateway speaks to harnesses (``anthropic``, ``openai_chat``).
 
-    ANTHROPIC = "anthropic"
-    OPENAI_CHAT = "openai_chat"
-    OPENAI_RESPONSES = "openai_responses"
-    GEMINI = "gemini"
+    The set is open: each module in ``proxy/providers/`` is registered under its name in
+    ``PROVIDERS``, the one table. A record only checks the name's shape: records sit below the
+    gateway, and a journal must load whatever provider wrote it (files from the enum this replaced
+    hold the same strings). A name a user chooses (``api:`` of a config, a task or a harness file,
+    ``--api``) is checked against ``PROVIDERS`` where it is chosen. The constants name the built-in
+    providers for the presets that speak them; a new provider needs none."""
+
+    __slots__ = ()
+
+    ANTHROPIC: ClassVar[ProviderAPI]
+    OPENAI_CHAT: ClassVar[ProviderAPI]
+    OPENAI_RESPONSES: ClassVar[ProviderAPI]
+    GEMINI: ClassVar[ProviderAPI]
+
+    _interned: ClassVar[dict[str, ProviderAPI]] = {}  # one object per name, as an enum member is
+
+    def __new__(cls, name: str) -> ProviderAPI:
+        found = cls._interned.get(name) if isinstance(name, str) else None
+        if found is not None:
+            return found
+        if not isinstance(name, str) or not _PROVIDER_NAME.fullmatch(name):
+            raise ValueError(f"a provider API name is lowercase letters, digits and _ (e.g. openai_chat), got {name!r}")
+        made = cls._interned[name] = super().__new__(cls, name)
+        return made
+
+    @property
+    def value(self) -> str:
+        """The name as a plain ``str`` (what the enum this replaced offered)."""
+        return str.__str__(self)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: object, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls, core_schema.str_schema(), serialization=core_schema.to_string_ser_schema())
+
+
+ProviderAPI.ANTHROPIC = ProviderAPI("anthropic")
+ProviderAPI.OPENAI_CHAT = ProviderAPI("openai_chat")
+ProviderAPI.OPENAI_RESPONSES = ProviderAPI("openai_responses")
+ProviderAPI.GEMINI = ProviderAPI("gemini")
 
 
 class Status(enum.StrEnum):

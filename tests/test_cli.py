@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_vllm import MODEL
+from fake_engines import MODEL
 
 from polar_env import __version__
 from polar_env.cli import build_parser, main
@@ -70,8 +70,8 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
     "gateway: embedded-only option with vllm": (
         lambda d: ["gateway", "--engine-url", "http://127.0.0.1:1", "--scripted", "--seed", "3", "--store", str(d / "s")],
         ("--seed, --scripted only apply to --engine embedded",)),
-    "engine: missing --script": (lambda d: ["engine", "--script", str(d / "p.json")], ("--script", "no such file")),
-    "engine: --script not JSON": (lambda d: ["engine", "--script", str(d / "f")], ("--script", "is not JSON")),
+    "engine: missing --script": (lambda d: ["engine", "--engine-script", str(d / "p.json")], ("--engine-script", "no such file")),
+    "engine: --script not JSON": (lambda d: ["engine", "--engine-script", str(d / "f")], ("--engine-script", "is not JSON")),
     "engine: --script not a policy": (lambda d: ["engine", "--script", str(d / "bad.json")], ("is not a scripted policy",)),
     "engine: missing --model-dir": (lambda d: ["engine", "--model-dir", str(d / "m")], ("--model-dir", "no such folder", "export-model")),
     "verify: --model-dir without config": (

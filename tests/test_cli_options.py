@@ -28,6 +28,7 @@ from polar_env.preflight import JOB_OPTIONS
 
 JOB_COMMANDS = ("rollout", "eval", "sft")
 ENV_COMMANDS = ("serve", "submit")
+SERVER_COMMANDS = ("engine", "gateway")
 
 
 def _uncovered(paths: list[str]) -> list[str]:
@@ -47,24 +48,31 @@ def _options(name: str) -> list[str]:
 
 
 def test_every_config_field_has_a_flag_or_a_reason() -> None:
+    from polar_env.proxy.config import GatewayConfig
+
     assert _uncovered(leaf_paths()) == [], "give the field a flag in FLAGS, or list it in NOT_EXPOSED with a reason"
+    assert _uncovered(leaf_paths(GatewayConfig, "gateway.")) == [], "the gateway's settings too"
     assert _uncovered(["env.limits.new_knob", "env.harness"]) == ["env.limits.new_knob"]  # the check can fail
 
 
 def test_every_flag_and_exclusion_names_a_field() -> None:
     for path in [f.path for f in FLAGS] + list(NOT_EXPOSED):
-        assert fields_at(path), f"{path} is no field of RolloutJob/PolarEnvConfig"
+        assert fields_at(path), f"{path} is no field of RolloutJob/PolarEnvConfig/GatewayConfig"
     assert all(reason.strip() for reason in NOT_EXPOSED.values())
     assert not {f.path for f in FLAGS} & set(NOT_EXPOSED), "a field is either exposed or not"
     assert len({f.name for f in FLAGS}) == len(FLAGS) and len({f.path for f in FLAGS}) == len(FLAGS)
 
 
-@pytest.mark.parametrize("command", JOB_COMMANDS + ENV_COMMANDS)
+@pytest.mark.parametrize("command", JOB_COMMANDS + ENV_COMMANDS + SERVER_COMMANDS)
 def test_every_option_of_a_config_command_is_in_one_table(command: str) -> None:
-    """A hand-added option that sets config behind the table's back fails here."""
+    """A hand-added option that sets config behind the table's back fails here (the servers'
+    included: ``gateway`` and ``engine`` once hand-wrote 22 options beside the table)."""
     table = {f.name for f in flags_for(command, env_only=command in ENV_COMMANDS)}
     stray = [o for o in _options(command) if o not in table and o not in COMMAND_OPTIONS]
     assert stray == [], f"polar-env {command}: {stray} are in neither options.FLAGS nor COMMAND_OPTIONS"
+    if command in SERVER_COMMANDS:
+        assert table <= set(_options(command)) and any(f.path.startswith("env.engine.") for f in flags_for(command))
+        return
     env_flags = [f.name for f in FLAGS if f.env]
     assert set(env_flags) <= set(_options(command))
     if command in JOB_COMMANDS:
@@ -79,7 +87,7 @@ def test_preflight_names_the_same_flags() -> None:
             assert by_path[field] == flag, field
 
 
-@pytest.mark.parametrize("command", JOB_COMMANDS + ENV_COMMANDS)
+@pytest.mark.parametrize("command", JOB_COMMANDS + ENV_COMMANDS + SERVER_COMMANDS)
 def test_help_shows_every_default(command: str) -> None:
     table = {f.name for f in flags_for(command, env_only=command in ENV_COMMANDS)}
     for action in _subparser(command)._actions:  # noqa: SLF001

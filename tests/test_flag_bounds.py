@@ -94,7 +94,7 @@ def test_a_malformed_engine_script_names_the_flag_and_the_step(script: object, e
     path.write_text(json.dumps(script))
     one_line(capsys, ["rollout", *SIMULATED, "--engine-script", str(path), "--out", str(tmp_path / "runs")],
              f"--engine-script {path} is not a scripted policy: {expected}", "README 'Scripted policy'")
-    one_line(capsys, ["engine", "--script", str(path)], f"--script {path} is not a scripted policy: {expected}")
+    one_line(capsys, ["engine", "--engine-script", str(path)], f"--engine-script {path} is not a scripted policy: {expected}")
     assert not (tmp_path / "runs").exists()
 
 
@@ -102,7 +102,7 @@ def test_a_missing_or_unreadable_script_names_the_flag(tmp_path: Path, capsys: p
     one_line(capsys, ["rollout", *SIMULATED, "--engine-script", str(tmp_path / "nope.json"), "--out",
                       str(tmp_path / "runs")], f"--engine-script {tmp_path / 'nope.json'}: no such file")
     (tmp_path / "bad.json").write_text("{oops")
-    one_line(capsys, ["engine", "--script", str(tmp_path / "bad.json")], "--script", "is not JSON")
+    one_line(capsys, ["engine", "--script", str(tmp_path / "bad.json")], "--engine-script", "is not JSON")  # the old name
 
 
 def test_a_well_formed_script_still_loads() -> None:

@@ -1,10 +1,13 @@
 """The one table of command-line options that set configuration: each flag names the field it sets,
-as a path into ``RolloutJob`` (``env.…`` is the ``PolarEnvConfig`` under it). ``rollout``, ``eval``
-and ``sft`` take all of them; ``serve`` and ``submit`` the ``env.…`` ones. The table is the only
-place a flag meets the config: the parser is generated from it (type, default in ``--help`` and
-choices read from the models and the registries), ``env_config``/``job_values`` apply it, ``submit``
-reads from it what the user chose, and ``tests/test_cli_options.py`` checks it against the models
-(every field has a flag or is in ``NOT_EXPOSED`` with a reason).
+as a path into ``RolloutJob`` (``env.…`` is the ``PolarEnvConfig`` under it) or, for ``gateway``,
+into ``GatewayConfig`` (``gateway.…``). ``rollout``, ``eval`` and ``sft`` take the job's and the
+environment's flags; ``serve`` and ``submit`` the ``env.…`` ones; the servers ``engine`` and
+``gateway`` the engine's and sampling's (``Flag.servers``), and ``gateway`` its own. The table is
+the only place a flag meets the config: the parser is generated from it (type, default in ``--help``
+and choices read from the models and the registries), ``env_config``/``job_values``/``settings``
+apply it, ``submit`` reads from it what the user chose, and ``tests/test_cli_options.py`` and
+``tests/test_cli_defaults.py`` check it against the models (every field has a flag or is in
+``NOT_EXPOSED`` with a reason; every flag's default is its field's).
 
 The engine kind has one inference rule, ``engine_kind``, shared with ``polar-env gateway``.
 """
@@ -15,9 +18,9 @@ import argparse
 import json
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -25,8 +28,13 @@ from pydantic.fields import FieldInfo
 from polar_env.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from polar_env.staging.config import PolarEnvConfig
     from polar_env.staging.job import RolloutJob
+
+
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,8 @@ class Flag:
     const: Any = None
     repeat: bool = False
     commands: tuple[str, ...] = ()  # only these commands (default: every command of its kind)
+    servers: tuple[str, ...] = ()  # the server commands (engine, gateway) that take it too
+    aliases: tuple[str, ...] = ()  # older names that still work (documented in docs/configuration.md)
 
     @property
     def dest(self) -> str:
@@ -51,6 +61,10 @@ class Flag:
     @property
     def env(self) -> bool:
         return self.path.startswith("env.")
+
+
+SERVERS = ("engine", "gateway")  # both run an engine: they take its flags (Flag.servers)
+GATEWAY = ("gateway",)  # the gateway only: a served engine's flags, sampling, its own settings
 
 
 TEMPLATE_HELP = ("the model family's chat format (qwen3.5: what vLLM serving Qwen3.5 renders; append_only: Qwen3.5 "
@@ -79,22 +93,27 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--harness", "env.harness", "harness: a preset, a harness file, or 'loop' (the built-in agent loop)",
          choices="harnesses"),
     Flag("--api", "env.api", "wire format the harness speaks", shown="the harness's own", choices="apis"),
-    Flag("--engine", "env.engine.kind", ENGINE_KIND_HELP, shown="inferred", choices="engines"),
-    Flag("--engine-url", "env.engine.url", ENGINE_URL_HELP, shown="none: the engine runs in-process"),
-    Flag("--served-model-name", "env.engine.model", "the engine's model name"),
-    Flag("--template", "env.engine.template", TEMPLATE_HELP, choices="templates"),
+    Flag("--engine", "env.engine.kind", ENGINE_KIND_HELP, shown="inferred", choices="engines", servers=GATEWAY),
+    Flag("--engine-url", "env.engine.url", ENGINE_URL_HELP, shown="none: the engine runs in-process",
+         servers=GATEWAY),
+    Flag("--served-model-name", "env.engine.model", "the engine's model name (the gateway, given none, sends the "
+         "one model a served engine lists)", shown="polar-tiny-qwen3, or --model-dir's file or folder name",
+         servers=SERVERS),
+    Flag("--template", "env.engine.template", TEMPLATE_HELP, choices="templates", shown="qwen3.5; auto with --model-dir",
+         servers=SERVERS),
     Flag("--logprobs-mode", "env.engine.logprobs_mode", "embedded/vllm: logprobs of the sampled distribution "
-         "(processed) or of the raw logits"),
+         "(processed) or of the raw logits", servers=SERVERS),
     Flag("--model-dir", "env.engine.model_dir", "embedded: a HF model folder or a .gguf file",
-         shown="the hf:/smollm2 template's own model, else seeded random tiny weights"),
-    Flag("--seed", "env.engine.seed", "embedded/simulated: seed of the random weights"),
+         shown="the hf:/smollm2 template's own model, else seeded random tiny weights", servers=SERVERS),
+    Flag("--seed", "env.engine.seed", "embedded/simulated: seed of the random weights", servers=SERVERS),
     Flag("--engine-script", "env.engine.script", "embedded/simulated: scripted policy JSON forcing the tokens "
-         "(a test double)", shown="none"),
+         "(a test double)", shown="none", servers=SERVERS, aliases=("--script",)),
     Flag("--max-tokens", "env.sampling.max_tokens", "cap on the tokens sampled per call, any engine",
-         shown="none; embedded 256, scripted 4096"),
+         shown="none; embedded 256, scripted 4096", servers=SERVERS),
     Flag("--temperature", "env.sampling.temperature", "trainer-owned temperature (overrides harnesses)",
-         shown="the harness's own"),
-    Flag("--top-p", "env.sampling.top_p", "trainer-owned top_p (overrides harnesses)", shown="the harness's own"),
+         shown="the harness's own", servers=GATEWAY),
+    Flag("--top-p", "env.sampling.top_p", "trainer-owned top_p (overrides harnesses)", shown="the harness's own",
+         servers=GATEWAY),
     Flag("--runtime", "env.runtime.kind", "the sandbox each session runs in", choices="runtimes"),
     Flag("--pull", "env.runtime.pull", "docker: pull a missing image at prepare, once per image (else preflight "
          "lists the missing ones with their docker pull)", const=True, shown="off"),
@@ -123,6 +142,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--max-postrun", "env.limits.max_postrun", "POSTRUN workers per node"),
     Flag("--ready-buffer", "env.limits.ready_buffer", "prepared runtimes per node (INIT + READY)",
          shown="--max-running + --max-init"),
+    # -- the gateway (GatewayConfig): gateway only ----------------------------------------------------
+    Flag("--public-url", "gateway.public_url", "base URL handed to harnesses", shown="the request's Host",
+         commands=GATEWAY, servers=GATEWAY),
+    Flag("--admin-token", "gateway.admin_token", "bearer token for /sessions and /admin/*",
+         shown="read or create <store>/admin_token, mode 0600", commands=GATEWAY, servers=GATEWAY),
+    Flag("--engine-timeout", "gateway.engine_timeout_s", "seconds one engine call may take before the harness "
+         "gets a 504", commands=GATEWAY, servers=GATEWAY),
+    Flag("--continuation", "gateway.continuation", "token-in continuation mode for every session (append-only "
+         "prompts)", const=True, shown="off", commands=GATEWAY, servers=GATEWAY),
 )
 
 # Fields no flag sets, each with the reason; tests/test_cli_options.py fails on a field in neither.
@@ -137,6 +165,13 @@ NOT_EXPOSED: dict[str, str] = {
     "env.engine.jitter": "the simulated engine's test knob: --config (engine: {kind: simulated, jitter: ...})",
     "env.runtime": "the sandbox's settings besides --runtime (image, limits, binds, network, user): --config "
                    "(runtime: {...}); a SWE or Harbor task brings its own image and workdir",
+    "gateway.engine_model": "the engine's: --served-model-name, or the one model a served engine lists",
+    "gateway.sampling": "--temperature, --top-p, --max-tokens (env.sampling's flags: the same Sampling model)",
+    "gateway.template": "the engine's: --template (auto resolved before the gateway starts)",
+    "gateway.max_body_bytes": "32 MiB, far above what harnesses send (a 100k-token history is 1-2 MB)",
+    "gateway.metrics_token": "the gateway command's /metrics is read with the admin token",
+    "gateway.session_idle_s": "a served gateway's sessions are closed by whoever opened them (or after a day)",
+    "gateway.drain_s": "how long a stopping gateway waits for in-flight captures: the default fits every engine call",
 }
 
 # Options of these commands that set no config field (what the command does, not what it runs with).
@@ -145,8 +180,14 @@ COMMAND_OPTIONS: dict[str, str] = {
     "--resume": "continue a run folder under its plan",
     "--no-progress": "display only",
     "--min-reward": "sft's export filter, applied after the run",
-    "--host": "where serve's task API listens", "--port": "where serve's task API listens",
-    "--store": "serve's folder (its capture store is STORE/capture)", "--token": "the task API's bearer token",
+    "--host": "where the server listens", "--port": "where the server listens",
+    "--log-level": "the servers' stderr log (engine, gateway)",
+    "--store": "serve's folder (its capture store is STORE/capture); gateway's journal folder",
+    "--fsync": "gateway: how its journal writes, not what it serves",
+    "--unix-socket": "gateway: a second listener, for sandboxes", "--engine-wait-s": "gateway: start-up patience",
+    "--scripted": "engine, gateway: the built-in tool-then-answer script (a demo double; --engine-script: a file)",
+    "--script-command": "--scripted's command", "--script-answer": "--scripted's answer",
+    "--token": "the task API's bearer token",
     "--local": "serve: nodes in this process (else Ray actors, env.ray)",
     "--samples": "submit: sessions per submitted task (its TaskRequest's num_samples; the job's --samples is a flag)",
     "--wait": "submit: poll until done", "--server": "the task API's URL", "--token-file": "where the token is",
@@ -162,6 +203,12 @@ def _root() -> type[BaseModel]:
     return RolloutJob
 
 
+def _gateway_root() -> type[BaseModel]:
+    from polar_env.proxy.config import GatewayConfig
+
+    return GatewayConfig
+
+
 def _models(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models an annotation stands for (the engine union: every ENGINES member)."""
     args = typing.get_args(annotation)
@@ -175,9 +222,12 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 def fields_at(path: str) -> list[FieldInfo]:
     """The fields a dotted path names, one per union member that has it, in the union's order (the
     engine's: embedded, the default, first)."""
+    parts = path.split(".")
     current: list[type[BaseModel]] = [_root()]
+    if parts[0] == "gateway":
+        current, parts = [_gateway_root()], parts[1:]
     found: list[FieldInfo] = []
-    for part in path.split("."):
+    for part in parts:
         found = [m.model_fields[part] for m in current if part in m.model_fields]
         current = [m for f in found for m in _models(f.annotation)]
     return found
@@ -293,10 +343,18 @@ def add_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup, flags: tuple
                 kwargs["metavar"] = metavar(choices(flag.choices))
             elif literal := literal_values(flag.path):
                 kwargs["choices"] = literal  # a closed set in the model itself (tracker, logprobs mode)
-        p.add_argument(flag.name, **kwargs)
+        p.add_argument(flag.name, *flag.aliases, **kwargs)
+
+
+def numeric_paths(command: str) -> dict[str, str]:
+    """dest -> path of ``command``'s numeric flags, for ``checks.check_numbers`` (their bounds are
+    the models': a server checks them before it starts anything)."""
+    return {f.dest: f.path for f in flags_for(command) if f.const is None and _value_type(f) is not None}
 
 
 def flags_for(command: str, *, env_only: bool = False) -> tuple[Flag, ...]:
+    if command in SERVERS:
+        return tuple(f for f in FLAGS if command in f.servers)
     return tuple(f for f in FLAGS if (f.env or not env_only) and (not f.commands or command in f.commands))
 
 
@@ -369,18 +427,40 @@ def env_config(args: argparse.Namespace) -> PolarEnvConfig:
         raise ConfigError(validation_line(exc, model=PolarEnvConfig) + given_as) from None
 
 
-def _flag_of(exc: Any, args: argparse.Namespace) -> Flag | None:
-    """The flag that gave the value of the first problem (None: ``--config``'s, or a default)."""
+def _flag_of(exc: ValidationError, args: argparse.Namespace, prefix: str = "env.") -> Flag | None:
+    """The flag that gave the value of the first problem (None: ``--config``'s, or a default);
+    ``prefix``: where the validated model sits in the table's paths."""
     from polar_env.engines.config import ENGINES
 
     loc = [str(p) for p in exc.errors(include_url=False)[0]["loc"]]
     if len(loc) > 2 and loc[0] == "engine" and loc[1] in ENGINES:
         del loc[1]  # the union's tag
-    path = "env." + ".".join(loc)
+    if prefix == "env.engine." and len(loc) > 1 and loc[0] in ENGINES:
+        del loc[0]  # the engine union validated on its own
+    path = prefix + ".".join(loc)
     for flag in FLAGS:
-        if flag.env and (path == flag.path or path.startswith(flag.path + ".")) and given(args, (flag,)):
+        if (path == flag.path or path.startswith(flag.path + ".")) and given(args, (flag,)):
             return flag
     return None
+
+
+def settings(args: argparse.Namespace, command: str, prefix: str, validate: Callable[[dict[str, object]], M],
+             fixed: Mapping[str, object] | None = None) -> M:
+    """What a server command's flags under ``prefix`` (``env.engine.``, ``env.sampling.``,
+    ``gateway.``) stand for, with ``fixed`` (what the command derived) on top, through ``validate``
+    (the model's): unset flags leave the model's defaults; a mistake is one line naming its flag."""
+    from pydantic import ValidationError
+
+    from polar_env.registry import validation_line
+
+    values: dict[str, object] = {path.removeprefix(prefix): v for path, v in given(args, flags_for(command)).items()
+                                 if path.startswith(prefix)}
+    try:
+        return validate({**values, **(fixed or {})})
+    except ValidationError as exc:
+        flag = _flag_of(exc, args, prefix)
+        given_as = f" (given as {flag.name})" if flag is not None else ""
+        raise ConfigError(validation_line(exc, prefix.rstrip(".").rsplit(".", 1)[-1]) + given_as) from None
 
 
 def _env_data(args: argparse.Namespace) -> dict[str, Any]:

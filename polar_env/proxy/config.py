@@ -43,7 +43,7 @@ class GatewayConfig(BaseModel):
     metrics_token: str | None = None  # read-only: GET /metrics only (the admin token reads it too)
     template: str = "qwen3.5"  # the engine's chat format (polar_env.chat): rules, continuation, count_tokens
     continuation: bool = False  # default for new sessions (POST /sessions may override)
-    engine_timeout_s: float = 1800.0  # per engine call; past it the harness gets a 504
+    engine_timeout_s: float = Field(default=1800.0, gt=0)  # per engine call; past it the harness gets a 504
     session_idle_s: float | None = 24 * 3600.0  # open sessions unused this long are closed; None: never
     drain_s: float = 30.0  # aclose waits this long for in-flight captures before closing the journal
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from polar_env.errors import ConfigError
 from polar_env.evaluators.base import EvaluatorSpec
+from polar_env.evaluators.report import EvalReport, PlainJSONObject
 from polar_env.proxy.config import Sampling
 from polar_env.records import MASKED_KINDS, SESSION_STATUSES, FailureKind, ProviderAPI, Status, Trajectory
 from polar_env.registry import names_checked
@@ -27,22 +28,29 @@ def check_harness_name(value: str, info: ValidationInfo | None = None) -> str:
     with the one line otherwise); skipped under the ``NAMES_CHECKED`` context."""
     if info is not None and names_checked(info):
         return value
-    from polar_env.harnesses import check_harness
+    from polar_env.harnesses import LOOP, get_harness
+    from polar_env.proxy.providers import PROVIDERS
 
     try:
-        return check_harness(value)
+        if value != LOOP:  # resolved once: every API the harness (a file may name any) speaks is a provider
+            for api in get_harness(value).apis:
+                PROVIDERS.entry(api)
+        return value
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
 
 
 def check_harness_api(harness: str, api: ProviderAPI | None, info: ValidationInfo | None = None) -> None:
-    """For validators: the harness speaks ``api`` (ValueError with the one line otherwise)."""
+    """For validators: the harness speaks ``api``, a registered provider (``PROVIDERS``: a harness
+    file may name any API; its own default is checked where the file is read); ValueError with the
+    one line otherwise."""
     if api is None or harness == "loop" or (info is not None and names_checked(info)):
         return
     from polar_env.harnesses import get_harness
+    from polar_env.proxy.providers import PROVIDERS
 
     try:
-        get_harness(harness).api_of(api)
+        PROVIDERS.entry(get_harness(harness).api_of(api))
     except ConfigError as exc:
         raise ValueError(f"api: {exc}") from None
 
@@ -154,7 +162,7 @@ class SessionResult(BaseModel):
     node_id: str = ""
     status: SessionStatus
     reward: float = 0.0
-    evaluation: dict[str, Any] = Field(default_factory=dict)
+    evaluation: Annotated[EvalReport, PlainJSONObject] = Field(default_factory=lambda: EvalReport())
     trajectory: Trajectory
     stage_times: dict[str, float] = Field(default_factory=dict)  # stage name -> epoch seconds entered
     records: int = 0  # captured engine calls

@@ -73,9 +73,9 @@ def test_a_tokenizer_that_does_not_fit_is_refused_at_start(gguf: Path, tmp_path:
 
 @pytest.mark.slow  # loads SmolLM2's 135 M parameters
 def test_the_engine_command_serves_a_gguf_by_path(gguf: Path) -> None:
-    from polar_env.cli.serving import _engine_from_args
+    from polar_env.cli.serving import embedded_engine
 
-    engine = _engine_from_args(build_parser().parse_args(["engine", "--model-dir", str(gguf)]))
+    engine = embedded_engine(build_parser().parse_args(["engine", "--model-dir", str(gguf)]), "engine")
     assert engine.chat.name == f"hf:{gguf}" and engine.model_name == "SmolLM2-135M-Instruct.Q4_1"
     request = ChatRequest(model=engine.model_name, messages=[{"role": "user", "content": "What is 2+3?"}],
                           temperature=0, max_tokens=4)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from polar_env.harnesses.clients import get
+from polar_env.harnesses.pi import MODES as PI_MODES
 from polar_env.records import ProviderAPI
 from polar_env.testing.harness_check import (
     CheckResult,
@@ -35,7 +36,7 @@ from polar_env.testing.harness_check import (
 
 pytestmark = pytest.mark.slow
 
-CASES = [("pi", api) for api in ProviderAPI] + [("qwen", ProviderAPI.OPENAI_CHAT), ("mini", ProviderAPI.OPENAI_CHAT)]
+CASES = [("pi", api) for api, *_ in PI_MODES] + [("qwen", ProviderAPI.OPENAI_CHAT), ("mini", ProviderAPI.OPENAI_CHAT)]
 CLI_TIMEOUT_S = 120
 
 
@@ -84,7 +85,7 @@ def test_real_client(name: str, api: ProviderAPI, tmp_path: Path, isolation: Non
 
 
 # Qwen Code's prompt (~15.7k tokens) does not fit SmolLM2's 8,192-token context: pi and mini-swe-agent.
-SMOL_CASES = [("pi", api) for api in ProviderAPI] + [("mini", ProviderAPI.OPENAI_CHAT)]
+SMOL_CASES = [("pi", api) for api, *_ in PI_MODES] + [("mini", ProviderAPI.OPENAI_CHAT)]
 SMOL_TIMEOUT_S = 300  # a real 135 M model's first prefill (pi: 1.5k tokens) is ~20 CPU-s
 
 

@@ -1,6 +1,8 @@
 """The Provider seam: what one wire format (Anthropic, OpenAI Chat, OpenAI Responses, Gemini) owns.
 
-A provider is a module exposing ``API``, ``ROUTES`` and four pure functions:
+A provider is a module exposing ``API`` (its name, a ``ProviderAPI``: the ``PROVIDERS`` key its
+records carry), ``ROUTES`` (served with and without the ``/s/{session_id}`` prefix) and four pure
+functions:
 
 - ``to_chat(body, path_params, memo) -> Inbound``: the provider request as a normalized
   ChatRequest (OpenAI Chat messages/tools, generation params), whether the client wants a stream,
@@ -15,7 +17,7 @@ A provider is a module exposing ``API``, ``ROUTES`` and four pure functions:
 
 The gateway keeps everything else (auth, sessions, capture, engine calls, HTTP). Wire bodies stay
 raw dicts: fields we do not model survive in the captured ``provider_request``. To add a provider:
-one module here plus one entry in ``providers/__init__.py``.
+one module here plus one ``PROVIDERS.register`` line in ``providers/__init__.py``.
 """
 
 from __future__ import annotations
