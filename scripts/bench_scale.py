@@ -54,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_BASELINE = "fd45cad"  # main before issue 15 (Gateway object, journal v2, POSTRUN pool)
 RESPONSE_IDS = 200  # sampled ids per turn; the rest of each turn's growth is the tool output
+ENDS = 10  # calls at each end of a run whose CPU per call is printed (the history's growth)
 
 
 # -- the evaluator (importable as bench_scale:GradeLog, so a worker process can load it too) ------
@@ -259,7 +260,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                    "runtime": RuntimeSpec(source_dir=repo, disk_mb=None)}
     request = TaskRequest(task_id="scale", instruction="Fix the failing test. " * 20, num_samples=args.sessions,
                           agent=AgentSpec(harness="loop", settings={"max_turns": args.turns + 1}), **grading,
-                          continuation=True, timeout_s=24 * 3600.0)  # measure the load, not the agent budget
+                          continuation=not args.canonical, timeout_s=24 * 3600.0)  # measure the load, not the agent budget
 
     class Done:
         """What the bench keeps of a SessionResult; the trajectory goes on, as to a trainer's
@@ -271,12 +272,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             self.reward, self.where = result.reward, result.evaluation.get("evaluated_in", "node")
 
     stage_ns: dict[str, int] = {}
+    # (process CPU s, of it kernel s, stage CPU ns) at each recorded call, in order: CPU per call at
+    # the start and at the end of the sessions (one session: its first and last turns)
+    marks: list[tuple[float, float, dict[str, int]]] = []
     harness_s = [float("nan")]  # the harness host's CPU over the run (NaN: harnesses in the node)
     thread_s: dict[str, float] = {}  # CPU s per thread over the run (threads alive at its end)
 
     async def run() -> tuple[list[Done], float, float, str]:
         node = SimulatedNode(config)
         await node.start()
+        if node.gateway is not None:
+            node.gateway.events.subscribe(
+                lambda e: marks.append((time.process_time(), os.times().system, _stage_cpu()))
+                if e.kind == "call_recorded" else None)
         # The tokenizer's one-off load (~0.5 s of CPU, once per node process) is kept out of the
         # per-call figures: at the default size it is 0.02 ms of a call; in an 8-session run, ~3 ms.
         await asyncio.to_thread(lambda: config.engine.chat().tokenizer)
@@ -359,8 +367,27 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "gc_pause_max_ms": max(gc_pauses, default=0.0), "gc_pause_total_s": sum(gc_pauses) / 1000,
         "gc_full_count": len(gc_gen2), "gc_full_max_ms": max(gc_gen2, default=0.0),
         "stage_ms_per_call": {k: v / 1e6 / max(1, calls) for k, v in stage_ns.items()},
+        **_ends(marks),
         "thread_ms_per_call": {k: v * 1000 / max(1, calls) for k, v in sorted(thread_s.items(), key=lambda kv: -kv[1])},
     }
+
+
+def _ends(marks: list[tuple[float, float, dict[str, int]]], n: int = ENDS) -> dict[str, Any]:
+    """Node CPU ms per call over the ``n`` calls after the first recorded one and over the last
+    ``n`` (CPU between records: with one session, that call's own work), of it in the kernel
+    (10 ms ticks), and by stage."""
+    if len(marks) < 2 * n + 1:
+        return {}
+
+    def per_call(a: int, b: int) -> tuple[float, float, dict[str, float]]:
+        (c0, k0, s0), (c1, k1, s1) = marks[a], marks[b]
+        return ((c1 - c0) * 1000 / (b - a), (k1 - k0) * 1000 / (b - a),
+                {k: (v - s0.get(k, 0)) / 1e6 / (b - a) for k, v in s1.items()})
+
+    first, first_sys, first_stages = per_call(0, n)
+    last, last_sys, last_stages = per_call(len(marks) - 1 - n, len(marks) - 1)
+    return {"cpu_ms_first": first, "cpu_ms_last": last, "cpu_last_over_first": last / first if first else float("nan"),
+            "sys_ms_first": first_sys, "sys_ms_last": last_sys, "stage_ms_first": first_stages, "stage_ms_last": last_stages}
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -435,6 +462,8 @@ def run_variant(tree: Path, args: argparse.Namespace, engine_port: int, host: st
                "--result", str(out)]
         if host is not None:
             cmd += ["--harness-host", host]
+        if args.canonical:
+            cmd.append("--canonical")
         if args.profile:  # the node's main thread (gateway, loop harness, staging), timed by its own CPU clock
             cmd[1:2] = ["-c", PROFILED_CHILD, f"{args.profile}.{tree.name}.prof", __file__]
         proc = subprocess.run(cmd, env=env, cwd=str(tree), check=False)
@@ -456,6 +485,11 @@ ROWS = [
     ("calls during POSTRUN", "calls_during_postrun", "{:,}"),
     ("calls / s (node)", "rps", "{:.1f}"),
     ("node CPU ms / call", "cpu_ms_per_call", "{:.2f}"),
+    (f"  first {ENDS} calls", "cpu_ms_first", "{:.2f}"),
+    (f"  last {ENDS} calls", "cpu_ms_last", "{:.2f}"),
+    ("  last / first", "cpu_last_over_first", "{:.2f}"),
+    (f"  first {ENDS}: in the kernel", "sys_ms_first", "{:.2f}"),
+    (f"  last {ENDS}: in the kernel", "sys_ms_last", "{:.2f}"),
     ("harness host CPU ms / call", "harness_cpu_ms_per_call", "{:.2f}"),
     ("POSTRUN s / session", "postrun_s_per_session", "{:.2f}"),
     ("calls", "calls", "{:,}"),
@@ -474,6 +508,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     names = list(results)
     lines = [f"{'':28}" + "".join(f"{n:>16}" for n in names) + ("       after/before" if len(names) == 2 else "")]
     for label, key, fmt in ROWS:
+        if any(key not in results[n] for n in names):
+            continue  # e.g. first/last calls of a run too short to have them
         cells = [fmt.format(results[n][key]) for n in names]
         line = f"{label:28}" + "".join(f"{c:>16}" for c in cells)
         if len(names) == 2:
@@ -485,6 +521,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     for key in stages:  # CPU ms per call by stage: a regression names its stage
         cells = [results[n].get("stage_ms_per_call", {}).get(key) for n in names]
         lines.append(f"{'  cpu ms/call ' + key:28}" + "".join(f"{'-' if c is None else f'{c:.3f}':>16}" for c in cells))
+    for end in ("first", "last"):  # by stage at each end: which stage grows with the history
+        for key in stages:
+            cells = [results[n].get(f"stage_ms_{end}", {}).get(key) for n in names]
+            if any(c is not None for c in cells):
+                lines.append(f"{f'  {end} {ENDS} ' + key:28}" + "".join(f"{'-' if c is None else f'{c:.3f}':>16}" for c in cells))
     threads = list(dict.fromkeys(k for n in names for k in results[n].get("thread_ms_per_call", {})))
     for key in threads:  # node CPU ms per call by thread (clock ticks: 10 ms resolution per thread)
         cells = [results[n].get("thread_ms_per_call", {}).get(key) for n in names]
@@ -506,6 +547,8 @@ def main() -> None:
     ap.add_argument("--profile", help="write each variant's cProfile to PROFILE.<tree>.prof (pstats; inflates CPU)")
     ap.add_argument("--eval-log-lines", type=int, default=50_000, help="GradeLog's test log (0: no evaluator)")
     ap.add_argument("--eval-repo-files", type=int, default=500, help="files in the grading runtime's repo copy")
+    ap.add_argument("--canonical", action="store_true",
+                    help="sessions without token-in continuation: the engine renders the messages (an engine without token-in)")
     ap.add_argument("--harness", choices=("process", "node"), default="process",
                     help="where the loop harnesses run: a process of their own (as sandboxed CLIs) or the node's")
     # child mode (internal)
@@ -552,7 +595,8 @@ def main() -> None:
                 process.join(10)
         host_dir.cleanup()
     print(f"bench_scale: {args.sessions} sessions x {args.turns} turns, contexts to ~{args.context:,} tokens, "
-          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn, harnesses in "
+          f"engine {args.engine_ms:g} ms/call, {RESPONSE_IDS} sampled ids/turn, "
+          f"{'canonical (messages to the engine)' if args.canonical else 'token-in continuation'}, harnesses in "
           f"{'their own process' if host else 'the node'}, "
           + (f"graded: {args.eval_log_lines:,}-line log, {args.eval_repo_files}-file repo" if args.eval_log_lines else "no evaluator"))
     print(table(results))

@@ -41,10 +41,11 @@ from polar_env.errors import (
     RequestError,
 )
 from polar_env.journal.format import CLIENT_GONE, CLIENT_GONE_EVENT, PromptRef, identical_prefix
-from polar_env.journal.store import CaptureError
+from polar_env.journal.protocols import CaptureError
 from polar_env.proxy.config import GatewayConfig, Sampling
 from polar_env.proxy.continuation import Plan
 from polar_env.proxy.core import GatewayCore
+from polar_env.proxy.echoes import EchoTip, journal_ref
 from polar_env.proxy.providers import PROVIDERS
 from polar_env.proxy.providers.base import Inbound, Provider, Reply
 from polar_env.proxy.quirks import apply_quirks
@@ -53,6 +54,7 @@ from polar_env.proxy.sessions import Session, request_keys
 from polar_env.proxy.validate import check_messages
 from polar_env.records import ChatRequest, CompletionRecord, Generation, ProviderAPI, Timings
 from polar_env.stagecpu import stage
+from polar_env.tokenids import ECHO_ANCHOR
 
 log = logging.getLogger("polar_env.gateway")
 
@@ -358,7 +360,10 @@ class CallPipeline:
                 gw.stats.abandoned += 1
                 raise ClientGone(session.id)
             engine_started = time.perf_counter()  # after the gate: pause time is not engine time
+            tip = session.echo if plan is None else None  # canonical: the echo extends the last prompt
+            anchor = ECHO_ANCHOR.set(tip.anchor() if tip is not None else None)  # the engine call's context
             engine_call = gw.start_engine_call(session.id, self.call_engine(engine_chat))
+            ECHO_ANCHOR.reset(anchor)
             try:
                 generation = await engine_call
             except EngineError:
@@ -397,13 +402,16 @@ class CallPipeline:
             if record.weight_version is None:
                 record.weight_version = weight_version  # engines that do not report one: the gate's version
             try:
-                ref = PromptRef(plan.parent.seq, plan.keep, plan.ids) if plan is not None else None
+                ref = (PromptRef(plan.parent.seq, plan.keep, plan.ids) if plan is not None
+                       else await journal_ref(tip, generation.prompt_ids))
                 await gw.record(record, ref, request.content_length)  # before the reply: an answered call is never lost
             except CaptureError:
                 session.errors += 1
                 if session.next_seq == seq + 1:
                     session.next_seq = seq  # nothing was written: the number is free again
                 raise
+            if session.continuation is None:
+                session.echo = EchoTip(seq, generation.prompt_ids, generation.response_ids)
         if session.continuation is not None:
             with stage("continuation"):
                 session.continuation.remember(chat, generation, seq, plan, abandoned=CLIENT_GONE in notes)

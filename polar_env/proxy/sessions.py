@@ -25,10 +25,10 @@ from typing import Any
 import orjson
 
 from polar_env.errors import RequestError
-from polar_env.journal.protocols import JournalSink
-from polar_env.journal.store import SessionMeta, check_session_id, key_digest
+from polar_env.journal.protocols import JournalSink, SessionMeta, check_session_id, key_digest
 from polar_env.proxy.config import Sampling
 from polar_env.proxy.continuation import Continuation
+from polar_env.proxy.echoes import EchoTip
 from polar_env.proxy.reuse import Translations
 
 log = logging.getLogger("polar_env.gateway")
@@ -48,6 +48,7 @@ class Session:
     errors: int = 0
     continuation: Continuation | None = None  # token-in mode (see continuation.py)
     continuation_mode: bool = False
+    echo: EchoTip | None = None  # canonical mode: the last recorded prompt, as echoed (echoes.py)
     last_used: float = field(default_factory=time.monotonic)
     sampling: Sampling | None = None  # the task's trainer sampling, in place of the gateway's (complete)
     # The last request's list fields (provider body, chat request) that the next one shares its
@@ -179,6 +180,7 @@ class SessionRegistry:
         session = self.get(session_id)
         session.closed = True
         session.continuation = None
+        session.echo = None
         session.shared_body, session.shared_chat, session.translations = {}, {}, Translations()
         self._by_key.pop(session.key_hash, None)
         self.store.close_session(session_id)
