@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from fake_vllm import fake_vllm_app
+from fake_engines import fake_vllm_app
 from machine import DaemonUsers, machine_lock
 
 from polar_env.chat import chat_format
@@ -274,7 +274,7 @@ def require_swebench() -> None:
 
 @pytest.fixture(scope="session")
 def fake_vllm() -> Iterator[str]:
-    """FakeVLLM (a named test double, tests/fake_vllm.py) on 127.0.0.1, served from a thread so
+    """FakeVLLM (a named test double, tests/fake_engines.py) on 127.0.0.1, served from a thread so
     that synchronous ``main()`` calls, which run their own event loop, can reach it."""
     loop = asyncio.new_event_loop()
     started = threading.Event()

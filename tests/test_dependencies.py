@@ -58,7 +58,7 @@ def test_gateway_trajectories_runtimes_evaluators_run_without_torch(tmp_path: Pa
         from pathlib import Path
 
         from aiohttp.test_utils import TestClient, TestServer
-        from fake_vllm import MODEL, fake_vllm_app
+        from fake_engines import MODEL, fake_vllm_app
 
         import polar_env
         from polar_env.engines.config import VLLMEngineConfig

@@ -6,10 +6,14 @@ lists them (sgl-router / SMG shape: ``{"workers": [{"id", "url", "is_healthy", .
 "stats"}``; unhealthy workers are skipped). The router's list is followed, not read once: it is
 re-read every ``refresh_s`` and at once when a worker refuses or drops a connection (slime's fault
 tolerance removes a dead engine and registers its replacement), and the failed call is retried on
-the new list (a fixed worker list fails over to the next listed worker). A request carrying
-``extra_body["session_id"]`` lands on the same worker while that worker is listed (rendezvous hash:
-when the list changes, only the sessions of a removed worker move), so a multi-turn session reuses
-its prefix cache; others go round robin.
+the new list (a fixed worker list fails over to the next listed worker). Calls are routed by
+``engines/routing.py`` (session-affine, load-aware, keyed with the weight version; what the SGLang
+router's ``cache_aware`` policy does, without the router in the data path): a request carrying
+``extra_body["session_id"]`` stays on the worker holding its prefix unless that worker is
+overloaded; when the list changes only a removed worker's sessions move; others go to the least
+busy worker. Hit rates come from ``usage.prompt_tokens_details.cached_tokens`` (workers started
+with ``--enable-cache-report``), ``meta_info.cached_tokens`` (``/generate``) and the workers'
+``/metrics`` (``--enable-metrics``).
 
 Every request carries an ``rid``; when the caller cancels a call in flight (the session was
 cancelled), the client posts ``/abort_request {"rid"}`` to that worker so the engine stops
@@ -29,8 +33,6 @@ Launch the workers (Qwen3.5) with ``--tool-call-parser qwen3_coder --reasoning-p
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import time
 import uuid
 from typing import Any, Literal
@@ -40,7 +42,8 @@ from pydantic import ValidationError
 
 from polar_env.chat import ChatFormat, Tokenizer, chat_format
 from polar_env.engines.base import new_session, post_json, request_json
-from polar_env.engines.vllm import BadFactory, chat_logprobs, chat_message
+from polar_env.engines.routing import AffinityRouter, CacheReport, cached_tokens, scrape_loop
+from polar_env.engines.vllm import BadFactory, chat_logprobs, chat_message, openai_chat_body
 from polar_env.errors import (
     ConfigError,
     EngineHTTPError,
@@ -72,6 +75,7 @@ class SGLangClient:
         refresh_s: float = 10.0,
         rejoin_wait_s: float = 300.0,
         chat: ChatFormat | None = None,  # the served family's format (generate mode renders and parses with it)
+        metrics_interval_s: float = 2.0,
     ) -> None:
         if not worker_urls and not router_url:
             raise ConfigError("SGLangClient needs worker_urls or a router_url to discover them from")
@@ -85,7 +89,10 @@ class SGLangClient:
         self.refresh_s = refresh_s
         self.rejoin_wait_s = rejoin_wait_s
         self._read_at = 0.0  # monotonic time of the last router read
-        self._rr = itertools.count()
+        self.router = AffinityRouter(self._workers or [])
+        self.metrics_interval_s = metrics_interval_s
+        self._scraper: asyncio.Task[None] | None = None
+        self._scraped = asyncio.Event()
         self._aborts: set[asyncio.Task[None]] = set()
         self.rediscoveries = 0
         self._lock = asyncio.Lock()
@@ -155,37 +162,33 @@ class SGLangClient:
             u = item.get("url") if isinstance(item, dict) else item
             if isinstance(u, str) and u:
                 urls.append(u)
-        # Sorted so every gateway process maps a session key to the same worker.
+        # Sorted: the same list, however the router orders it.
         return sorted(_dedupe(urls))
-
-    def pick(self, workers: list[str], session_key: str | None) -> str:
-        """Same session key → same worker (prefix-cache affinity, rendezvous hash: stable across
-        gateway processes, and a list change moves only the removed worker's sessions);
-        otherwise round robin."""
-        if session_key is not None:
-            def score(url: str) -> int:
-                digest = hashlib.blake2b(f"{session_key}\0{url}".encode(), digest_size=8).digest()
-                return int.from_bytes(digest, "big")
-
-            return max(workers, key=score)
-        return workers[next(self._rr) % len(workers)]
-
-    # ---- generate ---------------------------------------------------------------------------
 
     async def generate(self, request: ChatRequest) -> Generation:
         extra = dict(request.extra_body)
-        key = extra.pop("session_id", None)
+        raw_key = extra.pop("session_id", None)
+        key = None if raw_key is None else str(raw_key)
         extra.setdefault("rid", uuid.uuid4().hex)
         prompt_ids = None
         if self.mode == "generate":
             prompt_ids = list(request.prompt_ids) if request.prompt_ids is not None else await self._render(request)
+        known = prompt_ids if prompt_ids is not None else request.prompt_ids
+        if self._scraper is None:
+            self.router.set_servers(await self.workers())  # the servers the first scrape reads
+            self._scraper = asyncio.get_running_loop().create_task(
+                scrape_loop(self.router, self._http, self.metrics_interval_s, self._scraped))
+        if not self._scraped.is_set():
+            await self._scraped.wait()  # the servers' counters before this client's first calls
         tried: set[str] = set()
         for attempt in range(_MAX_ATTEMPTS):
             listed = await self.workers(refresh=attempt > 0)
-            left = [w for w in listed if w not in tried] or listed
-            worker = self.pick(left, None if key is None else str(key))
+            self.router.set_servers(listed)
+            skip = tried & set(listed)
+            worker = self.router.route(key, len(known or ()), () if skip == set(listed) else skip)
+            assert worker is not None  # the list is never empty (workers() raises instead)
             try:
-                return await self._call(worker, request, extra, prompt_ids)
+                return await self.router.call(worker, key, self._call(worker, request, extra, prompt_ids))
             except (EngineUnavailable, EngineHTTPError) as exc:
                 if isinstance(exc, EngineHTTPError) and exc.status not in _FAILOVER_STATUS:
                     raise
@@ -195,18 +198,29 @@ class SGLangClient:
             self.rediscoveries += 1  # the worker is gone or going: follow the router's new list
         raise AssertionError("unreachable")
 
+    def set_weight_version(self, version: str) -> None:
+        """The trainer's new weights: sessions are placed afresh (the workers flushed their cache)."""
+        self.router.set_version(version)
+
+    def prefix_cache(self) -> CacheReport:
+        """Per-worker and per-session prefix-cache hit rates, and how sessions were routed."""
+        return self.router.report()
+
     async def _call(self, worker: str, request: ChatRequest, extra: dict[str, Any],
-                    prompt_ids: list[int] | None) -> Generation:
+                    prompt_ids: list[int] | None) -> tuple[Generation, int | None]:
         try:
             if prompt_ids is None:
                 url = f"{worker}/v1/chat/completions"
                 body = self.chat_body(request, extra)
                 data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
-                return self.parse_chat(data, request, url=url)
+                return self.parse_chat(data, request, url=url), cached_tokens(data.get("usage"))
             url = f"{worker}/generate"
             body = self.generate_body(request, prompt_ids, extra)
             data = await post_json(self._http(), url, body, engine=self.name, timeout_s=self.timeout_s)
-            return await self.parse_generate(data, request, prompt_ids, url=url)
+            meta = data.get("meta_info")
+            cached = meta.get("cached_tokens") if isinstance(meta, dict) else None
+            generation = await self.parse_generate(data, request, prompt_ids, url=url)
+            return generation, cached if isinstance(cached, int) and not isinstance(cached, bool) else None
         except asyncio.CancelledError:
             # The caller gave up (session cancelled): stop the engine generating for nobody.
             task = asyncio.get_running_loop().create_task(self._abort(worker, str(extra["rid"])))
@@ -223,23 +237,7 @@ class SGLangClient:
 
     def chat_body(self, req: ChatRequest, extra: dict[str, Any]) -> dict[str, Any]:
         """The ``/v1/chat/completions`` JSON for ``req`` (``extra`` is extra_body minus session_id)."""
-        body: dict[str, Any] = {"model": self.model or req.model or "default", "messages": req.messages}
-        if req.tools:
-            body["tools"] = req.tools
-        if req.tool_choice is not None:
-            body["tool_choice"] = req.tool_choice
-        for key in ("temperature", "top_p", "max_tokens", "seed", "response_format"):
-            value = getattr(req, key)
-            if value is not None:
-                body[key] = value
-        if req.stop:
-            body["stop"] = req.stop
-        if req.chat_template_kwargs:
-            body["chat_template_kwargs"] = req.chat_template_kwargs
-        body.update(extra)
-        body.pop("stream_options", None)
-        # return_token_ids works non-streaming only.
-        body.update(logprobs=True, top_logprobs=0, return_token_ids=True, stream=False)
+        body: dict[str, Any] = openai_chat_body(req, self.model or req.model or "default", extra)
         if req.prompt_ids is not None:
             body["input_ids"] = list(req.prompt_ids)
         return body
@@ -406,6 +404,9 @@ class SGLangClient:
         return bad
 
     async def aclose(self) -> None:
+        if self._scraper is not None:
+            self._scraper.cancel()
+            await asyncio.gather(self._scraper, return_exceptions=True)
         if self._aborts:  # let pending aborts reach their workers before the session closes
             await asyncio.gather(*self._aborts, return_exceptions=True)
         if self._owns_session and self._session is not None and not self._session.closed:

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import aiohttp
@@ -39,10 +39,11 @@ import orjson
 from pydantic import ValidationError
 
 from polar_env.engines.base import new_session, request_json
+from polar_env.engines.routing import cached_tokens
 from polar_env.errors import EngineHTTPError, EngineProtocolError
 from polar_env.records import AssistantMessage, ChatRequest, Generation, ToolCall
-from polar_env.stagecpu import stage, timed
-from polar_env.tokenids import ids_json
+from polar_env.stagecpu import stage
+from polar_env.tokenids import ECHO_ANCHOR, JsonIds, echoed_ids, ids_json
 
 log = logging.getLogger(__name__)
 
@@ -137,26 +138,10 @@ class VLLMClient:
 
     def _body(self, req: ChatRequest, prompt_ids: object) -> dict[str, Any]:
         """``build_body`` with the token-in ids given as they are to be serialized."""
-        body: dict[str, Any] = {"model": self.model, "messages": req.messages}
-        if req.tools:
-            body["tools"] = req.tools
-        if req.tool_choice is not None:
-            body["tool_choice"] = req.tool_choice
-        for key in ("temperature", "top_p", "max_tokens", "seed", "response_format"):
-            value = getattr(req, key)
-            if value is not None:
-                body[key] = value
-        if req.stop:
-            body["stop"] = req.stop
-        if req.chat_template_kwargs:
-            body["chat_template_kwargs"] = req.chat_template_kwargs
-        body.update(self.extra_body)
-        body.update(req.extra_body)
+        body: dict[str, Any] = openai_chat_body(req, self.model, self.extra_body, req.extra_body)
         # include_reasoning=false makes vLLM return token_ids and logprobs as null, which would
         # make the completion untrainable; the reasoning text is separated anyway, so drop the key.
         body.pop("include_reasoning", None)
-        body.pop("stream_options", None)
-        body.update(_FORCED)
         body["model"] = self.model
         if prompt_ids is not None:
             kv = dict(body.get("kv_transfer_params") or {})
@@ -165,10 +150,17 @@ class VLLMClient:
         return body
 
     async def generate(self, request: ChatRequest) -> Generation:
+        return (await self.complete(request))[0]
+
+    async def complete(self, request: ChatRequest) -> tuple[Generation, int | None]:
+        """``generate``, with the prompt tokens the server took from its prefix cache
+        (``usage.prompt_tokens_details.cached_tokens``; None unless the server runs with
+        ``--enable-prompt-tokens-details``): what the pool's hit rates are counted from."""
         if request.prompt_ids is not None and not await self.supports_token_in():
             self.canonical_fallbacks += 1
             request = request.model_copy(update={"prompt_ids": None})  # the server renders the messages
-        decode: Callable[[bytes], object] = _timed_decode
+        # canonical: the echo decoded by its delta from the session's last one (decode_canonical)
+        decode: Callable[[bytes], object] = _canonical_decoder(ECHO_ANCHOR.get())
         with stage("engine_build"):
             fragment = None
             if request.prompt_ids is not None:
@@ -183,7 +175,8 @@ class VLLMClient:
         data = await request_json(self._http(), self.url, payload=encoded.pop(), engine=self.name,
                                   timeout_s=self.timeout_s, decode=decode)
         with stage("engine_decode"):
-            return self.parse_decoded(data, request)
+            cached = data.cached_tokens() if isinstance(data, _Body) else _usage_cached(data)
+            return self.parse_decoded(data, request), cached
 
     def parse_decoded(self, data: object, request: ChatRequest) -> Generation:
         """``parse`` for what ``decode_chat_body`` returned: the same Generation, or the same error."""
@@ -305,10 +298,27 @@ class _Choice(msgspec.Struct):
     stop_reason: int | str | None = None
 
 
+class _PromptDetails(msgspec.Struct, gc=False):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, gc=False):
+    prompt_tokens_details: _PromptDetails | None = None
+
+
 class _Body(msgspec.Struct):
     choices: list[_Choice] | None = None
     prompt_token_ids: list[_TokenId] | None = None
     model: Any = None
+    usage: _Usage | None = None
+
+    def cached_tokens(self) -> int | None:
+        details = self.usage.prompt_tokens_details if self.usage is not None else None
+        return details.cached_tokens if details is not None else None
+
+
+def _usage_cached(data: object) -> int | None:
+    return cached_tokens(data.get("usage")) if isinstance(data, dict) else None
 
 
 _DECODER = msgspec.json.Decoder(_Body)
@@ -329,6 +339,7 @@ class _TokenInBody(msgspec.Struct):
     choices: list[_Choice] | None = None
     prompt_token_ids: msgspec.Raw = msgspec.Raw(b"null")
     model: Any = None
+    usage: _Usage | None = None
 
 
 _TOKEN_IN_DECODER = msgspec.json.Decoder(_TokenInBody)
@@ -359,14 +370,14 @@ def decode_token_in(raw: bytes, sent: bytes, prompt_ids: list[int]) -> object:
         except msgspec.DecodeError:
             body = None
         if body is not None and bytes(body.prompt_token_ids) == _CUT:
-            return _Body(choices=body.choices, prompt_token_ids=prompt_ids, model=body.model)
+            return _Body(choices=body.choices, prompt_token_ids=prompt_ids, model=body.model, usage=body.usage)
     try:
         body = _TOKEN_IN_DECODER.decode(raw)
     except msgspec.DecodeError:
         return decode_chat_body(raw)
     if body.prompt_token_ids != msgspec.Raw(sent):
         return decode_chat_body(raw)
-    return _Body(choices=body.choices, prompt_token_ids=prompt_ids, model=body.model)
+    return _Body(choices=body.choices, prompt_token_ids=prompt_ids, model=body.model, usage=body.usage)
 
 
 def _token_in_decoder(sent: bytes, prompt_ids: list[int]) -> Callable[[bytes], object]:
@@ -375,6 +386,60 @@ def _token_in_decoder(sent: bytes, prompt_ids: list[int]) -> Callable[[bytes], o
             return decode_token_in(raw, sent, prompt_ids)
 
     return decode
+
+
+def decode_canonical(raw: bytes, anchor: JsonIds | None) -> object:
+    """``decode_chat_body`` for a call the server rendered: the echoed prompt ids become
+    ``EchoIds`` carrying their bytes, and when the echo starts with ``anchor``'s bytes (the
+    session's previous prompt: append-only history) only the ids after them are decoded
+    (``tokenids.echoed_ids``). The echo is found by its key and cut out before the rest is
+    decoded, and the cut is proven the top-level field as in ``decode_token_in``; anything else
+    decodes the whole body as before. Searched from the end: vLLM writes the echo after the
+    choices, where a nested key of that name could only come first."""
+    at = raw.rfind(_ECHO_KEY)
+    found = echoed_ids(raw, at + len(_ECHO_KEY), anchor) if at >= 0 else None
+    if found is not None:
+        ids, end = found
+        start = at + len(_ECHO_KEY)
+        view = memoryview(raw)
+        try:
+            body = _TOKEN_IN_DECODER.decode(b"".join((view[:start], _CUT, view[end:])))
+        except msgspec.DecodeError:
+            body = None
+        if body is not None and bytes(body.prompt_token_ids) == _CUT:
+            return _Body(choices=body.choices, prompt_token_ids=ids, model=body.model, usage=body.usage)
+    return decode_chat_body(raw)
+
+
+def _canonical_decoder(anchor: JsonIds | None) -> Callable[[bytes], object]:
+    def decode(raw: bytes) -> object:
+        with stage("engine_decode"):
+            return decode_canonical(raw, anchor)
+
+    return decode
+
+
+def openai_chat_body(req: ChatRequest, model: str, *extras: Mapping[str, object]) -> dict[str, object]:
+    """The OpenAI chat JSON for ``req`` (vLLM's and SGLang's): its fields, ``extras`` merged over
+    them, and token capture forced on, non-streaming (``return_token_ids`` works only so)."""
+    body: dict[str, object] = {"model": model, "messages": req.messages}
+    if req.tools:
+        body["tools"] = req.tools
+    if req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
+    for key in ("temperature", "top_p", "max_tokens", "seed", "response_format"):
+        value = getattr(req, key)
+        if value is not None:
+            body[key] = value
+    if req.stop:
+        body["stop"] = req.stop
+    if req.chat_template_kwargs:
+        body["chat_template_kwargs"] = req.chat_template_kwargs
+    for extra in extras:
+        body.update(extra)
+    body.pop("stream_options", None)
+    body.update(_FORCED)
+    return body
 
 
 def chat_logprobs(block: object, bad: BadFactory, *, engine: str) -> list[float]:
@@ -425,6 +490,3 @@ def _tool_call(tc: Any, bad: BadFactory, engine: str) -> ToolCall:
     elif not isinstance(args, str):  # engines send JSON text; keep that form if one sends an object
         args = orjson.dumps(args).decode()
     return ToolCall(id=str(tc.get("id") or ""), name=fn["name"], arguments=args)
-
-
-_timed_decode = timed("engine_decode", decode_chat_body)

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from polar_env.observe.events import GatewayEvent, GatewayEvents
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Added latency is the gateway's own cost (parse, translate, journal): sub-millisecond to tens of ms.
 ADDED_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -33,16 +35,6 @@ class _Gate(Protocol):
     def in_flight(self) -> int: ...
 
 
-class _Event(Protocol):
-    """What the metrics read of a gateway event (``polar_env.proxy.core.GatewayEvent``)."""
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def data(self) -> dict[str, Any]: ...
-
-
 class _Result(Protocol):
     """What the metrics read of a finished session (``polar_env.staging.models.SessionResult``)."""
 
@@ -53,7 +45,7 @@ class _Result(Protocol):
     def failure_kind(self) -> object: ...
 
     @property
-    def evaluation(self) -> dict[str, Any]: ...
+    def evaluation(self) -> Mapping[str, object]: ...
 
     @property
     def reward(self) -> float: ...
@@ -64,8 +56,11 @@ class _Result(Protocol):
 class _Gateway(Protocol):
     """What the metrics read of a gateway: its gate and its events."""
 
-    gate: Any
-    events: Any
+    @property
+    def gate(self) -> _Gate: ...
+
+    @property
+    def events(self) -> GatewayEvents: ...
 
 
 class GatewayMetrics:
@@ -99,7 +94,7 @@ class GatewayMetrics:
         resource = request.match_info.route.resource
         return self._paths.get(resource.canonical, "none") if resource is not None else "none"
 
-    def on_event(self, event: _Event) -> None:
+    def on_event(self, event: GatewayEvent) -> None:
         """A ``Gateway`` event subscriber: each recorded call moves the call series."""
         if event.kind != "call_recorded":
             return
@@ -195,6 +190,13 @@ class RolloutMetrics:
                                   ["node"], registry=r)
         self.node_tokens = Gauge("polar_rollout_sampled_tokens", "Tokens sampled for the node (cumulative)",
                                  ["node"], registry=r)
+        self.prefix_hit = Gauge("polar_rollout_prefix_cache_hit_rate",
+                                "Share of prompt tokens the engine server took from its prefix cache "
+                                "(usage.prompt_tokens_details.cached_tokens), per node and server", ["node", "server"],
+                                registry=r)
+        self.prefix_spills = Gauge("polar_rollout_prefix_cache_spills",
+                                   "Session calls sent off their prefix's server because it was overloaded "
+                                   "(cumulative)", ["node"], registry=r)
 
     def observe_result(self, result: _Result) -> None:
         """One finished ``SessionResult``. ``failure_kind`` is read when the result carries one."""
@@ -204,8 +206,9 @@ class RolloutMetrics:
         if kind is not None or status != "completed":
             self.failures.labels(str(getattr(kind, "value", kind) or status)).inc()
         evaluation = result.evaluation or {}
-        if "evaluate_s" in evaluation:
-            self.evaluator_s.labels(str(evaluation.get("evaluator", "unknown"))).observe(float(evaluation["evaluate_s"]))
+        seconds = evaluation.get("evaluate_s")
+        if isinstance(seconds, int | float):
+            self.evaluator_s.labels(str(evaluation.get("evaluator", "unknown"))).observe(float(seconds))
         for stage, seconds in result.stage_seconds().items():
             if stage in STAGES:
                 self.stage_s.labels(stage).observe(max(0.0, seconds))
@@ -226,6 +229,12 @@ class RolloutMetrics:
             self.busy.labels(node).set(float(s.get("engine_busy_fraction", 0.0)))
             self.engine_calls.labels(node).set(float(s.get("engine_calls", 0)))
             self.node_tokens.labels(node).set(float(s.get("sampled_tokens", 0)))
+            cache = (s.get("engine") or {}).get("prefix_cache")
+            if cache:
+                self.prefix_spills.labels(node).set(float(cache["spills"]))
+                for server, figures in cache["servers"].items():
+                    if figures["hit_rate"] is not None:
+                        self.prefix_hit.labels(node, server).set(float(figures["hit_rate"]))
         for stage, n in totals.items():
             self.stage_now.labels(stage).set(n)
         self.nodes.labels("alive").set(alive)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from polar_env.engines.routing import merge_reports
 from polar_env.staging.models import SessionResult, Stage
 
 TIMELINE_STAGES = (Stage.QUEUED, Stage.INIT, Stage.READY, Stage.RUNNING, Stage.POSTRUN)
@@ -76,6 +77,9 @@ def build_report(results: Sequence[SessionResult], node_stats: Sequence[dict[str
         "trainable_tokens": sum(row["trainable_tokens"] for row in rows),
         "nodes": list(node_stats),
         "session_rows": rows,
+        # per server and per session, from the engines' own counters (engines/routing.py); None: no routed engine
+        "prefix_cache": merge_reports(s["engine"]["prefix_cache"] for s in live
+                                      if "prefix_cache" in (s.get("engine") or {})),
     }
 
 

@@ -32,13 +32,15 @@ def engine_members(engine: object) -> dict[str, object]:
     """The engine client's kind and members: a pool's servers (up, sessions held, last error), an
     SGLang router and the workers it last listed, or the one URL a client talks to."""
     kind = type(engine).__name__
+    cache = getattr(engine, "prefix_cache", None)  # routed clients: hit rates per server and session
+    routed = {"prefix_cache": cache()} if callable(cache) else {}
     health = getattr(engine, "health", None)
     if callable(health):  # VLLMPool
-        return {"client": kind, "members": [{"url": url, **dict(h)} for url, h in dict(health()).items()]}
+        return {"client": kind, "members": [{"url": url, **dict(h)} for url, h in dict(health()).items()], **routed}
     router = getattr(engine, "router_url", None)
     workers = getattr(engine, "_workers", None)
     if router or isinstance(workers, list):  # SGLangClient: a router, or workers given by URL
-        return {"client": kind, "router": router, "members": [{"url": str(u)} for u in workers or []]}
+        return {"client": kind, "router": router, "members": [{"url": str(u)} for u in workers or []], **routed}
     url = getattr(engine, "base_url", None)
     if isinstance(url, str):
         return {"client": kind, "members": [{"url": url}]}

@@ -100,7 +100,7 @@ async def test_a_train_run_is_recognised_with_its_curves_and_held_out(tmp_path: 
 
 
 async def test_pass_at_k_is_per_policy_version(tmp_path: Path) -> None:
-    run = Run(train_folder(tmp_path / "train"), "train")
+    run = Run(train_folder(tmp_path / "train"), "train", JournalStore)
     done = [r for r in run.rows() if r["status"] in FINISHED]
     table = pass_table(done)
     # three rollouts of k per version: pass@3, never pass@9 over three policies pooled

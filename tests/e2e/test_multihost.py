@@ -197,7 +197,7 @@ def test_serve_and_submit_from_the_head(cluster: Cluster) -> None:
 FAKE_VLLM = """
 import sys
 from aiohttp import web
-from fake_vllm import fake_vllm_app
+from fake_engines import fake_vllm_app
 
 host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 app = fake_vllm_app()

@@ -1,6 +1,6 @@
 """Engines that change under a running rollout, and cancelled calls.
 
-- SGLangClient behind a router double that speaks sgl-router's shapes (tests/fake_sglang.py):
+- SGLangClient behind a router double that speaks sgl-router's shapes (tests/fake_engines.py):
   a worker is killed mid-run, the router drops it and registers a replacement (what slime's fault
   tolerance does), and no session loses a turn.
 - Cancelling a call in flight: the SGLang client posts ``/abort_request`` for its rid; the vLLM
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fake_sglang import FakeSGLangRouter
-from fake_vllm import MODEL
+from fake_engines import MODEL, FakeSGLangRouter
 
 from polar_env.engines.sglang import SGLangClient
 from polar_env.engines.simulated import SimulatedEngine
@@ -47,11 +46,12 @@ async def test_worker_killed_and_replaced_mid_run_loses_no_session() -> None:
 
     try:
         await asyncio.wait_for(asyncio.gather(chaos(), *(session(i) for i in range(SESSIONS))), 60)
+        replacement = router.workers[2]
+        await session(SESSIONS)  # a new session: the replacement holds no prefix, so it gets it
     finally:
         await client.aclose()
         await router.stop()
-    replacement = router.workers[2]
-    assert done == {f"s{i}": TURNS for i in range(SESSIONS)}  # every session got every turn
+    assert done == {f"s{i}": TURNS for i in range(SESSIONS + 1)}  # every session got every turn
     assert doomed.bodies and first.bodies and replacement.bodies  # traffic followed the router's list
     assert client.rediscoveries >= 1
     assert sum(len(w.bodies) for w in router.workers) >= SESSIONS * TURNS

@@ -12,12 +12,11 @@ import copy
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
+from fake_engines import MODEL, ScriptedEngine
+from fake_engines import load_fixture as load
 
 from polar_env.chat import chat_format
 from polar_env.chat.qwen35.format import Qwen35Format
@@ -33,8 +32,6 @@ from polar_env.errors import (
 )
 from polar_env.records import AssistantMessage, ChatRequest, ToolCall
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
-MODEL = "qwen3.5-4b"
 CHAT = "/v1/chat/completions"
 GENERATE = "/generate"
 USER = [{"role": "user", "content": "What is 2+2?"}]
@@ -53,61 +50,24 @@ TOOLS = [
 ]
 
 
-def load(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / name).read_text())
-
-
-class Upstream:
-    """Scripted server: a canned reply per path; records (method, path, json body)."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.requests: list[tuple[str, str, Any]] = []
-        self.replies: dict[str, tuple[int, bytes]] = {}
-        self.hang_paths: set[str] = set()
-        self.release = asyncio.Event()
-
-    def reply(self, path: str, body: Any, status: int = 200) -> None:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.replies[path] = (status, raw)
-
-    @property
-    def bodies(self) -> list[Any]:
-        return [body for _, _, body in self.requests]
-
-    async def handle(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        self.requests.append((request.method, request.path, json.loads(raw) if raw else None))
-        if request.path in self.hang_paths:
-            await self.release.wait()
-        status, body = self.replies.get(request.path, (404, b'{"detail": "Not Found"}'))
-        return web.Response(status=status, body=body, content_type="application/json")
-
-
 @pytest.fixture
 async def servers() -> AsyncIterator[Callable[[], Any]]:
-    """Factory of started Upstreams, all torn down at the end."""
-    started: list[tuple[Upstream, TestServer]] = []
+    """Factory of started ScriptedEngines, all torn down at the end."""
+    started: list[ScriptedEngine] = []
 
-    async def make() -> Upstream:
-        up = Upstream()
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", up.handle)
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        up.url = f"http://127.0.0.1:{server.port}"
-        started.append((up, server))
+    async def make() -> ScriptedEngine:
+        up = await ScriptedEngine().start()
+        started.append(up)
         return up
 
     yield make
-    for up, server in started:
-        up.release.set()
-        await server.close()
+    for up in started:
+        await up.close()
 
 
 @pytest.fixture
-async def worker(servers: Callable[[], Any]) -> Upstream:
-    up: Upstream = await servers()
+async def worker(servers: Callable[[], Any]) -> ScriptedEngine:
+    up: ScriptedEngine = await servers()
     return up
 
 
@@ -161,11 +121,10 @@ async def test_session_affinity_is_stable_and_session_id_is_not_sent(
     hit = [w for w in workers if w.requests]
     assert len(hit) == 1 and len(hit[0].requests) == 5
     assert all("session_id" not in body for body in hit[0].bodies)
-    # The hash is stable across client instances (i.e. across gateway processes) and spreads keys.
-    other = SGLangClient([w.url for w in workers], MODEL)
-    urls = [w.url for w in workers]
-    assert other.pick(urls, "episode-42") == hit[0].url
-    assert {other.pick(urls, f"s{i}") for i in range(60)} == set(urls)
+    assert c.router.home("episode-42") == hit[0].url
+    for i in range(6):  # new sessions spread over the workers
+        await c.generate(ChatRequest(messages=USER, extra_body={"session_id": f"s{i}"}))
+    assert all(len(w.requests) >= 2 for w in workers)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +170,7 @@ async def test_unreachable_router_is_unavailable(closing: list[SGLangClient]) ->
 # ---- chat mode -----------------------------------------------------------------------------------
 
 
-async def test_chat_flags_and_parse(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_chat_flags_and_parse(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     fx = load("sglang_chat.json")
     worker.reply(CHAT, fx)
     c = SGLangClient([worker.url], MODEL)
@@ -241,7 +200,7 @@ async def test_chat_flags_and_parse(worker: Upstream, closing: list[SGLangClient
     assert (gen.engine, gen.model, gen.weight_version) == ("sglang", MODEL, None)
 
 
-async def test_chat_tool_call_and_token_in(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_chat_tool_call_and_token_in(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     fx = load("sglang_chat_tool_call.json")
     worker.reply(CHAT, fx)
     c = SGLangClient([worker.url], MODEL)
@@ -257,7 +216,7 @@ async def test_chat_tool_call_and_token_in(worker: Upstream, closing: list[SGLan
     assert gen.message.reasoning == "Need weather." and gen.message.content is None
 
 
-async def test_chat_token_in_ignored_is_error(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_chat_token_in_ignored_is_error(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     worker.reply(CHAT, load("sglang_chat.json"))
     c = SGLangClient([worker.url], MODEL)
     closing.append(c)
@@ -282,7 +241,7 @@ def _chat_mutated(fn: Any) -> dict[str, Any]:
     ],
 )
 async def test_chat_unusable_bodies(
-    worker: Upstream, closing: list[SGLangClient], mutate: Any, match: str
+    worker: ScriptedEngine, closing: list[SGLangClient], mutate: Any, match: str
 ) -> None:
     worker.reply(CHAT, _chat_mutated(mutate))
     c = SGLangClient([worker.url], MODEL)
@@ -292,7 +251,7 @@ async def test_chat_unusable_bodies(
     assert info.value.engine == "sglang" and info.value.url == worker.url + CHAT
 
 
-async def test_http_error_carries_engine_message(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_http_error_carries_engine_message(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     worker.reply(CHAT, load("sglang_error.json"), status=400)
     c = SGLangClient([worker.url], MODEL)
     closing.append(c)
@@ -302,7 +261,7 @@ async def test_http_error_carries_engine_message(worker: Upstream, closing: list
     assert "maximum context length of 2048" in info.value.message
 
 
-async def test_transport_errors(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_transport_errors(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     worker.reply(CHAT, b"<html>502 Bad Gateway")
     c = SGLangClient([worker.url], MODEL)
     closing.append(c)
@@ -375,14 +334,14 @@ def fake_qwen(monkeypatch: pytest.MonkeyPatch) -> FakeQwen:
     return fake
 
 
-def gen_client(worker: Upstream, closing: list[SGLangClient]) -> SGLangClient:
+def gen_client(worker: ScriptedEngine, closing: list[SGLangClient]) -> SGLangClient:
     c = SGLangClient([worker.url], MODEL, mode="generate")
     closing.append(c)
     return c
 
 
 async def test_generate_request_body(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen
 ) -> None:
     worker.reply(GENERATE, load("sglang_generate_stop.json"))
     req = ChatRequest(
@@ -410,7 +369,7 @@ async def test_generate_request_body(
 
 
 async def test_generate_stop_parse(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen
 ) -> None:
     fx = load("sglang_generate_stop.json")
     worker.reply(GENERATE, fx)
@@ -426,7 +385,7 @@ async def test_generate_stop_parse(
 
 
 async def test_generate_token_in_skips_render(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen
 ) -> None:
     worker.reply(GENERATE, load("sglang_generate_stop.json"))
     req = ChatRequest(messages=USER, prompt_ids=PROMPT_NO_THINKING)
@@ -438,7 +397,7 @@ async def test_generate_token_in_skips_render(
 
 
 async def test_generate_length_and_stop_string(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen
 ) -> None:
     c = gen_client(worker, closing)
     worker.reply(GENERATE, load("sglang_generate_length.json"))
@@ -453,7 +412,7 @@ async def test_generate_length_and_stop_string(
 
 
 async def test_generate_tool_calls_finish(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen
 ) -> None:
     ids = [248069, 271, 248058, 248059, 248046]
     fx = load("sglang_generate_stop.json")
@@ -466,7 +425,7 @@ async def test_generate_tool_calls_finish(
 
 
 async def test_generate_abort_is_protocol_error(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen
 ) -> None:
     worker.reply(GENERATE, load("sglang_generate_abort.json"))
     with pytest.raises(EngineProtocolError, match="aborted the request: Abort in waiting queue"):
@@ -495,7 +454,7 @@ def _gen_mutated(fn: Any) -> dict[str, Any]:
     ],
 )
 async def test_generate_unusable_bodies(
-    worker: Upstream, closing: list[SGLangClient], fake_qwen: FakeQwen, mutate: Any, match: str
+    worker: ScriptedEngine, closing: list[SGLangClient], fake_qwen: FakeQwen, mutate: Any, match: str
 ) -> None:
     worker.reply(GENERATE, _gen_mutated(mutate))
     with pytest.raises(EngineProtocolError, match=match):
@@ -527,7 +486,7 @@ def _generate_reply(output_ids: list[int]) -> dict[str, Any]:
     }
 
 
-async def test_generate_real_qwen_tool_call(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_generate_real_qwen_tool_call(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     from polar_env.chat.qwen35.template import render
     from polar_env.chat.qwen35.tokenizer import load_tokenizer
 
@@ -552,7 +511,7 @@ async def test_generate_real_qwen_tool_call(worker: Upstream, closing: list[SGLa
     assert gen.message.reasoning is not None and "weather" in gen.message.reasoning
 
 
-async def test_generate_real_qwen_no_thinking(worker: Upstream, closing: list[SGLangClient]) -> None:
+async def test_generate_real_qwen_no_thinking(worker: ScriptedEngine, closing: list[SGLangClient]) -> None:
     from polar_env.chat.qwen35.tokenizer import load_tokenizer
 
     tok = load_tokenizer()

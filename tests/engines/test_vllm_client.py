@@ -8,78 +8,28 @@ import json
 import logging
 import socket
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
+from fake_engines import MODEL, ScriptedEngine
+from fake_engines import load_fixture as load
 
 from polar_env.engines.base import EngineClient
 from polar_env.engines.vllm import VLLMClient, reads_token_in, release
 from polar_env.errors import EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnavailable
 from polar_env.records import ChatRequest
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
-MODEL = "qwen3.5-4b"
-
-
-def load(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / name).read_text())
-
-
-class Upstream:
-    """Scripted engine: answers each path with a canned reply and records what it was sent."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.requests: list[tuple[str, str, Any]] = []
-        self.raw: list[bytes] = []  # the request bodies as sent
-        self.replies: dict[str, tuple[int, bytes]] = {}
-        self.hang_paths: set[str] = set()
-        self.release = asyncio.Event()
-        self.version: str | None = None  # what GET /version answers ({"version": ...}); None: 404, as a non-vLLM server
-        self.version_gets = 0  # kept out of ``requests``: those are the engine calls
-
-    def reply(self, path: str, body: Any, status: int = 200) -> None:
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.replies[path] = (status, raw)
-
-    @property
-    def bodies(self) -> list[Any]:
-        return [body for _, _, body in self.requests]
-
-    async def handle(self, request: web.Request) -> web.Response:
-        if request.path == "/version":
-            self.version_gets += 1
-            if self.version is None:
-                return web.json_response({"detail": "Not Found"}, status=404)
-            return web.json_response({"version": self.version})
-        raw = await request.read()
-        self.raw.append(raw)
-        self.requests.append((request.method, request.path, json.loads(raw) if raw else None))
-        if request.path in self.hang_paths:
-            await self.release.wait()
-        status, body = self.replies.get(request.path, (404, b'{"error": {"message": "no such route"}}'))
-        return web.Response(status=status, body=body, content_type="application/json")
-
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    up = Upstream()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", up.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    up.url = f"http://127.0.0.1:{server.port}"
+async def upstream() -> AsyncIterator[ScriptedEngine]:
+    up = await ScriptedEngine().start()
     yield up
-    up.release.set()
-    await server.close()
+    await up.close()
 
 
 @pytest.fixture
-async def client(upstream: Upstream) -> AsyncIterator[VLLMClient]:
+async def client(upstream: ScriptedEngine) -> AsyncIterator[VLLMClient]:
     c = VLLMClient(upstream.url, MODEL)
     yield c
     await c.aclose()
@@ -109,7 +59,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_text_and_reasoning(upstream: Upstream, client: VLLMClient) -> None:
+async def test_text_and_reasoning(upstream: ScriptedEngine, client: VLLMClient) -> None:
     fx = load("vllm_chat_reasoning.json")
     upstream.reply(CHAT, fx)
     req = ChatRequest(
@@ -150,7 +100,7 @@ async def test_text_and_reasoning(upstream: Upstream, client: VLLMClient) -> Non
     assert gen.weight_version is None
 
 
-async def test_qwen3_coder_tool_call_and_history_passthrough(upstream: Upstream, client: VLLMClient) -> None:
+async def test_qwen3_coder_tool_call_and_history_passthrough(upstream: ScriptedEngine, client: VLLMClient) -> None:
     fx = load("vllm_chat_tool_call.json")
     upstream.reply(CHAT, fx)
     history = [
@@ -185,7 +135,7 @@ async def test_qwen3_coder_tool_call_and_history_passthrough(upstream: Upstream,
     assert len(gen.response_logprobs) == len(gen.response_ids) == 27
 
 
-async def test_token_in_sends_kv_transfer_params(upstream: Upstream, client: VLLMClient) -> None:
+async def test_token_in_sends_kv_transfer_params(upstream: ScriptedEngine, client: VLLMClient) -> None:
     fx = load("vllm_chat_reasoning.json")
     upstream.reply(CHAT, fx)
     prompt = fx["prompt_token_ids"]
@@ -198,7 +148,7 @@ async def test_token_in_sends_kv_transfer_params(upstream: Upstream, client: VLL
     assert gen.prompt_ids == prompt
 
 
-async def test_token_in_on_vllm_0_32_sends_the_ids(upstream: Upstream, client: VLLMClient) -> None:
+async def test_token_in_on_vllm_0_32_sends_the_ids(upstream: ScriptedEngine, client: VLLMClient) -> None:
     upstream.version = "0.32.0"
     fx = load("vllm_chat_reasoning.json")
     upstream.reply(CHAT, fx)
@@ -211,7 +161,7 @@ async def test_token_in_on_vllm_0_32_sends_the_ids(upstream: Upstream, client: V
 
 
 async def test_token_in_on_vllm_0_25_falls_back_to_the_canonical_render(
-        upstream: Upstream, client: VLLMClient, caplog: pytest.LogCaptureFixture) -> None:
+        upstream: ScriptedEngine, client: VLLMClient, caplog: pytest.LogCaptureFixture) -> None:
     """NeMo RL's pinned vLLM 0.25.1 ignores kv_transfer_params.prompt_token_ids: the call goes out as
     messages, the Generation carries the ids the server rendered (which the trajectory compares
     with the context: drift), and the fallback is said once, not per call."""
@@ -235,7 +185,7 @@ async def test_token_in_on_vllm_0_25_falls_back_to_the_canonical_render(
 
 
 async def test_no_version_route_keeps_token_in_and_templated_calls_never_probe(
-        upstream: Upstream, client: VLLMClient) -> None:
+        upstream: ScriptedEngine, client: VLLMClient) -> None:
     fx = load("vllm_chat_reasoning.json")
     upstream.reply(CHAT, fx)
     await client.generate(ChatRequest(messages=USER))
@@ -254,13 +204,13 @@ def test_served_version_decides_token_in(version: str, parsed: tuple[int, ...] |
     assert release(version) == parsed and reads_token_in(version) is token_in
 
 
-async def test_token_in_ignored_by_engine_is_an_error(upstream: Upstream, client: VLLMClient) -> None:
+async def test_token_in_ignored_by_engine_is_an_error(upstream: ScriptedEngine, client: VLLMClient) -> None:
     upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
     with pytest.raises(EngineProtocolError, match="ignored token-in"):
         await client.generate(ChatRequest(messages=USER, prompt_ids=[248045, 846, 198, 1, 2, 3]))
 
 
-async def test_client_extra_body_and_forced_flags(upstream: Upstream) -> None:
+async def test_client_extra_body_and_forced_flags(upstream: ScriptedEngine) -> None:
     upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
     defaults = {"top_k": -1, "logprobs": False}
     c = VLLMClient(upstream.url + "/", MODEL, extra_body=defaults, logprobs_mode="raw")
@@ -279,7 +229,7 @@ async def test_client_extra_body_and_forced_flags(upstream: Upstream) -> None:
     assert gen.logprobs_mode == "raw"
 
 
-async def test_reasoning_content_fallback_and_int_stop_reason(upstream: Upstream, client: VLLMClient) -> None:
+async def test_reasoning_content_fallback_and_int_stop_reason(upstream: ScriptedEngine, client: VLLMClient) -> None:
     fx = load("vllm_chat_reasoning.json")
     msg = fx["choices"][0]["message"]
     msg["reasoning_content"] = msg.pop("reasoning")
@@ -294,7 +244,7 @@ async def test_reasoning_content_fallback_and_int_stop_reason(upstream: Upstream
 # ---- typed errors -------------------------------------------------------------------------------
 
 
-async def test_http_500_carries_engine_message_and_status(upstream: Upstream, client: VLLMClient) -> None:
+async def test_http_500_carries_engine_message_and_status(upstream: ScriptedEngine, client: VLLMClient) -> None:
     upstream.reply(CHAT, load("vllm_error.json"), status=500)
     with pytest.raises(EngineHTTPError) as info:
         await client.generate(ChatRequest(messages=USER))
@@ -304,7 +254,7 @@ async def test_http_500_carries_engine_message_and_status(upstream: Upstream, cl
     assert err.engine == "vllm" and err.url == upstream.url + CHAT
 
 
-async def test_malformed_json_is_protocol_error(upstream: Upstream, client: VLLMClient) -> None:
+async def test_malformed_json_is_protocol_error(upstream: ScriptedEngine, client: VLLMClient) -> None:
     upstream.reply(CHAT, b'{"choices": [')
     with pytest.raises(EngineProtocolError, match="malformed JSON"):
         await client.generate(ChatRequest(messages=USER))
@@ -319,7 +269,7 @@ async def test_connection_refused_is_unavailable() -> None:
         await c.aclose()
 
 
-async def test_slow_engine_times_out(upstream: Upstream) -> None:
+async def test_slow_engine_times_out(upstream: ScriptedEngine) -> None:
     upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
     upstream.hang_paths.add(CHAT)
     c = VLLMClient(upstream.url, MODEL, timeout_s=0.2)
@@ -330,7 +280,7 @@ async def test_slow_engine_times_out(upstream: Upstream) -> None:
         await c.aclose()
 
 
-async def test_null_token_ids_explain_the_fix(upstream: Upstream, client: VLLMClient) -> None:
+async def test_null_token_ids_explain_the_fix(upstream: ScriptedEngine, client: VLLMClient) -> None:
     upstream.reply(CHAT, load("vllm_chat_token_ids_null.json"))
     with pytest.raises(EngineProtocolError) as info:
         await client.generate(ChatRequest(messages=USER))
@@ -362,7 +312,7 @@ def _mutated(fn: Any) -> dict[str, Any]:
     ],
 )
 async def test_unusable_bodies_are_protocol_errors(
-    upstream: Upstream, client: VLLMClient, mutate: Any, match: str
+    upstream: ScriptedEngine, client: VLLMClient, mutate: Any, match: str
 ) -> None:
     upstream.reply(CHAT, _mutated(mutate))
     with pytest.raises(EngineProtocolError, match=match) as info:
@@ -379,7 +329,7 @@ def test_constructing_outside_a_loop_is_fine() -> None:
     assert isinstance(c, VLLMClient) and c._session is None  # created on first use, inside the loop
 
 
-async def test_borrowed_session_is_not_closed(upstream: Upstream) -> None:
+async def test_borrowed_session_is_not_closed(upstream: ScriptedEngine) -> None:
     upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
     async with aiohttp.ClientSession() as session:
         c = VLLMClient(upstream.url, MODEL, session=session)
@@ -388,7 +338,7 @@ async def test_borrowed_session_is_not_closed(upstream: Upstream) -> None:
         assert not session.closed
 
 
-async def test_owned_session_is_closed(upstream: Upstream) -> None:
+async def test_owned_session_is_closed(upstream: ScriptedEngine) -> None:
     upstream.reply(CHAT, load("vllm_chat_reasoning.json"))
     c = VLLMClient(upstream.url, MODEL)
     await c.generate(ChatRequest(messages=USER))
@@ -456,7 +406,7 @@ def test_a_token_id_past_64_bits_takes_the_orjson_path() -> None:
 # ---- token-in: the echo is compared as the bytes sent, not decoded ------------------------------
 
 
-async def test_token_in_echo_sent_back_byte_for_byte_is_not_decoded(upstream: Upstream, client: VLLMClient) -> None:
+async def test_token_in_echo_sent_back_byte_for_byte_is_not_decoded(upstream: ScriptedEngine, client: VLLMClient) -> None:
     """An engine that echoes the ids as sent (vLLM's compact JSON): the Generation carries the
     gateway's own list, and the payload still holds the ids as a plain JSON list."""
     import orjson
@@ -470,7 +420,7 @@ async def test_token_in_echo_sent_back_byte_for_byte_is_not_decoded(upstream: Up
     assert gen.prompt_ids is request.prompt_ids  # the echo matched the bytes sent: not decoded
 
 
-async def test_a_continuation_prompt_is_sent_as_the_json_it_carries(upstream: Upstream, client: VLLMClient) -> None:
+async def test_a_continuation_prompt_is_sent_as_the_json_it_carries(upstream: ScriptedEngine, client: VLLMClient) -> None:
     """A ``JsonIds`` prompt (the continuation's, extended by the delta) is sent as the JSON text
     it carries, not serialized again (that text is exact by construction: tests/test_tokenids.py)."""
     import orjson

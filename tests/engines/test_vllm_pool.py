@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from fake_vllm import MODEL, SEEN, fake_vllm_app
+from fake_engines import MODEL, SEEN, fake_vllm_app
 
 from polar_env.engines.config import VLLMEngineConfig, build_engine, engine_config
 from polar_env.engines.vllm import VLLMClient
@@ -63,7 +63,7 @@ async def test_sessions_stick_and_spread() -> None:
             for sid in ("a", "b", "c", "d", "e", "f"):
                 await pool.generate(_req(sid))
         assert sorted(_count(s) for s in servers) == [6, 6, 6]  # 2 sessions x 3 turns each
-        holders = {sid: pool.server_for(sid).client.base_url for sid in "abcdef"}
+        holders = {sid: pool.router.home(sid) for sid in "abcdef"}
         for s in servers:  # each server saw only its own sessions
             ids = {b["session_id"] for b in s.app[SEEN]}
             assert all(holders[i] == str(s.make_url("")).rstrip("/") for i in ids) and len(ids) == 2
@@ -80,18 +80,18 @@ async def test_dead_server_fails_over_and_comes_back() -> None:
     try:
         await pool.generate(_req("s1"))
         await pool.generate(_req("s2"))
-        first, second = pool.server_for("s1"), pool.server_for("s2")
+        first, second = pool.router.home("s1"), pool.router.home("s2")
         assert first is not second
         port = servers[1].port
         await servers[1].close()  # s2's server dies
         gen = await pool.generate(_req("s2"))
         assert gen.response_ids and pool.failovers == 1
-        assert pool.server_for("s2") is first and not pool.health()[urls[1]]["up"]
+        assert pool.router.home("s2") == first and not pool.health()[urls[1]]["up"]
         assert "cannot reach" in str(pool.health()[urls[1]]["error"])
         revived = TestServer(_app([]), host="127.0.0.1", port=port)
         await revived.start_server()
         await until(lambda: pool.health()[urls[1]]["up"], "the pool to see the revived server up")
-        assert pool.server_for("s2") is first  # a moved session stays where its cache now is
+        assert pool.router.home("s2") == first  # a moved session stays where its cache now is
         await pool.generate(_req("s3"))
         assert _count(revived) == 1  # new sessions go to the revived, emptier server
         await revived.close()

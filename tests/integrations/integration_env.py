@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_sglang import FakeSGLangRouter, FakeSGLangWorker  # noqa: F401 - re-exported for the tests here
+from fake_engines import FakeSGLangRouter, FakeSGLangWorker  # noqa: F401 - re-exported for the tests here
 
 from polar_env.tasks.swe import SweTask
 

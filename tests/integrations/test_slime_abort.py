@@ -7,7 +7,7 @@ aborted group into its buffer and the next rollout re-runs it through polar's ge
 
 Everything on the polar side is real (PolarEnv, gateway, loop harness, bubblewrap runtime,
 swebench grading, the SGLang client); the engine is the embedded CPU engine behind the SGLang
-router/worker doubles of tests/fake_sglang.py. slime comes from a checkout: set
+router/worker doubles of tests/fake_engines.py. slime comes from a checkout: set
 ``POLAR_SLIME_SRC=/path/to/slime`` (``.ci/run`` unpacks the vendored source) or install it (it is not on PyPI).
 """
 
@@ -85,7 +85,7 @@ def _groups(task_rows: list[dict[str, Any]], start: int) -> list[list[Any]]:
 
 @pytest.mark.parametrize("partial", [True, False], ids=["partial-rollout", "plain"])
 async def test_slime_abort_cancels_polar_sessions(tmp_path: Path, partial: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fake_sglang import FakeSGLangRouter
+    from fake_engines import FakeSGLangRouter
     from integration_env import require_sandbox
     from slime.rollout.sglang_rollout import generate_rollout_async
     from slime.utils.types import Sample

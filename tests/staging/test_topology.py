@@ -19,10 +19,13 @@ class InFlight:
 
 def test_engine_members_of_each_client() -> None:
     pool = engine_members(VLLMPool(["http://a:8000", "http://b:8000/"], "m"))
-    assert pool == {"client": "VLLMPool", "members": [{"url": "http://a:8000", "up": True, "sessions": 0, "error": ""},
-                                                      {"url": "http://b:8000", "up": True, "sessions": 0, "error": ""}]}
+    fresh = {"up": True, "sessions": 0, "in_flight": 0, "hit_rate": None, "error": ""}
+    assert pool["members"] == [{"url": "http://a:8000", **fresh}, {"url": "http://b:8000", **fresh}]
+    cache = pool["prefix_cache"]  # routed clients add their prefix-cache figures (engines/routing.py)
+    assert isinstance(cache, dict) and list(cache["servers"]) == ["http://a:8000", "http://b:8000"]
     router = engine_members(SGLangClient(router_url="http://r:30000/", model="m"))
-    assert router == {"client": "SGLangClient", "router": "http://r:30000", "members": []}  # none listed yet
+    assert {k: v for k, v in router.items() if k != "prefix_cache"} == {
+        "client": "SGLangClient", "router": "http://r:30000", "members": []}  # none listed yet
     workers = engine_members(SGLangClient(["http://w1:30000", "http://w2:30000"], "m"))
     assert [m["url"] for m in workers["members"]] == ["http://w1:30000", "http://w2:30000"]  # type: ignore[attr-defined]
     one = engine_members(VLLMClient("http://a:8000", "m"))

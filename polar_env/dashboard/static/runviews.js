@@ -59,13 +59,20 @@ async function pageHealth(run) {
     h("td", {class: "num", text: fmt(n.sampled_tokens)}),
     h("td", {class: `num${n.node_lost ? " bad" : ""}`, "data-col": "node_lost", text: fmt(n.node_lost)}),
     h("td", {class: "muted", text: n.metrics_url ? `${n.metrics_url} (token: ${n.metrics_token_file})` : "—"})));
-  const members = t.nodes.flatMap((n) => ((n.engine || {}).members || []).map((m) => ({node: n.node_id, client: n.engine.client, router: n.engine.router, ...m})));
+  // prefix-cache figures of a routed engine (engines/routing.py): per member, and one line per node
+  const members = t.nodes.flatMap((n) => ((n.engine || {}).members || []).map((m) => ({node: n.node_id, client: n.engine.client, router: n.engine.router,
+    cache: (((n.engine.prefix_cache || {}).servers) || {})[m.url] || {}, ...m})));
+  const caches = t.nodes.filter((n) => (n.engine || {}).prefix_cache).map((n) => [n.node_id, n.engine.prefix_cache]);
   const engine = h("div", {class: "card", id: "engine"}, h("h2", {text: "Engine"}),
     h("p", {text: `${t.engine.kind}${t.engine.model ? `, model ${t.engine.model}` : ""}${t.engine.urls.length ? ` at ${t.engine.urls.join(", ")}` : " (in each node's process)"}`}),
-    members.length ? h("table", {id: "engine-members"}, h("thead", {}, h("tr", {}, ["node", "client", "member", "up", "sessions", "error"].map((x) => h("th", {text: x})))),
+    ...caches.map(([node, c]) => h("p", {class: "prefix-cache", "data-node": node, text: `prefix cache (${node}): ${pct(c.hit_rate)} of prompt tokens, ` +
+      `${pct(c.warm_hit_rate)} after each session's first call, lowest server ${pct(c.min_server_hit_rate)}; ${fmt(c.spills)} spill(s) off an overloaded server`})),
+    members.length ? h("table", {id: "engine-members"}, h("thead", {}, h("tr", {}, ["node", "client", "member", "up", "sessions", "in flight", "cache hit rate", "engine's own", "error"].map((x) => h("th", {text: x})))),
       h("tbody", {}, members.map((m) => h("tr", {"data-url": m.url}, h("td", {text: m.node}), h("td", {text: `${m.client}${m.router ? ` via router ${m.router}` : ""}`}),
         h("td", {text: m.url}), h("td", {class: m.up === false ? "bad" : "", text: m.up === undefined ? "—" : String(m.up)}),
-        h("td", {class: "num", text: fmt(m.sessions)}), h("td", {class: "bad", text: m.error || ""})))))
+        h("td", {class: "num", text: fmt(m.sessions ?? m.cache.sessions)}), h("td", {class: "num", text: fmt(m.cache.in_flight)}),
+        h("td", {class: "num", "data-col": "hit_rate", text: pct(m.cache.hit_rate)}), h("td", {class: "num", text: pct(m.cache.engine_hit_rate)}),
+        h("td", {class: "bad", text: m.error || ""})))))
       : h("p", {class: "muted", text: "no separate engine servers: each node runs its engine in its own process"}));
   const dead = t.dead_nodes.length || t.node_lost
     ? h("div", {class: "card alarm", id: "node-deaths"}, h("b", {text: `${t.dead_nodes.length} dead node(s)${t.dead_nodes.length ? ": " + t.dead_nodes.join(", ") : ""}; ${t.node_lost} session(s) lost with them (node_lost)`}),
