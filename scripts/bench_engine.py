@@ -9,7 +9,7 @@ loads the model, warms up, then runs N requests at once (threads calling ``compl
 shared machine hits both; the load average is printed per round. Run::
 
     python scripts/bench_engine.py [--models tiny,smollm2] [--concurrency 1,4,16] [--rounds 3]
-        [--tokens 32] [--smollm2-tokens 16] [--baseline-rev HEAD | --no-baseline] [--baseline-threads 1]
+        [--tokens 32] [--smollm2-tokens 16] [--baseline-rev REV ... | --no-baseline] [--baseline-threads 1]
     python scripts/bench_engine.py --http
 """
 
@@ -89,12 +89,14 @@ def measure(tree: Path, model: str, levels: list[int], tokens: int, threads: int
 
 def compare(args: argparse.Namespace) -> None:
     levels = [int(n) for n in args.concurrency.split(",")]
-    variants: list[tuple[str, Path, int | None]] = [("after", REPO, None)]
-    if not args.no_baseline:
-        base = baseline_tree(args.baseline_rev)
-        variants.insert(0, (f"before ({args.baseline_rev})", base, None))
+    variants: list[tuple[str, Path, int | None]] = []
+    for rev in [] if args.no_baseline else args.baseline_rev or ["HEAD"]:
+        base = baseline_tree(rev)
+        variants.append((f"before ({rev})", base, None))
         if args.baseline_threads:
-            variants.insert(1, (f"before, {args.baseline_threads} thread(s)", base, args.baseline_threads))
+            variants.append((f"before ({rev}), {args.baseline_threads} thread(s)", base, args.baseline_threads))
+    variants.append(("after", REPO, None))
+    befores = [name for name, _, _ in variants[:-1]]
     loads: list[float] = []
     runs: dict[tuple[str, str], list[dict[int, dict[str, float]]]] = {}
     for model in args.models.split(","):
@@ -109,7 +111,8 @@ def compare(args: argparse.Namespace) -> None:
                 print(f"[{model} round {r + 1} {name:<24}] load {load:4.1f}  tok/s {rates}", flush=True)
     print(f"\nload average (1 min) during the runs: mean {statistics.mean(loads):.1f}, "
           f"min {min(loads):.1f}, max {max(loads):.1f} on {os.cpu_count()} CPUs; median of {args.rounds} rounds\n")
-    header = "| model | tree | " + " | ".join(f"{n} req: tok/s (CPU-ms/tok)" for n in levels) + " |"
+    print("cells: sampled tok/s (CPU-ms per token); after: ratio to each baseline, wall (CPU)\n")
+    header = "| model | tree | " + " | ".join(f"{n} req" for n in levels) + " |"
     print(header)
     print("|" + "---|" * (2 + len(levels)))
     for (model, name), results in runs.items():
@@ -117,12 +120,13 @@ def compare(args: argparse.Namespace) -> None:
         for n in levels:
             rate = statistics.median(res[n]["tokens"] / res[n]["wall"] for res in results)
             cpu = statistics.median(res[n]["cpu"] / res[n]["tokens"] * 1000 for res in results)
-            first = runs.get((model, variants[0][0]))
-            ratio = ""
-            if first is not None and name != variants[0][0]:
-                base_rate = statistics.median(res[n]["tokens"] / res[n]["wall"] for res in first)
-                ratio = f" **{rate / base_rate:.1f}x**"
-            cells.append(f"{rate:.1f}{ratio} ({cpu:.0f})")
+            ratios = []
+            for before in befores if name == "after" else []:  # after ÷ each baseline
+                base_rate = statistics.median(res[n]["tokens"] / res[n]["wall"] for res in runs[(model, before)])
+                base_cpu = statistics.median(res[n]["cpu"] / res[n]["tokens"] * 1000 for res in runs[(model, before)])
+                ratios.append(f"{rate / base_rate:.1f}x ({base_cpu / cpu:.1f}x CPU)")
+            ratio = f" **{' / '.join(ratios)}**" if ratios else ""
+            cells.append(f"{rate:.1f} ({cpu:.1f}){ratio}")
         print(f"| {model} | {name} | " + " | ".join(cells) + " |")
 
 
@@ -207,7 +211,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32, help="sampled tokens per request (tiny model)")
     ap.add_argument("--smollm2-tokens", type=int, default=16, help="sampled tokens per request (SmolLM2)")
-    ap.add_argument("--baseline-rev", default="HEAD", help="the git tree to compare against (git archive)")
+    ap.add_argument("--baseline-rev", action="append",
+                    help="a git tree to compare against (git archive); repeat for several (default HEAD)")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--baseline-threads", type=int, help="also run the baseline with this many torch threads")
     ap.add_argument("--http", action="store_true", help="startup, in-process vs HTTP decode, prefill (this tree)")

@@ -212,4 +212,6 @@ def test_smollm2_alone_and_in_a_batch_of_four_agree(smollm2: object) -> None:
     assert isinstance(engine, EmbeddedEngine)
     requests = [(r.model_copy(update={"max_tokens": 6}), x) for r, x in _requests(greedy=True)]
     alone = [engine.complete(r, x).generation for r, x in requests]
+    prefills = engine.scheduler.prefills
     _assert_same(alone, _together(engine, requests), SMOLLM2_TOLERANCE)
+    assert engine.scheduler.prefills - prefills < len(requests)  # some prompts shared a padded prefill

@@ -1,14 +1,16 @@
 """Continuous batching for the embedded engine: concurrent requests decode in one forward pass.
 
 A scheduler thread owns the model while there is work. At each step boundary it admits queued
-requests (each prefilled alone, on its own KV cache, reusing a kept prefix), samples one token for
-every running request from its own row of logits (``RowSampler``: the arithmetic of a lone
-decode), lets finished and cancelled requests leave at once, and runs the rest in one batched
-forward. The batch's KV is left-padded to the longest request, with an attention mask over the
-padding and each row's own position ids: the keys already carry their rotary positions, so a row
-attends to exactly what it would alone (float noise only). One request alone runs the unpadded
-single-row path. The thread exits when idle; at interpreter exit the batch is cancelled and the
-thread joined (a daemon thread killed inside torch aborts the process).
+requests (prefilled together where their new-token counts are alike: ``prefill_groups``; each
+row left-padded after its own kept prefix, at its own positions), samples one token for every
+running request from its own row of logits (``RowSampler``: the arithmetic of a lone decode),
+lets finished and cancelled requests leave at once, and runs the rest in one batched forward.
+The batch's KV (``kv.BatchKV``) is one preallocated slab per layer, rows left-padded to the
+longest, with a per-row attention mask and each row's own position ids: the keys already carry
+their rotary positions, so a row attends to exactly what it would alone (float noise only). One
+request alone runs the unpadded single-row path. The thread exits when idle; at interpreter exit
+the batch is cancelled and the thread joined (a daemon thread killed inside torch aborts the
+process).
 
 Weights change only between requests: ``exclusive()`` stops admitting, lets the running requests
 finish, and holds the model until the new weights are in; a request reports the weight version it
@@ -25,12 +27,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from polar_env.chat import ChatFormat
+from polar_env.engines.embedded.kv import BatchKV, pad_together
 from polar_env.engines.embedded.model import (
     DecodeCancelled,
     Decoded,
@@ -46,6 +48,9 @@ MAX_BATCH = 16
 """Rows decoded together; more requests wait in the queue. SmolLM2 holds ~46 KB of KV per token,
 so 16 rows of 8k-token contexts are ~6 GB."""
 
+PREFILL_TOKENS = 4096
+"""Padded prompt tokens prefilled in one forward (a longer prompt runs alone): bounds the
+activations of a group prefill (SmolLM2's MLP: 6 KB a token a layer)."""
 
 DECODE_THREADS = 1
 """Torch intra-op threads while the scheduler works (set when it starts, restored when it goes
@@ -82,9 +87,10 @@ class Scheduler:
     """The model's only user while requests run; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, chat: ChatFormat, prefix: PrefixCache | None,
-                 version: Callable[[], str], max_batch: int = MAX_BATCH, threads: int | None = DECODE_THREADS) -> None:
+                 version: Callable[[], str], max_batch: int = MAX_BATCH, threads: int | None = DECODE_THREADS,
+                 prefill_tokens: int = PREFILL_TOKENS) -> None:
         self.model, self.chat, self.prefix, self.version = model, chat, prefix, version
-        self.threads = threads
+        self.threads, self.prefill_tokens = threads, prefill_tokens
         self.max_batch = max_batch if batchable(getattr(model, "config", None)) else 1
         self.model_lock = threading.Lock()  # held for every forward and for a weight load
         self._cond = threading.Condition()
@@ -95,9 +101,10 @@ class Scheduler:
         self._paused = 0  # exclusive() callers waiting or holding the model
         # scheduler thread only:
         self._rows: list[_Row] = []
-        self._cache: DynamicCache | None = None  # the rows' KV, [rows, heads, longest, dim], left-padded
+        self._kv: BatchKV | None = None  # the rows' KV and mask
         # counters (read by tests and the benchmark)
         self.steps = 0  # batched forwards run
+        self.prefills = 0  # prefill forwards run (one per group of requests admitted together)
         self.peak_rows = 0
         self.cancelled = 0
         _SCHEDULERS.add(self)
@@ -183,13 +190,11 @@ class Scheduler:
             except BaseException as exc:  # noqa: BLE001 - a failed forward fails its requests, never the thread
                 for job in [row.job for row in self._rows] + admit:
                     _fail(job, exc)
-                self._rows, self._cache = [], None
+                self._rows, self._kv = [], None
 
     def _admit(self, jobs: list[Job]) -> None:
-        """Prefill each new request on its own cache, then pad it into the batch."""
-        from transformers import DynamicCache
-
-        joined: list[tuple[_Row, DynamicCache]] = []
+        """Prefill the new requests (together where their lengths allow), then pad them into the batch."""
+        waiting: list[_Waiting] = []
         for job in jobs:
             if not job.future.set_running_or_notify_cancel():
                 continue
@@ -199,19 +204,42 @@ class Scheduler:
                 continue
             try:
                 sampler = RowSampler(self.chat, job.params, job.forced_ids)
-                cache, reused = self.prefix.take(job.prompt_ids) if self.prefix is not None else (DynamicCache(), 0)
-                out = self.model(input_ids=torch.tensor([job.prompt_ids[reused:]]), cache=cache, use_cache=True,
-                                 logits_to_keep=1)
+                cache, reused = self.prefix.take(job.prompt_ids) if self.prefix is not None else (None, 0)
             except Exception as exc:  # noqa: BLE001 - this request's failure only
                 _fail(job, exc)
                 continue
-            row = _Row(job, sampler, out.logits[0, -1], len(job.prompt_ids))
-            if sampler.done is not None:  # nothing to sample (an empty forced turn)
-                self._leave_alone(row, cache)
-                continue
-            joined.append((row, cache))
-        if joined:
-            self._join(joined)
+            waiting.append(_Waiting(job, sampler, cache, reused))
+        for group in prefill_groups(waiting, self.prefill_tokens):
+            try:
+                self._prefill(group)
+            except Exception as exc:  # noqa: BLE001 - these requests' failure only
+                for w in group:
+                    _fail(w.job, exc)
+
+    def _prefill(self, group: list[_Waiting]) -> None:
+        """One forward for the group's new tokens (left-padded, masked, each at its own positions,
+        after its kept prefix), then the group joins the batch. One request alone runs unpadded."""
+        from transformers import DynamicCache
+
+        new = [w.job.prompt_ids[w.reused:] for w in group]
+        if len(group) == 1:
+            cache = group[0].cache if group[0].cache is not None else DynamicCache()
+            out = self.model(input_ids=torch.tensor(new), cache=cache, use_cache=True, logits_to_keep=1)
+            mask = torch.ones(1, len(group[0].job.prompt_ids), dtype=torch.long)
+        else:
+            cache, kept = pad_together([w.cache for w in group], [w.reused for w in group])
+            width = max(map(len, new))
+            ids = torch.tensor([[0] * (width - len(n)) + n for n in new])
+            fresh = torch.tensor([[0] * (width - len(n)) + [1] * len(n) for n in new])
+            mask = torch.cat([kept, fresh], dim=1)
+            starts = torch.tensor([[w.reused - width + len(n)] for w, n in zip(group, new, strict=True)])
+            positions = (torch.arange(width) + starts).clamp(min=0)  # padding's positions are never attended
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1)
+        self.prefills += 1
+        self._kv = BatchKV.of(cache, mask) if self._kv is None else self._kv.joined(cache, mask)
+        self._rows = self._rows + [_Row(w.job, w.sampler, out.logits[i, -1], len(w.job.prompt_ids))
+                                   for i, w in enumerate(group)]
 
     def _sample(self) -> None:
         """One token per row from its own logits; finished, failed and cancelled rows leave."""
@@ -221,34 +249,33 @@ class Scheduler:
                 self.cancelled += 1
                 _fail(row.job, DecodeCancelled(f"cancelled after {len(row.sampler.ids)} token(s)"))
                 continue
-            try:
-                done = row.sampler.take(row.logits)
+            try:  # an empty forced turn is done before it samples
+                done = row.sampler.done if row.sampler.done is not None else row.sampler.take(row.logits)
             except Exception as exc:  # noqa: BLE001 - this request's failure only
                 _fail(row.job, exc)
                 continue
             if done is None:
                 keep.append(i)
             else:
-                if self.prefix is not None:
-                    self.prefix.put(row.job.prompt_ids + done.ids[:-1], self._row_cache(i))  # all but the last id ran
+                if self.prefix is not None and self._kv is not None:
+                    self.prefix.put(row.job.prompt_ids + done.ids[:-1], self._kv.row(i))  # all but the last id ran
                 row.job.future.set_result(Finished(done, self.version()))
         if len(keep) < len(self._rows):
-            self._select(keep)
+            self._rows = [self._rows[i] for i in keep]
+            self._kv = self._kv.select(keep) if keep and self._kv is not None else None
 
     def _forward(self) -> None:
         """Run every row's last sampled token in one forward pass."""
-        rows, cache = self._rows, self._cache
-        assert cache is not None
+        rows, kv = self._rows, self._kv
+        assert kv is not None
         tokens = torch.tensor([[row.sampler.ids[-1]] for row in rows])
-        if len(rows) == 1:  # exactly a lone decode: no padding
-            out = self.model(input_ids=tokens, cache=cache, use_cache=True)
+        mask = kv.step_mask()
+        if len(rows) == 1 and kv.dense:  # exactly a lone decode: no padding
+            out = self.model(input_ids=tokens, cache=kv.cache, use_cache=True)
         else:
-            width = cache.get_seq_length()
-            mask = torch.ones(len(rows), width + 1, dtype=torch.long)
-            for i, row in enumerate(rows):
-                mask[i, : width - row.length] = 0
             positions = torch.tensor([[row.length] for row in rows])
-            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=kv.cache,
+                             use_cache=True)
         logits = out.logits[:, -1]
         for i, row in enumerate(rows):
             row.logits = logits[i]
@@ -256,76 +283,36 @@ class Scheduler:
         self.steps += 1
         self.peak_rows = max(self.peak_rows, len(rows))
 
-    # -- the batch's KV -----------------------------------------------------------------------
-    def _join(self, joined: list[tuple[_Row, DynamicCache]]) -> None:
-        """Append rows (each with its own cache) to the batch: every cache left-padded to the longest."""
-        from transformers import DynamicCache
 
-        if not self._rows and len(joined) == 1:
-            (row, cache), = joined
-            self._rows, self._cache = [row], cache
-            return
-        sources = ([self._cache] if self._cache is not None else []) + [cache for _, cache in joined]
-        width = max(source.get_seq_length() for source in sources)
-        layers = []
-        kvs = [_kv(source) for source in sources]
-        for li in range(len(kvs[0])):
-            keys = torch.cat([_left_pad(kv[li].keys, width) for kv in kvs])
-            values = torch.cat([_left_pad(kv[li].values, width) for kv in kvs])
-            layers.append((keys, values))
-        self._rows = self._rows + [r for r, _ in joined]
-        self._cache = DynamicCache(ddp_cache_data=layers)
+@dataclass(slots=True)
+class _Waiting:
+    """A request admitted, its kept prefix taken, not yet prefilled."""
 
-    def _select(self, keep: list[int]) -> None:
-        """Keep only these rows, dropping the padding columns no row needs any more."""
-        cache = self._cache
-        rows = [self._rows[i] for i in keep]
-        self._rows = rows
-        if not rows or cache is None:
-            self._cache = None
-            return
-        width = cache.get_seq_length()
-        drop = width - max(r.length for r in rows)  # columns that are padding in every kept row
-        index = torch.tensor(keep)
-        for layer in _kv(cache):
-            layer.keys = layer.keys[index, :, drop:]
-            layer.values = layer.values[index, :, drop:]
+    job: Job
+    sampler: RowSampler
+    cache: DynamicCache | None  # the kept prefix's KV (None: nothing kept)
+    reused: int  # prompt ids that KV holds
 
-    def _row_cache(self, i: int) -> DynamicCache:
-        """Row ``i``'s KV alone (its padding cut), for the prefix cache."""
-        from transformers import DynamicCache
-
-        cache = self._cache
-        assert cache is not None
-        if len(self._rows) == 1:
-            return cache
-        start = cache.get_seq_length() - self._rows[i].length
-        return DynamicCache(ddp_cache_data=[(layer.keys[i: i + 1, :, start:].clone(),
-                                             layer.values[i: i + 1, :, start:].clone()) for layer in _kv(cache)])
-
-    def _leave_alone(self, row: _Row, cache: DynamicCache) -> None:
-        done = row.sampler.done
-        assert done is not None
-        if self.prefix is not None:
-            self.prefix.put(row.job.prompt_ids, cache)
-        row.job.future.set_result(Finished(done, self.version()))
+    @property
+    def new(self) -> int:
+        return len(self.job.prompt_ids) - self.reused
 
 
-class _KV(Protocol):
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-def _kv(cache: DynamicCache) -> list[_KV]:
-    """The cache's layers as plain full-attention KV (what padding into a batch needs)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers: list[_KV] = []
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer or not isinstance(layer.keys, torch.Tensor):
-            raise TypeError(f"cannot batch a {type(layer).__name__} cache layer")
-        layers.append(cast(_KV, layer))
-    return layers
+def prefill_groups(waiting: list[_Waiting], budget: int) -> list[list[_Waiting]]:
+    """Requests to prefill in one forward each: similar new-token counts together (padding at most
+    a quarter of a group's tokens, plus a few), at most ``budget`` padded tokens a group (a longer
+    prompt runs alone)."""
+    groups: list[list[_Waiting]] = []
+    for w in sorted(waiting, key=lambda w: w.new, reverse=True):
+        group = groups[-1] if groups else None
+        if group is not None:
+            padded = group[0].new * (len(group) + 1)
+            real = sum(g.new for g in group) + w.new
+            if padded <= budget and padded <= real * 1.25 + 16 * (len(group) + 1):
+                group.append(w)
+                continue
+        groups.append([w])
+    return groups
 
 
 def batchable(config: object) -> bool:
@@ -341,10 +328,6 @@ _SCHEDULERS: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 def _shutdown_all() -> None:
     for scheduler in list(_SCHEDULERS):
         scheduler.shutdown(timeout=30)
-
-
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    return F.pad(tensor, (0, 0, width - tensor.shape[-2], 0)) if tensor.shape[-2] < width else tensor
 
 
 def _fail(job: Job, exc: BaseException) -> None:

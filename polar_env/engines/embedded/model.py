@@ -144,6 +144,20 @@ def _nucleus(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.log_softmax(masked, dim=-1)
 
 
+def draw(logprobs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from ``exp(logprobs)`` by inverse CDF: one float64 uniform from the request's own
+    generator against the float64 running sum of the probabilities. The distribution
+    ``torch.multinomial`` samples (its exponential race draws one variate per vocabulary entry: 11 ms
+    a token over Qwen3.5's 248k, against 0.7 ms here), reproducible per seed (not multinomial's
+    ids); a token of zero probability (outside the nucleus) is never drawn."""
+    cdf = logprobs.exp().double().cumsum(0)
+    x = torch.rand((), dtype=torch.float64, generator=generator) * cdf[-1]
+    token = int(torch.searchsorted(cdf, x, right=True))
+    if token >= len(cdf):  # x rounded up to the total: the last token with any mass
+        token = int((cdf < cdf[-1]).sum())  # the first index holding the whole mass
+    return token
+
+
 class DecodeCancelled(Exception):
     """The caller gave up on this generation (an aborted call, a closing engine): sampling
     stopped at the next token and nothing is returned."""
@@ -241,10 +255,7 @@ class RowSampler:
         else:
             if params.top_p < 1.0 and not self.greedy:
                 processed = _nucleus(processed, params.top_p)
-            if self.greedy:
-                token = int(torch.argmax(processed))
-            else:
-                token = int(torch.multinomial(processed.exp(), 1, generator=self.generator))
+            token = int(torch.argmax(processed)) if self.greedy else draw(processed, self.generator)
         # raw: the unbiased temperature-1 distribution (only computed when it is the one reported)
         reported = torch.log_softmax(next_logits.float(), dim=-1) if params.logprobs_mode == "raw" else processed
         ids = self.ids
