@@ -68,6 +68,9 @@ def run_train(recipe_path: Path, overrides: dict[str, Any], tracker: str | None 
           f"step-0 max |Δ| {s['step0_max_abs_delta']:.2e}; {s['sampled_tokens_per_s']} sampled tokens/s; "
           f"s/step rollout {s['s_per_step']['rollout_s']} train {s['s_per_step']['train_s']} sync {s['s_per_step']['sync_s']}; "
           f"{updates_line(s['updates'])}; wall {s['wall_s']} s")
+    fwd = s["forward"]
+    print(f"forwarded ids per sampled token: {fwd['full_per_sampled']} one row per trace, "
+          f"{fwd['shared_per_sampled']} one prefix per group")
     if (held := s["held_out"]) is not None:
         print(f"held-out ({held['tasks']} tasks never trained on, {recipe.held_out_rollouts} rollouts each): "
               f"reward before {held['before']}, after {held['after']} (Δ {held['gain']:+.3f})")

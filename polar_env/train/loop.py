@@ -51,6 +51,8 @@ class StepRecord:
     loss: float
     grad_norm: float
     rss_gb: float = 0.0  # resident memory after the step (and after handing freed heap back)
+    full_tokens: int = 0  # ids the trainer would forward with one row per trace
+    forwarded_tokens: int = 0  # ids it forwarded: one prefix per group (``shared_forward.py``)
 
 
 @dataclass(slots=True)
@@ -96,9 +98,26 @@ class RunResult:
             "updates": {"builder": self.recipe.get("builder"),  # "merged" counts what it built
                         "per_request": self.per_request_traces, "merged": self.merged_traces,
                         "per_request_tokens": self.per_request_tokens, "merged_tokens": self.merged_tokens},
+            "forward": forward_summary(steps),
             "weight_versions": [s.weight_versions for s in steps],
             "held_out": held_out_summary(self.held_out_before, self.held_out_after),
         }
+
+
+class ForwardSummary(TypedDict):
+    sampled: int  # mask-1 tokens trained on
+    full: int  # ids forwarded with one row per trace (before one prefix per group)
+    shared: int  # ids forwarded with one prefix per group
+    full_per_sampled: float
+    shared_per_sampled: float
+
+
+def forward_summary(steps: list[StepRecord]) -> ForwardSummary:
+    sampled = sum(s.sampled_tokens for s in steps)
+    full, shared = sum(s.full_tokens for s in steps), sum(s.forwarded_tokens for s in steps)
+    return {"sampled": sampled, "full": full, "shared": shared,
+            "full_per_sampled": round(full / sampled, 3) if sampled else 0.0,
+            "shared_per_sampled": round(shared / sampled, 3) if sampled else 0.0}
 
 
 class HeldOutSummary(TypedDict):
@@ -208,6 +227,7 @@ async def train_with(
             new_version=version, step0_max_abs_delta=stats.step0.max_abs_delta,
             ratio_min=min(stats.ratios, default=1.0), ratio_max=max(stats.ratios, default=1.0),
             loss=stats.loss, grad_norm=stats.grad_norm, rss_gb=release_freed_memory(),
+            full_tokens=stats.full_tokens, forwarded_tokens=stats.forwarded_tokens,
         )
         result.steps.append(record)
         if on_step is not None:
