@@ -4,7 +4,7 @@ Why: with a fresh ``bwrap --unshare-all`` per tool call, a background process (`
 the agent starts for its tests) died with that call's PID namespace, while on Docker and Apptainer it
 lives until the session stops. So the session's first exec starts one *instance*: ``bwrap`` with the
 session's own user, pid, net, ipc, uts and cgroup namespaces (the same mounts as an exec) running a
-holder, ``/bin/sh -c 'read -r _'`` on a pipe whose write end only this process holds. Each exec
+holder, ``/bin/sh -c 'echo polar-ready; read -r _'`` on a pipe whose write end only this process holds. Each exec
 then joins it:
 
     nsenter --user=FD --net=FD --ipc=FD --uts=FD --cgroup=FD --preserve-credentials -- \\
@@ -34,7 +34,11 @@ import os
 from dataclasses import dataclass, field
 
 JOINED = ("user", "net", "ipc", "uts", "cgroup")  # nsenter's; the pid namespace is bwrap's (--pidns)
-HOLDER = ("/bin/sh", "-c", "read -r _ || :")  # exits when the pipe's write end closes
+READY = b"polar-ready\n"
+# says it is up (bwrap has then written the uid map, mounted and dropped capabilities: --info-fd comes
+# before that, and an exec joining a user namespace with no uid map yet is refused by bwrap), then
+# exits when the pipe's write end closes
+HOLDER = ("/bin/sh", "-c", "echo polar-ready; read -r _ || :")
 INFO_TIMEOUT_S = 60.0
 INFO_KEYS = {"net": "net-namespace", "ipc": "ipc-namespace", "uts": "uts-namespace", "pid": "pid-namespace",
              "cgroup": "cgroup-namespace"}

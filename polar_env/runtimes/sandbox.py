@@ -69,7 +69,15 @@ from polar_env.errors import ConfigError
 from polar_env.runtimes.argv import GATEWAY_SOCKET, POLAR_RUN_DIR, RELAY_PATH, RELAY_SOURCE, relay_argv
 from polar_env.runtimes.base import RuntimeSpec
 from polar_env.runtimes.bundle import ImageDir
-from polar_env.runtimes.bwrap_instance import HOLDER, INFO_TIMEOUT_S, Instance, nsenter_argv, open_namespaces, read_info
+from polar_env.runtimes.bwrap_instance import (
+    HOLDER,
+    INFO_TIMEOUT_S,
+    READY,
+    Instance,
+    nsenter_argv,
+    open_namespaces,
+    read_info,
+)
 from polar_env.runtimes.hostworkspace import (  # noqa: F401 - re-exported: the runtimes' shared names
     ARGS_FD,
     BASELINE_SCRIPT,
@@ -346,10 +354,16 @@ class SandboxRuntime(HostWorkspaceRuntime):
         self._procs.add(proc)
         instance = Instance(proc, hold_w)
         info = await read_info(info_r)
+        assert proc.stdout is not None
+        first = b""
         try:
             if info is None or "child-pid" not in info:
                 raise ProcessLookupError("no --info-fd report")
             instance.fds = open_namespaces(info)
+            with contextlib.suppress(TimeoutError):
+                first = await asyncio.wait_for(proc.stdout.readline(), INFO_TIMEOUT_S)
+            if first != READY:
+                raise ProcessLookupError(first.decode("utf-8", "replace").strip() or "the holder never started")
         except (OSError, ValueError) as exc:
             instance.close()
             killpg(proc)
@@ -357,11 +371,10 @@ class SandboxRuntime(HostWorkspaceRuntime):
             with contextlib.suppress(TimeoutError):
                 raw, _ = await asyncio.wait_for(proc.communicate(), 10)
             self._procs.discard(proc)
-            text = raw.decode("utf-8", "replace")
+            text = (first + raw).decode("utf-8", "replace")
             raise ConfigError(start_error(self.name, text, self.uid, relay=False)
                               or f"sandbox: the session's sandbox does not start (exit {proc.returncode}): "
                                  f"{text.strip()[-500:] or exc}") from None
-        assert proc.stdout is not None
         self._drain = asyncio.ensure_future(proc.stdout.read())  # it prints nothing once up; keep the pipe open
         return instance
 

@@ -108,7 +108,7 @@ async def test_sessions_do_not_see_each_other(sandbox: SandboxRuntime, task_repo
 async def test_an_ended_instance_is_started_again(sandbox: SandboxRuntime) -> None:
     """The agent can end its own instance (kill the holder); the next call gets a new one."""
     res = await sandbox.exec("for p in /proc/[0-9]*; do [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = "
-                             "'/bin/sh -c read -r _ || : ' ] && kill -9 ${p#/proc/} && echo killed; done")
+                             "'/bin/sh -c echo polar-ready; read -r _ || : ' ] && kill -9 ${p#/proc/} && echo killed; done")
     assert res.output == "killed\n", res.output
     for _ in range(100):
         if sandbox._instance is not None and not sandbox._instance.alive:
