@@ -104,7 +104,7 @@ from polar_env.runtimes.docker_image import DEFAULT_PATH, ensure_image
 from polar_env.runtimes.docker_leftovers import AGENT_IMAGE_LABEL, LABEL, OWNER, owner
 from polar_env.runtimes.docker_userns import Userns, agent_uid, docker_host, unix_daemon_problem, userns_of
 from polar_env.runtimes.hostworkspace import BASELINE_SCRIPT, DIFF_SCRIPT, SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, TIMEOUT_EXIT_CODE
-from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded
+from polar_env.runtimes.limits import MIB, CappedBuffer, Cgroup, LimitExceeded, patch_text, refuse_after_limit
 
 log = logging.getLogger(__name__)
 
@@ -551,14 +551,9 @@ class DockerRuntime:
 
     async def diff(self) -> str:
         argv = ["timeout", "-s", "KILL", "300", "/bin/sh", "-c", DIFF_SCRIPT]  # stdout alone: the patch
-        if self.limit_hit is not None:
-            raise LimitExceeded(self.limit_hit.split("=", 1)[0], self.limit_hit)
+        refuse_after_limit(self.limit_hit)
         code, out, err = await self._exec_raw(argv, None, None, demux=True, cap=int(self.spec.patch_mb * MIB))
-        if out.truncated > 0:
-            raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={self.spec.patch_mb:g}")
-        if code != 0:
-            raise ConfigError(f"docker: git diff failed in {self.spec.workdir} (exit {code}): {err.text().strip()}")
-        return out.data().decode("utf-8", "replace")
+        return patch_text("docker", self.spec.workdir, self.spec.patch_mb, code, out, err)
 
     async def __aenter__(self) -> Self:
         await self.prepare()

@@ -48,7 +48,7 @@ from polar_env.runtimes import diskfs
 from polar_env.runtimes.argv import relay_argv, shell_argv
 from polar_env.runtimes.base import ExecResult, RuntimeSpec, Timings, check_host_paths
 from polar_env.runtimes.history import SCRUB_HISTORY
-from polar_env.runtimes.limits import MIB, CappedBuffer, LimitExceeded, SessionLimits
+from polar_env.runtimes.limits import MIB, CappedBuffer, SessionLimits, patch_text, refuse_after_limit
 from polar_env.runtimes.reach import TRAVERSE_FIX, blocking_dir, describe, reachable, stage_parent, start_error
 
 log = logging.getLogger(__name__)
@@ -504,17 +504,11 @@ class HostWorkspaceRuntime(abc.ABC):
 
     async def diff(self) -> str:
         _ = self.root
-        if self.limit_hit is not None:
-            raise LimitExceeded(self.limit_hit.split("=", 1)[0], self.limit_hit)
-        cap = int(self.spec.patch_mb * MIB)
-        out, err = CappedBuffer(cap, what="patch"), CappedBuffer(1 * MIB, what="stderr")
+        refuse_after_limit(self.limit_hit)
+        out, err = CappedBuffer(int(self.spec.patch_mb * MIB), what="patch"), CappedBuffer(1 * MIB, what="stderr")
         code, _, timed_out, _ = await self._run(["/bin/sh", "-c", DIFF_SCRIPT], inside_path(self.spec.workdir),
                                                 self._env(None), 300.0, out, err)
-        if out.truncated > 0:
-            raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={self.spec.patch_mb:g}")
-        if code != 0 or timed_out:
-            raise ConfigError(f"{self.name}: git diff failed in {self.spec.workdir} (exit {code}): {err.text().strip()}")
-        return out.data().decode("utf-8", "replace")
+        return patch_text(self.name, self.spec.workdir, self.spec.patch_mb, swap_timeout(code, timed_out), out, err)
 
     async def __aenter__(self) -> Self:
         await self.prepare()

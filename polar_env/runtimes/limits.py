@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polar_env.errors import PolarError
+from polar_env.errors import ConfigError, PolarError
 from polar_env.runtimes import diskfs
 
 if TYPE_CHECKING:
@@ -63,6 +63,22 @@ class LimitExceeded(PolarError):
         super().__init__(f"{limit} exceeded: {detail}")
         self.limit = limit
         self.detail = detail
+
+
+def refuse_after_limit(hit: str | None) -> None:
+    """A session over a limit has no diff to grade: its processes were killed mid-way."""
+    if hit is not None:
+        raise LimitExceeded(hit.split("=", 1)[0], hit)
+
+
+def patch_text(runtime: str, workdir: str, patch_mb: float, code: int, out: CappedBuffer, err: CappedBuffer) -> str:
+    """The agent's diff from a finished ``git diff`` (stdout capped at ``patch_mb``), or why there is
+    none: ``LimitExceeded`` over the cap, ``ConfigError`` when git failed (exit 124: timed out)."""
+    if out.truncated > 0:
+        raise LimitExceeded("patch_mb", f"the diff is {out.total / MIB:.1f} MiB, over patch_mb={patch_mb:g}")
+    if code != 0:
+        raise ConfigError(f"{runtime}: git diff failed in {workdir} (exit {code}): {err.text().strip()}")
+    return out.data().decode("utf-8", "replace")
 
 
 class CappedBuffer:
