@@ -96,7 +96,8 @@ def test_a_trainer_step_with_one_prefix_per_group_updates_as_full_forwards(
                         lambda trajs, items: [PrefixGroup(0, g.indices) for g in unshared(trajs, items)])
     full_delta, full_loss, forwarded_full, full_again = _sgd_step(copy.deepcopy(engine.model), trajectories, config)
     assert forwarded_full == full_again == full
-    assert shared_loss == pytest.approx(full_loss, abs=1e-6)
+    assert shared_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-6)  # float32 sums in another order
     assert any(d.abs().max() > 0 for d in full_delta.values())
-    for name, d in full_delta.items():
-        assert torch.allclose(shared_delta[name], d, atol=1e-7, rtol=1e-4), (name, (shared_delta[name] - d).abs().max())
+    for name, d in full_delta.items():  # a delta of weights near 1.0 carries their ulp (1.2e-7); a lost
+        # prefix backward differs by the update itself (~1e-4)
+        assert torch.allclose(shared_delta[name], d, atol=1e-6, rtol=1e-4), (name, (shared_delta[name] - d).abs().max())
