@@ -40,6 +40,7 @@ from polar_env.engines.embedded.model import (
     PrefixCache,
     RowSampler,
 )
+from polar_env.engines.embedded.packed import decoding_view
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -90,6 +91,7 @@ class Scheduler:
                  version: Callable[[], str], max_batch: int = MAX_BATCH, threads: int | None = DECODE_THREADS,
                  prefill_tokens: int = PREFILL_TOKENS) -> None:
         self.model, self.chat, self.prefix, self.version = model, chat, prefix, version
+        self.decoder = decoding_view(model)  # the same parameters; multi-row linears packed for oneDNN
         self.threads, self.prefill_tokens = threads, prefill_tokens
         self.max_batch = max_batch if batchable(getattr(model, "config", None)) else 1
         self.model_lock = threading.Lock()  # held for every forward and for a weight load
@@ -224,7 +226,7 @@ class Scheduler:
         new = [w.job.prompt_ids[w.reused:] for w in group]
         if len(group) == 1:
             cache = group[0].cache if group[0].cache is not None else DynamicCache()
-            out = self.model(input_ids=torch.tensor(new), cache=cache, use_cache=True, logits_to_keep=1)
+            out = self.decoder(input_ids=torch.tensor(new), cache=cache, use_cache=True, logits_to_keep=1)
             mask = torch.ones(1, len(group[0].job.prompt_ids), dtype=torch.long)
         else:
             cache, kept = pad_together([w.cache for w in group], [w.reused for w in group])
@@ -234,7 +236,7 @@ class Scheduler:
             mask = torch.cat([kept, fresh], dim=1)
             starts = torch.tensor([[w.reused - width + len(n)] for w, n in zip(group, new, strict=True)])
             positions = (torch.arange(width) + starts).clamp(min=0)  # padding's positions are never attended
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+            out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                              logits_to_keep=1)
         self.prefills += 1
         self._kv = BatchKV.of(cache, mask) if self._kv is None else self._kv.joined(cache, mask)
@@ -271,10 +273,10 @@ class Scheduler:
         tokens = torch.tensor([[row.sampler.ids[-1]] for row in rows])
         mask = kv.step_mask()
         if len(rows) == 1 and kv.dense:  # exactly a lone decode: no padding
-            out = self.model(input_ids=tokens, cache=kv.cache, use_cache=True)
+            out = self.decoder(input_ids=tokens, cache=kv.cache, use_cache=True)
         else:
             positions = torch.tensor([[row.length] for row in rows])
-            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=kv.cache,
+            out = self.decoder(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=kv.cache,
                              use_cache=True)
         logits = out.logits[:, -1]
         for i, row in enumerate(rows):
