@@ -56,7 +56,7 @@ class PackedLinear(torch.nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
