@@ -157,6 +157,23 @@ def test_the_prefix_cache_keeps_each_rows_kv(fresh: EmbeddedEngine) -> None:
     _assert_same(want, got)
 
 
+def test_siblings_admitted_together_prefill_their_shared_prompt_once(fresh: EmbeddedEngine) -> None:
+    """GRPO siblings (one prompt, several seeds) and requests sharing a long head: the shared ids
+    are prefilled once into the prefix cache, every row takes them from there, and each decodes
+    what an engine without the cache decodes."""
+    cached = EmbeddedEngine(prefix_cache_slots=8)
+    head = [{"role": "system", "content": "You are terse. " * 12}, {"role": "user", "content": "Name a colour, any colour you like, and tell me why in one word."}]
+    requests = [(ChatRequest(messages=head, max_tokens=6, seed=seed, temperature=1.0), SamplingExtras())
+                for seed in (1, 2, 3)]
+    requests.append((ChatRequest(messages=[*head[:1], {"role": "user", "content": "Name a tree, please."}],
+                                 max_tokens=6, seed=4, temperature=1.0), SamplingExtras()))
+    want = [fresh.complete(r, x).generation for r, x in requests]
+    got = _together(cached, requests)
+    _assert_same(want, got)
+    assert cached.scheduler.shared_prefills == 2  # the system prompt for all four, then the whole prompt for three
+    assert cached.scheduler.prefills == 1  # the four rows' own few ids, in one forward
+
+
 def test_a_weight_reload_waits_for_the_running_requests() -> None:
     """Requests running when a reload arrives finish under the old weights and say so; requests
     queued behind it run under the new ones."""

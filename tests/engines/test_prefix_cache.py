@@ -30,12 +30,15 @@ def test_an_extending_prompt_reuses_the_kv_and_decodes_the_same(pair: tuple[Embe
     (held, _), = cached._prefix.entries
     assert held == first.prompt_ids + first.response_ids[:-1]  # every id but the last was run
     follow = first.prompt_ids + first.response_ids + cached.tokenizer.encode("<|im_start|>user\nAgain.<|im_end|>\n")
-    for engine_seed in (2, 3):  # the second call reuses the first's cache, the third the second's
+    sampled = []
+    for engine_seed in (2, 3):  # both reuse the first call's KV: a take leaves the entry in the pool
         want = plain.complete(_token_in(follow, engine_seed)).generation
         got = cached.complete(_token_in(follow, engine_seed)).generation
         assert got.response_ids == want.response_ids
         assert got.response_logprobs == pytest.approx(want.response_logprobs, abs=1e-5)
-    assert len(cached._prefix.entries) == 1  # each call took the kept cache and put its own back
+        sampled.append(got.response_ids)
+    # the first call's entry went when the second's (which extends it) came; the third's differs from the second's
+    assert [ids for ids, _ in cached._prefix.entries] == [follow + want[:-1] for want in sampled]
 
 
 def test_the_pool_keeps_the_longest_match_and_a_bounded_number() -> None:
@@ -51,13 +54,36 @@ def test_the_pool_keeps_the_longest_match_and_a_bounded_number() -> None:
         pool.put(ids, cache_of(len(ids)))
     assert [ids for ids, _ in pool.entries] == [[1, 2, 9, 9], [5, 6]]  # the oldest went
     cache, kept = pool.take([1, 2, 9, 4, 4])
-    assert kept == 3 and cache.get_seq_length() == 3 and [ids for ids, _ in pool.entries] == [[5, 6]]
+    assert kept == 3 and cache.get_seq_length() == 3
+    assert [ids for ids, _ in pool.entries] == [[5, 6], [1, 2, 9, 9]]  # still there, now the most recent
+    again, kept = pool.take([1, 2, 9, 9, 7])  # a sibling takes the same KV
+    assert kept == 4 and again.get_seq_length() == 4 and pool.entries[1][1].get_seq_length() == 4
     fresh, none = pool.take([7, 7])
     assert none == 0 and fresh.get_seq_length() == 0
     same, last = pool.take([5, 6])  # a repeated prompt still runs its last id, for the logits
     assert last == 1 and same.get_seq_length() == 1
     pool.put([1], cache_of(4))  # ids that do not match the cache are never kept
-    assert pool.entries == []
+    assert [ids for ids, _ in pool.entries] == [[1, 2, 9, 9], [5, 6]]
+    pool.put([5, 6, 7], cache_of(3))  # an entry it extends is dropped: the new one matches at least as far
+    assert [ids for ids, _ in pool.entries] == [[1, 2, 9, 9], [5, 6, 7]]
+    budget = PrefixCache(slots=8, tokens=5)
+    for ids in ([1, 2], [3, 4], [5, 6]):
+        budget.put(ids, cache_of(2))
+    assert [ids for ids, _ in budget.entries] == [[3, 4], [5, 6]]  # past 5 ids in all the least recent went
+
+
+def test_a_taken_cache_extended_by_a_forward_leaves_the_entry_as_it_was() -> None:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.arange(8.0).reshape(1, 1, 4, 2), torch.arange(8.0).reshape(1, 1, 4, 2), 0)
+    pool = PrefixCache()
+    pool.put([1, 2, 3, 4], cache)
+    taken, kept = pool.take([1, 2, 3, 9, 9])
+    taken.update(torch.full((1, 1, 2, 2), -1.0), torch.full((1, 1, 2, 2), -1.0), 0)
+    assert kept == 3 and taken.get_seq_length() == 5
+    (_, held), = pool.entries
+    assert torch.equal(held.layers[0].keys, torch.arange(8.0).reshape(1, 1, 4, 2))
 
 
 def test_new_weights_drop_the_kept_kv(pair: tuple[EmbeddedEngine, EmbeddedEngine]) -> None:

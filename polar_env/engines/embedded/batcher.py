@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,6 +40,7 @@ from polar_env.engines.embedded.model import (
     DecodeParams,
     PrefixCache,
     RowSampler,
+    common_prefix,
 )
 from polar_env.engines.embedded.packed import decoding_view
 
@@ -52,6 +54,10 @@ so 16 rows of 8k-token contexts are ~6 GB."""
 PREFILL_TOKENS = 4096
 """Padded prompt tokens prefilled in one forward (a longer prompt runs alone): bounds the
 activations of a group prefill (SmolLM2's MLP: 6 KB a token a layer)."""
+
+SHARED_PREFILL_MIN = 16
+"""Ids that requests admitted together share beyond their kept KV before the shared part is
+prefilled once for all of them (GRPO siblings: the same prompt n times)."""
 
 DECODE_THREADS = 1
 """Torch intra-op threads while the scheduler works (set when it starts, restored when it goes
@@ -107,6 +113,7 @@ class Scheduler:
         # counters (read by tests and the benchmark)
         self.steps = 0  # batched forwards run
         self.prefills = 0  # prefill forwards run (one per group of requests admitted together)
+        self.shared_prefills = 0  # prefixes prefilled once for several requests admitted together
         self.peak_rows = 0
         self.cancelled = 0
         _SCHEDULERS.add(self)
@@ -196,7 +203,7 @@ class Scheduler:
 
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill the new requests (together where their lengths allow), then pad them into the batch."""
-        waiting: list[_Waiting] = []
+        live: list[tuple[Job, RowSampler]] = []
         for job in jobs:
             if not job.future.set_running_or_notify_cancel():
                 continue
@@ -205,7 +212,15 @@ class Scheduler:
                 _fail(job, DecodeCancelled("cancelled before the prefill"))
                 continue
             try:
-                sampler = RowSampler(self.chat, job.params, job.forced_ids)
+                live.append((job, RowSampler(self.chat, job.params, job.forced_ids)))
+            except Exception as exc:  # noqa: BLE001 - this request's failure only
+                _fail(job, exc)
+        if self.prefix is not None and len(live) > 1:
+            for ids in shared_prefixes([job.prompt_ids for job, _ in live], SHARED_PREFILL_MIN):
+                self._prefill_shared(self.prefix, ids)
+        waiting: list[_Waiting] = []
+        for job, sampler in live:
+            try:
                 cache, reused = self.prefix.take(job.prompt_ids) if self.prefix is not None else (None, 0)
             except Exception as exc:  # noqa: BLE001 - this request's failure only
                 _fail(job, exc)
@@ -217,6 +232,19 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 - these requests' failure only
                 for w in group:
                     _fail(w.job, exc)
+
+    def _prefill_shared(self, prefix: PrefixCache, ids: list[int]) -> None:
+        """Prefill ``ids`` (a prefix several admitted requests share) once, into the prefix cache
+        they then take it from. A failure leaves each request to prefill its own."""
+        cache, reused = prefix.take(ids)
+        if len(ids) - reused < SHARED_PREFILL_MIN:
+            return
+        try:
+            self.decoder(input_ids=torch.tensor([ids[reused:]]), cache=cache, use_cache=True, logits_to_keep=1)
+        except Exception:  # noqa: BLE001 - an optimisation only
+            return
+        prefix.put(list(ids), cache)
+        self.shared_prefills += 1
 
     def _prefill(self, group: list[_Waiting]) -> None:
         """One forward for the group's new tokens (left-padded, masked, each at its own positions,
@@ -315,6 +343,31 @@ def prefill_groups(waiting: list[_Waiting], budget: int) -> list[list[_Waiting]]
                 continue
         groups.append([w])
     return groups
+
+
+def shared_prefixes(prompts: list[list[int]], minimum: int) -> list[list[int]]:
+    """The prefixes worth prefilling once for ``prompts`` (requests admitted together), shorter
+    first: each is shared by two or more prompts and at least ``minimum`` ids longer than the
+    shared prefix it extends (nested: some siblings of a group can share more than all do)."""
+    found: list[list[int]] = []
+
+    def visit(group: list[list[int]], base: int) -> None:
+        if len(group) < 2:
+            return
+        joints = [common_prefix(a, b) for a, b in pairwise(group)]  # sorted: the group shares the least
+        shared = min(joints)
+        if shared - base >= minimum:
+            found.append(group[0][:shared])
+            base = shared
+        start = 0
+        for i, joint in enumerate(joints):
+            if joint == shared:
+                visit(group[start: i + 1], base)
+                start = i + 1
+        visit(group[start:], base)
+
+    visit(sorted(prompts), 0)
+    return found
 
 
 def batchable(config: object) -> bool:

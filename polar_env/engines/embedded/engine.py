@@ -81,7 +81,7 @@ class EmbeddedEngine:
         logprobs_mode: LogprobsMode = "processed",
         max_tokens: int = 1024,  # the cap on tokens sampled per call (sampling.max_tokens)
         model_name: str = DEFAULT_MODEL_NAME,
-        prefix_cache_slots: int | None = None,  # KV caches kept for prompts that extend them; None: 4 for loaded weights
+        prefix_cache_slots: int | None = None,  # KV caches kept for prompts that extend them; None: one per batch row for loaded weights
         max_batch: int = MAX_BATCH,  # requests decoded together; more wait their turn
         decode_threads: int | None = DECODE_THREADS,  # torch threads while decoding; None: torch's own setting
     ) -> None:
@@ -90,7 +90,7 @@ class EmbeddedEngine:
         self.model = load_model(model_dir) if model_dir else build_model(spec, self.chat)
         # A real model's prefill is most of a call's CPU; seeded tiny weights keep one-pass prefills
         # (their tests compare logprobs across engines at 1e-6).
-        slots = (4 if model_dir else 0) if prefix_cache_slots is None else prefix_cache_slots
+        slots = (max(4, max_batch) if model_dir else 0) if prefix_cache_slots is None else prefix_cache_slots
         self._prefix = PrefixCache(slots) if slots > 0 else None
         self.max_model_len = int(self.model.config.max_position_embeddings)
         self.policy = policy

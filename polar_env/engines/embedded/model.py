@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from polar_env.chat import ChatFormat, chat_format
+from polar_env.engines.embedded.kv import kv_layers
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, Qwen3Config
@@ -169,44 +170,59 @@ def _never() -> bool:
 
 @dataclass(slots=True)
 class PrefixCache:
-    """The KV caches of the last few decodes with the ids each holds: a prompt that extends one (a
-    token-in continuation, a retry) prefills only its new tokens. A real model's prefill dominates
-    on CPU (SmolLM2-135M: ~20 CPU-s for a 1,500-token harness prompt; the next turn adds ~50)."""
+    """The KV caches of recent decodes with the ids each holds: a prompt that extends one (a
+    token-in continuation, a retry, a GRPO sibling of a prompt seen before) prefills only its new
+    tokens. A real model's prefill dominates on CPU (SmolLM2-135M: ~20 CPU-s for a 1,500-token
+    harness prompt; the next turn adds ~50).
+
+    Taking is non-destructive: requests that share a prefix (siblings admitted together) all reuse
+    it. An entry whose ids are a prefix of a newer one's is dropped (the newer matches every
+    prompt at least as far); past ``slots`` entries or ``tokens`` ids in all, the least recently
+    used go."""
 
     slots: int = 4
+    tokens: int = 1 << 16
     entries: list[tuple[list[int], DynamicCache]] = field(default_factory=list)
 
-    def take(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
-        """The cache sharing the longest prefix with ``prompt_ids`` (out of the pool: the decode
-        extends it), cut to that prefix, and its length; a fresh cache and 0 when none does. At
-        least the last prompt id is always run, for its logits."""
-        from transformers import DynamicCache
-
+    def match(self, prompt_ids: list[int]) -> tuple[int, int]:
+        """The entry sharing the longest prefix with ``prompt_ids`` and that length; (-1, 0) when none does."""
         best, length = -1, 0
         for i, (ids, _) in enumerate(self.entries):
-            n = _common_prefix(ids, prompt_ids)
+            n = common_prefix(ids, prompt_ids)
             if n > length:
                 best, length = i, n
+        return best, length
+
+    def take(self, prompt_ids: list[int]) -> tuple[DynamicCache, int]:
+        """A cache over the best entry's KV cut to the prefix it shares with ``prompt_ids``, and its
+        length; a fresh cache and 0 when none does. At least the last prompt id is always run, for
+        its logits. The entry stays (now the most recently used): the returned cache holds views
+        that a forward extends into new tensors, never writing the entry's."""
+        from transformers import DynamicCache
+
+        best, length = self.match(prompt_ids)
         keep = min(length, len(prompt_ids) - 1)
         if best < 0 or keep <= 0:
             return DynamicCache(), 0
-        _, cache = self.entries.pop(best)
-        extra = cache.get_seq_length() - keep
-        if extra > 0:
-            cache.crop(-extra)  # a negative count removes that many from the end
-        return cache, keep
+        entry = self.entries.pop(best)
+        self.entries.append(entry)
+        return DynamicCache(ddp_cache_data=[(kv.keys[:, :, :keep], kv.values[:, :, :keep])
+                                            for kv in kv_layers(entry[1])]), keep
 
     def put(self, ids: list[int], cache: DynamicCache) -> None:
         if cache.get_seq_length() != len(ids):  # never keep a cache whose ids are not known exactly
             return
+        self.entries = [e for e in self.entries if not (len(e[0]) <= len(ids) and ids[: len(e[0])] == e[0])]
         self.entries.append((ids, cache))
-        del self.entries[: max(0, len(self.entries) - self.slots)]
+        while len(self.entries) > self.slots or (len(self.entries) > 1
+                                                  and sum(len(e[0]) for e in self.entries) > self.tokens):
+            del self.entries[0]
 
     def clear(self) -> None:
         self.entries.clear()
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
