@@ -43,6 +43,7 @@ from polar_env.engines.embedded.model import (
     common_prefix,
 )
 from polar_env.engines.embedded.packed import decoding_view
+from polar_env.engines.embedded.threads import ThreadBudget, allowed_cores
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -59,12 +60,10 @@ SHARED_PREFILL_MIN = 16
 """Ids that requests admitted together share beyond their kept KV before the shared part is
 prefilled once for all of them (GRPO siblings: the same prompt n times)."""
 
-DECODE_THREADS = 1
+DECODE_THREADS: int | None = None
 """Torch intra-op threads while the scheduler works (set when it starts, restored when it goes
-idle; None leaves torch's count). A step is hundreds of small matmuls, each ending on an OpenMP
-barrier that waits for a descheduled thread on a loaded machine: on the shared 2-core VM (load ~9)
-a 4-row SmolLM2 step took 5.1 s with two threads and 0.39 s with one, and a lone tiny-model decode
-in a thread started per busy period ran at a third of its speed with two."""
+idle). None: the cores other processes leave idle, looked at every second (``threads.py``); a
+number: that many, always."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +98,7 @@ class Scheduler:
         self.model, self.chat, self.prefix, self.version = model, chat, prefix, version
         self.decoder = decoding_view(model)  # the same parameters; multi-row linears packed for oneDNN
         self.threads, self.prefill_tokens = threads, prefill_tokens
+        self.budget = ThreadBudget(min(torch.get_num_threads(), allowed_cores()) if threads is None else threads)
         self.max_batch = max_batch if batchable(getattr(model, "config", None)) else 1
         self.model_lock = threading.Lock()  # held for every forward and for a weight load
         self._cond = threading.Condition()
@@ -172,13 +172,10 @@ class Scheduler:
     # -- the scheduler thread -----------------------------------------------------------------
     def _run(self) -> None:
         before = torch.get_num_threads()
-        if self.threads is not None:
-            torch.set_num_threads(self.threads)
         try:
             self._loop()
         finally:
-            if self.threads is not None:
-                torch.set_num_threads(before)
+            torch.set_num_threads(before)
 
     def _loop(self) -> None:
         while True:
@@ -190,6 +187,9 @@ class Scheduler:
                     self._alive = False
                     self._cond.notify_all()
                     return
+            threads = self.budget.pick() if self.threads is None else self.threads
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
             try:
                 with self.model_lock, torch.inference_mode():
                     self._admit(admit)
