@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicLayer
 from polar_env.engines.embedded.batcher import Finished, Job, _Waiting, prefill_groups
 from polar_env.engines.embedded.engine import EmbeddedEngine, SamplingExtras
 from polar_env.engines.embedded.kv import SPARE, BatchKV, kv_layers, pad_together
-from polar_env.engines.embedded.model import DecodeParams, RowSampler, draw
+from polar_env.engines.embedded.model import BLOCK, DecodeParams, RowSampler, draw
 from polar_env.records import ChatRequest, Generation
 
 TOLERANCE = 1e-5  # what tests/engines/test_embedded_batching.py allows a row of a batch
@@ -22,22 +22,37 @@ TOLERANCE = 1e-5  # what tests/engines/test_embedded_batching.py allows a row of
 
 def test_draw_samples_the_distribution_reproducibly() -> None:
     probs = torch.tensor([0.5, 0.0, 0.25, 0.125, 0.0625, 0.0625])
-    logprobs = probs.log()
     n = 40_000
     generator = torch.Generator().manual_seed(3)
-    counts = torch.bincount(torch.tensor([draw(logprobs, generator) for _ in range(n)]), minlength=len(probs))
+    counts = torch.bincount(torch.tensor([draw(probs, generator) for _ in range(n)]), minlength=len(probs))
     assert counts[1] == 0  # zero mass is never drawn
     sigma = (n * probs * (1 - probs)).sqrt()
     assert bool(((counts - n * probs).abs() <= 5 * sigma + 1).all()), counts
     g1, g2, g3 = (torch.Generator().manual_seed(seed) for seed in (11, 11, 12))
-    same, other = [draw(logprobs, g1) for _ in range(300)], [draw(logprobs, g2) for _ in range(300)]
-    assert same == other != [draw(logprobs, g3) for _ in range(300)]  # the seed decides
+    same, other = [draw(probs, g1) for _ in range(300)], [draw(probs, g2) for _ in range(300)]
+    assert same == other != [draw(probs, g3) for _ in range(300)]  # the seed decides
 
 
 def test_draw_never_picks_past_the_last_token_with_mass() -> None:
-    logprobs = torch.tensor([0.0, float("-inf"), float("-inf")])  # all mass on token 0
+    probs = torch.tensor([1.0, 0.0, 0.0])  # all mass on token 0
     generator = torch.Generator().manual_seed(0)
-    assert {draw(logprobs, generator) for _ in range(500)} == {0}
+    assert {draw(probs, generator) for _ in range(500)} == {0}
+
+
+def test_draw_over_a_vocabulary_of_many_blocks() -> None:
+    """Mass in a few ids spread over blocks (one at a block's last id, one in a ragged last block),
+    none anywhere else: only those are drawn, at their rates."""
+    probs = torch.zeros(3 * BLOCK + 7)
+    where = {3: 0.4, BLOCK - 1: 0.3, 2 * BLOCK + 5: 0.2, 3 * BLOCK + 6: 0.1}
+    for i, p in where.items():
+        probs[i] = p
+    generator = torch.Generator().manual_seed(5)
+    n = 20_000
+    counts = torch.bincount(torch.tensor([draw(probs, generator) for _ in range(n)]), minlength=len(probs))
+    assert set(counts.nonzero().squeeze(1).tolist()) == set(where)
+    for i, p in where.items():
+        assert abs(int(counts[i]) - n * p) <= 5 * (n * p * (1 - p)) ** 0.5 + 1
+    assert {draw(torch.eye(3 * BLOCK)[-1], generator) for _ in range(50)} == {3 * BLOCK - 1}
 
 
 def _waiting(new: int, reused: int = 0) -> _Waiting:
