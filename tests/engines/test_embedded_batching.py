@@ -162,7 +162,8 @@ def test_siblings_admitted_together_prefill_their_shared_prompt_once(fresh: Embe
     are prefilled once into the prefix cache, every row takes them from there, and each decodes
     what an engine without the cache decodes."""
     cached = EmbeddedEngine(prefix_cache_slots=8)
-    head = [{"role": "system", "content": "You are terse. " * 12}, {"role": "user", "content": "Name a colour, any colour you like, and tell me why in one word."}]
+    ask = "Name a colour, any colour you like, and tell me why in one word."
+    head = [{"role": "system", "content": "You are terse. " * 12}, {"role": "user", "content": ask}]
     requests = [(ChatRequest(messages=head, max_tokens=6, seed=seed, temperature=1.0), SamplingExtras())
                 for seed in (1, 2, 3)]
     requests.append((ChatRequest(messages=[*head[:1], {"role": "user", "content": "Name a tree, please."}],

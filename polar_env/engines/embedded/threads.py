@@ -20,6 +20,10 @@ from pathlib import Path
 INTERVAL_S = 1.0
 """Seconds between two looks at the machine (one read of /proc/stat)."""
 
+FIRST_S = 0.1
+"""The shortest window of the first estimate (10 ticks of /proc/stat): a short first busy period
+is not left on one thread for a second."""
+
 MARGIN = 0.25
 """Cores others may use before a thread is given up: 0.1 busy core elsewhere leaves both threads
 of a 2-core machine, 0.3 takes one."""
@@ -49,13 +53,17 @@ class ThreadBudget:
     def __init__(self, most: int, stat: Path = Path("/proc/stat"), interval: float = INTERVAL_S) -> None:
         self.most, self.stat, self.interval = max(1, most), stat, interval
         self.current = 1
+        self._estimated = False
         self._last: tuple[float, float, float] | None = None  # (wall, machine busy, our CPU)
+        if self.most > 1:  # the first look at the machine: the first pick measures from here
+            busy = _busy_seconds(stat)
+            self._last = None if busy is None else (time.monotonic(), busy, time.process_time())
 
     def pick(self) -> int:
         if self.most == 1:
             return 1
         now = time.monotonic()
-        if self._last is not None and now - self._last[0] < self.interval:
+        if self._last is not None and now - self._last[0] < (self.interval if self._estimated else FIRST_S):
             return self.current
         busy = _busy_seconds(self.stat)
         ours = time.process_time()
@@ -65,6 +73,7 @@ class ThreadBudget:
             wall, busy_before, ours_before = self._last
             others = max(0.0, (busy - busy_before) - (ours - ours_before)) / max(now - wall, 1e-6)
             self.current = self.threads_for(others)
+            self._estimated = True
         self._last = (now, busy, ours)
         return self.current
 
