@@ -16,9 +16,28 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+MEMORY_SHARE = 0.25
+"""The packed copies may take at most this share of the memory available at start; past it the
+scheduler decodes on the plain model (a 4B model's 16 GB of fp32 linears would need 16 GB more)."""
+
+
+def memory_available() -> int | None:
+    """``MemAvailable`` from /proc/meminfo, in bytes; None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @functools.cache
@@ -63,8 +82,16 @@ class PackedLinear(torch.nn.Module):
 def decoding_view(model: torch.nn.Module) -> torch.nn.Module:
     """``model``'s modules copied around its own parameters and buffers (nothing is duplicated but
     the packed weights), each fp32 ``nn.Linear`` a ``PackedLinear``; ``model`` itself when this
-    torch has no packed linear."""
+    torch has no packed linear or the copies would take more than ``MEMORY_SHARE`` of the memory
+    available."""
     if not available():
+        return model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32]
+    need = sum(m.weight.numel() * 4 for m in linears)
+    free = memory_available()
+    if free is not None and need > MEMORY_SHARE * free:
+        log.warning("embedded engine: decoding without packed linears (they would take %.1f GB of the %.1f GB "
+                    "available; batched steps run MKL's slower GEMM)", need / 1e9, free / 1e9)
         return model
     shared: dict[int, object] = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     view = copy.deepcopy(model, memo=shared)
