@@ -98,6 +98,19 @@ def test_check_names_the_first_failure_and_counts_all() -> None:
         check_step0([("s/0", trace)], [[-1.5, 0.0, float("nan")]])
 
 
+def test_below_temperature_one_the_tolerance_grows_as_the_logits_are_scaled() -> None:
+    """Logits divided by T carry their float noise times 1/T: SmolLM2 sampled at 0.4 differed by
+    up to 1.6e-4 between the engine's batched decode and the trainer's forward."""
+    trace = Trace(prompt_ids=[1], response_ids=[5, 6], loss_mask=[1, 1], response_logprobs=[-1.0, -2.0],
+                  metadata={"temperature": 0.4})
+    assert check_step0([("s/0", trace)], [[-1.0002, -2.0]]).max_abs_delta == pytest.approx(2e-4, rel=1e-3)
+    with pytest.raises(Step0Mismatch, match=r"\|Δ\| 0.0003 > 0.00025 \(0.0001 at temperature 0.4\)"):
+        check_step0([("s/0", trace)], [[-1.0003, -2.0]])
+    hot = trace.model_copy(update={"metadata": {"temperature": 1.3}})  # above 1: never looser than at 1
+    with pytest.raises(Step0Mismatch, match=r"> 0.0001$|> 0.0001\b"):
+        check_step0([("s/0", hot)], [[-1.0002, -2.0]])
+
+
 def test_raw_logprobs_are_scored_at_temperature_one(task) -> None:  # type: ignore[no-untyped-def]
     """vLLM's default ``raw_logprobs``: the engine reports the unscaled log-softmax even when it
     samples at 0.1, so the trainer must not divide by the temperature to reproduce them."""
