@@ -282,15 +282,17 @@ def test_real_engine_and_pi_interrupt_then_resume(tmp_path: Path) -> None:
 
 
 def test_sigterm_stops_an_embedded_engine_rollout_within_seconds(tmp_path: Path) -> None:
-    """The embedded CPU engine with random weights (it decodes up to the cap on every call, so a
-    call is always in flight): the first SIGTERM aborts those decodes, finishes what was captured
-    and exits with the summary and the resume line, within the wait below (it measured 5-10 s
-    here under load; before the node aborted its engine calls it took ~113 s)."""
+    """The embedded CPU engine with random weights (it decodes up to the cap on every call, here
+    20,000 tokens, so a call is always in flight: at the default 256 the batched engine finished
+    both sessions inside the wait before the signal): the first SIGTERM aborts those decodes,
+    finishes what was captured and exits with the summary and the resume line, within the wait
+    below (it measured 5-10 s here under load; before the node aborted its engine calls it took
+    ~113 s)."""
     require_bwrap()
     require_extras("pyarrow", "swebench")  # toy__calc-1 is graded by swebench's code
     out, run_dir = tmp_path / "out", tmp_path / "out" / "emb"
     proc = polar("rollout", "--task-id", "toy__calc-1", "--samples", "2", "--harness", "loop", "--out", str(out),
-                 "--run-id", "emb", "--no-progress", log=tmp_path / "log")
+                 "--run-id", "emb", "--no-progress", "--max-tokens", "20000", log=tmp_path / "log")
     def running() -> bool:  # a session in RUNNING, its first engine call under way
         assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
         try:
