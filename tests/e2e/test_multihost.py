@@ -253,9 +253,9 @@ def test_a_host_powered_off_mid_run_comes_back_node_lost_and_resumes(cluster: Cl
     out = cluster.runs / "c"
     proc = cluster.head.popen([sys.executable, "-m", "polar_env.cli", *rollout_args(cluster, out, 4, 1.0)],
                               cluster.env, cluster.root / "c.log")
-    def journaled() -> str | None:  # a node whose calls reached the head as the run goes
+    def journaled() -> str | None:  # a node one of whose calls reached the head whole (a line ends) as the run goes
         shards = out.glob("*/capture/node-*") if out.exists() else []
-        return next((s.name for s in shards if any(p.stat().st_size for p in s.glob("*.jsonl"))), None)
+        return next((s.name for s in shards if any(b"\n" in p.read_bytes() for p in s.glob("*.jsonl"))), None)
 
     until_sync(journaled, "a node's journal to reach the head's run folder", timeout_s=240)
     lost = journaled()
