@@ -42,7 +42,25 @@ def test_an_unreadable_stat_or_one_core_means_one_thread(tmp_path: Path) -> None
     assert ThreadBudget(1).pick() == 1
 
 
-def test_a_fixed_count_is_kept() -> None:
-    from polar_env.engines.embedded.engine import EmbeddedEngine
+@pytest.mark.parametrize(("fixed", "want"), [(2, {2}), (None, {1})])
+def test_a_fixed_count_is_used_and_a_lone_row_follows_the_budget_with_one(
+        fixed: int | None, want: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threads each decode step of a lone request ran with: a fixed count always; the budget's
+    own choice gives a lone row one thread."""
+    import torch
 
-    assert EmbeddedEngine(decode_threads=1).scheduler.budget.most == 1
+    from polar_env.engines.embedded.batcher import Scheduler
+    from polar_env.engines.embedded.engine import EmbeddedEngine
+    from polar_env.records import ChatRequest
+
+    seen: list[int] = []
+    forward = Scheduler._forward
+
+    def recording(self: Scheduler) -> None:
+        seen.append(torch.get_num_threads())
+        forward(self)
+
+    monkeypatch.setattr(Scheduler, "_forward", recording)
+    engine = EmbeddedEngine(decode_threads=fixed)
+    engine.complete(ChatRequest(messages=[{"role": "user", "content": "Hi."}], max_tokens=4, seed=1))
+    assert seen and set(seen) == want

@@ -40,10 +40,10 @@ from polar_env.engines.embedded.model import (
     DecodeParams,
     PrefixCache,
     RowSampler,
-    common_prefix,
 )
 from polar_env.engines.embedded.packed import decoding_view
 from polar_env.engines.embedded.threads import ThreadBudget, allowed_cores
+from polar_env.journal.format import common_prefix
 
 if TYPE_CHECKING:
     from transformers import DynamicCache

@@ -83,7 +83,7 @@ class EmbeddedEngine:
         model_name: str = DEFAULT_MODEL_NAME,
         prefix_cache_slots: int | None = None,  # KV caches kept for prompts that extend them; None: one per batch row for loaded weights
         max_batch: int = MAX_BATCH,  # requests decoded together; more wait their turn
-        decode_threads: int | None = DECODE_THREADS,  # torch threads while decoding; None: torch's own setting
+        decode_threads: int | None = DECODE_THREADS,  # torch threads while decoding; None: the cores others leave idle
     ) -> None:
         self.chat = chat or chat_format("qwen3.5")
         self.tokenizer = self.chat.tokenizer

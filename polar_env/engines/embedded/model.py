@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from polar_env.chat import ChatFormat, chat_format
 from polar_env.engines.embedded.kv import kv_layers
+from polar_env.journal.format import common_prefix
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, Qwen3Config
@@ -236,20 +237,6 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.entries.clear()
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class RowSampler:

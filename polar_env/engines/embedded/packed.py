@@ -18,6 +18,7 @@ import copy
 import functools
 import logging
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,10 @@ class PackedLinear(torch.nn.Module):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def _packable(module: torch.nn.Module) -> TypeGuard[torch.nn.Linear]:
+    return isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32
+
+
 def decoding_view(model: torch.nn.Module) -> torch.nn.Module:
     """``model``'s modules copied around its own parameters and buffers (nothing is duplicated but
     the packed weights), each fp32 ``nn.Linear`` a ``PackedLinear``; ``model`` itself when this
@@ -86,8 +91,7 @@ def decoding_view(model: torch.nn.Module) -> torch.nn.Module:
     available."""
     if not available():
         return model
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32]
-    need = sum(m.weight.numel() * 4 for m in linears)
+    need = sum(m.weight.numel() * 4 for m in model.modules() if _packable(m))
     free = memory_available()
     if free is not None and need > MEMORY_SHARE * free:
         log.warning("embedded engine: decoding without packed linears (they would take %.1f GB of the %.1f GB "
@@ -95,9 +99,7 @@ def decoding_view(model: torch.nn.Module) -> torch.nn.Module:
         return model
     shared: dict[int, object] = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     view = copy.deepcopy(model, memo=shared)
-    swaps = [(name, module) for name, module in view.named_modules()
-             if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32]
-    for name, module in swaps:
+    for name, module in [(n, m) for n, m in view.named_modules() if _packable(m)]:
         parent_name, _, child = name.rpartition(".")
         parent = view.get_submodule(parent_name) if parent_name else view
         setattr(parent, child, PackedLinear(module))
